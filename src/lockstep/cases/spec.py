@@ -1,0 +1,109 @@
+"""`CaseSpec`: one training case of the matrix, and the checks made before anything runs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from lockstep.errors import CaseError
+
+DTYPES = ("float32", "bfloat16")
+# Default loss thresholds of SPEC section 7: FP32 from InfiniTrain's test config, BF16 looser.
+THRESHOLDS = {"float32": 1e-5, "bfloat16": 1e-2}
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    name: str
+    model: str  # family: "gpt2" (llama3, qwen3 later)
+    dtype: str  # "float32" | "bfloat16" (bf16 = autocast forward, fp32 params and optimizer)
+    micro_batch: int  # B, sequences per micro step per DP rank
+    seq_len: int  # T
+    total_batch: int  # tokens per optimizer step, over all ranks and micro steps
+    steps: int
+    lr: float
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    sp: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def tokens_per_micro_step(self) -> int:
+        return self.micro_batch * self.seq_len * self.dp
+
+    @property
+    def accum(self) -> int:
+        """Gradient-accumulation steps; `check()` guarantees it divides exactly."""
+        return self.total_batch // self.tokens_per_micro_step
+
+    @property
+    def tokens_needed(self) -> int:
+        """Tokens a run reads: every step's window plus the one target after the last."""
+        return self.steps * self.total_batch + 1
+
+    @property
+    def is_bf16(self) -> bool:
+        return self.dtype == "bfloat16"
+
+    @property
+    def parallel_label(self) -> str:
+        parts = [f"DP={self.dp}"]
+        if self.tp > 1:
+            parts.append(f"TP={self.tp}" + ("+SP" if self.sp else ""))
+        if self.pp > 1:
+            parts.append(f"PP={self.pp}" + (f"xVPP={self.vpp}" if self.vpp > 1 else ""))
+        return " ".join(parts)
+
+    def check(self, max_seq_len: int | None = None, available_tokens: int | None = None) -> "CaseSpec":
+        """Raise CaseError naming the case and the numbers when the case cannot run."""
+        n = self.name
+        if self.dtype not in DTYPES:
+            raise CaseError(f"case {n}: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        for f in ("micro_batch", "seq_len", "total_batch", "steps", "dp", "tp", "pp", "vpp"):
+            if getattr(self, f) < 1:
+                raise CaseError(f"case {n}: {f} is {getattr(self, f)}, must be at least 1")
+        if not self.lr > 0:
+            raise CaseError(f"case {n}: lr is {self.lr}, must be positive")
+        if self.total_batch % self.tokens_per_micro_step:
+            raise CaseError(
+                f"case {n}: impossible batch split: tokens/step {self.total_batch} is not divisible by "
+                f"B*T*DP = {self.micro_batch}*{self.seq_len}*{self.dp} = {self.tokens_per_micro_step}")
+        if self.sp and self.tp == 1:
+            raise CaseError(f"case {n}: sequence parallel needs TP > 1")
+        if max_seq_len is not None and self.seq_len > max_seq_len:
+            raise CaseError(f"case {n}: sequence length {self.seq_len} exceeds the model's maximum {max_seq_len}")
+        if available_tokens is not None and self.tokens_needed > available_tokens:
+            raise CaseError(
+                f"case {n}: needs {self.tokens_needed} tokens ({self.steps} steps x {self.total_batch} tokens/step + 1) "
+                f"but the token file holds {available_tokens}")
+        return self
+
+    def with_overrides(self, **kw) -> "CaseSpec":
+        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CaseSpec":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise CaseError(f"case {d.get('name', '?')}: unknown field(s) {', '.join(sorted(unknown))}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise CaseError(f"case {d.get('name', '?')}: {e}") from None
+
+
+def threshold_for(case_name: str, dtype: str | None = None) -> float:
+    """SPEC section 7: dtype comes from the case (names ending _bfloat16/_bf16 are BF16)."""
+    return THRESHOLDS[dtype_of_case_name(case_name) if dtype is None else dtype]
+
+
+def dtype_of_case_name(case_name: str) -> str:
+    return "bfloat16" if case_name.endswith(("_bfloat16", "_bf16")) else "float32"

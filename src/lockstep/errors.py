@@ -1,0 +1,26 @@
+"""The exceptions lockstep raises; the CLI turns them into one sentence and an exit code."""
+
+from __future__ import annotations
+
+import os
+
+
+class LockstepError(Exception):
+    """An error with a message meant for the user (no traceback needed)."""
+
+
+class FormatError(LockstepError):
+    """A file is not what it claims to be. The message names the file and the problem."""
+
+    def __init__(self, path: str | os.PathLike, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+class CaseError(LockstepError):
+    """A case cannot run as specified (impossible batch split, too few tokens, ...)."""
+
+
+class RunError(LockstepError):
+    """A framework run failed (crash, non-zero exit, timeout, non-finite loss)."""

@@ -1,0 +1,172 @@
+"""The one interface every framework runner implements, and what they share.
+
+A runner turns (case spec, inputs) into a run record plus the framework's native log:
+`<out>/<framework>/<case>.log` and `<out>/<framework>/<case>.jsonl`. Subclasses implement
+`execute`; `run` wraps it so that every failure ends as a record marked failed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ClassVar
+
+from lockstep import __version__
+from lockstep.cases.spec import CaseSpec
+from lockstep.errors import LockstepError, RunError
+from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
+from lockstep.models.configs import GPT2Config
+
+StepCallback = Callable[[StepRecord], None]
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What every framework gets for a case: the same weights, tokens and device kind."""
+
+    checkpoint: Path  # LLMC checkpoint
+    tokens: Path  # llm.c token stream (train split)
+    model: GPT2Config  # shape, from the checkpoint header
+    device: str  # "cpu" | "cuda"
+    checkpoint_sha256: str = ""
+    tokens_sha256: str = ""
+    corpus: str = ""  # e.g. "tiny_shakespeare", or the offline corpus's name
+    timeout_s: float | None = None
+    extra: dict = field(default_factory=dict)  # runner-specific options (e.g. infinitrain build dir)
+
+
+@dataclass
+class ExecuteResult:
+    steps: list[StepRecord]
+    meta: dict = field(default_factory=dict)  # framework version, device name, command, ...
+
+
+class FrameworkRunner(ABC):
+    name: ClassVar[str]
+
+    @abstractmethod
+    def version(self) -> str:
+        """The framework's version string for the record."""
+
+    def preflight(self, inputs: RunInputs) -> None:
+        """Raise LockstepError when the framework cannot run at all (checked before any case)."""
+
+    def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        """Why this machine cannot run the case (e.g. too few devices), or None."""
+        have = available_devices(inputs.device)
+        if case.world_size > have:
+            what = "GPUs" if inputs.device == "cuda" else "CPU cores"
+            return f"needs {case.world_size} devices, this machine has {have} {what}"
+        return None
+
+    @abstractmethod
+    def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
+        """Train the case, writing the native log to `log_path`. Raise RunError on failure."""
+
+    def run(self, case: CaseSpec, inputs: RunInputs, out_dir: Path, on_step: StepCallback | None = None) -> RunRecord:
+        out_dir = Path(out_dir) / self.name
+        out_dir.mkdir(parents=True, exist_ok=True)
+        log_path, record_path = out_dir / f"{case.name}.log", out_dir / f"{case.name}.jsonl"
+        meta = base_meta(self, case, inputs)
+        record = RunRecord(framework=self.name, case=case.name, meta=meta, source=str(record_path))
+        try:
+            result = self.execute(case, inputs, log_path, on_step)
+            record.meta.update(result.meta)
+            record.steps = result.steps
+            check_complete(case, result.steps, log_path)
+        except LockstepError as e:
+            record.status, record.error = "failed", str(e)
+        except Exception as e:  # a bug or framework crash in-process: still a failed record, never a good one
+            record.status, record.error = "failed", f"{type(e).__name__}: {e}"
+        record.meta["finished_at"] = now_iso()
+        write_run_record(record_path, record)
+        return record
+
+
+def check_complete(case: CaseSpec, steps: list[StepRecord], log_path: Path) -> None:
+    got = [s.step for s in steps]
+    if got != list(range(1, case.steps + 1)):
+        raise RunError(f"{log_path}: expected steps 1..{case.steps}, got {len(got)} step(s)"
+                       + (f" ({got[0]}..{got[-1]})" if got else ""))
+    for s in steps:
+        if not math.isfinite(s.loss):
+            raise RunError(f"{log_path}: step {s.step} loss is {s.loss} (non-finite)")
+
+
+def base_meta(runner: FrameworkRunner, case: CaseSpec, inputs: RunInputs) -> dict:
+    return {
+        "framework_version": _safe(runner.version),
+        "case_spec": case.to_dict(),
+        "model": inputs.model.to_dict(),
+        "checkpoint": str(inputs.checkpoint),
+        "checkpoint_sha256": inputs.checkpoint_sha256,
+        "data": str(inputs.tokens),
+        "data_sha256": inputs.tokens_sha256,
+        "corpus": inputs.corpus,
+        "device": inputs.device,
+        "device_name": device_name(inputs.device),
+        "torch_version": torch_version(),
+        "python_version": platform.python_version(),
+        "host": platform.node(),
+        "lockstep_version": __version__,
+        "lockstep_commit": git_commit(),
+        "started_at": now_iso(),
+        "command": shlex.join(sys.argv),
+    }
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def available_devices(device: str) -> int:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.device_count()
+    return os.cpu_count() or 1
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+        return "cuda (unavailable)"
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def git_commit() -> str:
+    """The lockstep checkout's commit, or "unknown" for an installed copy outside git."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if out.returncode != 0:
+        return "unknown"
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def _safe(fn) -> str:
+    try:
+        return fn()
+    except Exception as e:  # version probing must never stop a run
+        return f"unknown ({e})"

@@ -1,0 +1,148 @@
+"""Start a runner's worker processes (torchrun for several, a plain subprocess for one) and
+stream their per-step results back while they train.
+
+Workers write their console output (the framework's native log) to `<case>.log` and one JSON
+object per finished step to a results file that the parent polls, so progress shows live and
+a crash still leaves the log of everything that happened before it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from lockstep.errors import RunError
+from lockstep.formats.run_record import StepRecord
+
+# NVLink multicast (NVLS) can take a shared host's GPUs out of service; never let NCCL use it.
+SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def worker_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.update(SAFE_NCCL_ENV)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def torchrun_command(module: str, nproc: int, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", module, *args]
+
+
+def run_workers(module: str, job: dict, nproc: int, log_path: Path, timeout_s: float | None = None,
+                on_step: Callable[[StepRecord], None] | None = None, env: dict | None = None,
+                use_torchrun: bool = True) -> tuple[list[StepRecord], dict]:
+    """Run `python -m module JOB.json` under torchrun; return its step records and final info.
+
+    The job dict is written to JOB.json with `results_path` added; rank 0 appends
+    `{"type": "step", ...}` lines and finally one `{"type": "info", ...}` line there.
+    """
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="lockstep-job-") as td:
+        job_path, results_path = Path(td) / "job.json", Path(td) / "results.jsonl"
+        job = {**job, "results_path": str(results_path)}
+        job_path.write_text(json.dumps(job))
+        if use_torchrun:
+            cmd = torchrun_command(module, nproc, [str(job_path)])
+        else:
+            cmd = [sys.executable, "-m", module, str(job_path)]
+        steps: list[StepRecord] = []
+        info: dict = {"worker_command": shlex.join(cmd)}
+        seen = 0
+        start = time.monotonic()
+        with open(log_path, "w") as log:
+            log.write(f"[COMMAND] {shlex.join(cmd)}\n")
+            log.flush()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env(env),
+                                    start_new_session=True)
+            timed_out = False
+            while True:
+                try:
+                    rc = proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                seen = _drain(results_path, seen, steps, info, on_step)
+                if timeout_s is not None and time.monotonic() - start > timeout_s:
+                    timed_out = True
+                    _kill_group(proc)
+                    rc = proc.wait()
+                    break
+        _drain(results_path, seen, steps, info, on_step)
+        if timed_out:
+            raise RunError(f"{log_path}: timed out after {timeout_s:.0f} s at step {len(steps)}"
+                           + _tail(log_path))
+        if rc != 0:
+            raise RunError(f"{log_path}: worker exited with status {rc} after {len(steps)} step(s)" + _tail(log_path))
+        return steps, info
+
+
+def _drain(results_path: Path, seen: int, steps: list[StepRecord], info: dict, on_step) -> int:
+    if not results_path.exists():
+        return seen
+    lines = results_path.read_text().splitlines()
+    for line in lines[seen:]:
+        if not line.endswith("}"):
+            return seen  # a line still being written; read it next time
+        row = json.loads(line)
+        kind = row.pop("type", None)
+        if kind == "step":
+            rec = StepRecord(**row)
+            steps.append(rec)
+            if on_step:
+                on_step(rec)
+        elif kind == "info":
+            info.update(row)
+        seen += 1
+    return seen
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _tail(path: Path, n: int = 12) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    keep = [ln for ln in lines if ln.strip()][-n:]
+    return "; last lines of the log:\n    " + "\n    ".join(keep) if keep else ""
+
+
+class ResultsWriter:
+    """Used by a worker (rank 0) to append step results for the parent."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+
+    def step(self, rec: StepRecord) -> None:
+        self._write({"type": "step", **rec.to_dict()})
+
+    def info(self, **fields) -> None:
+        self._write({"type": "info", **fields})
+
+    def _write(self, row: dict) -> None:
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")

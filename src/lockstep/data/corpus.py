@@ -248,8 +248,10 @@ def markdown_play_to_text(markdown: str) -> list[str]:
             if not (len(line) > 1 and line.endswith(marker)):
                 direction_end = marker
             continue
-        line = _INLINE_CONJECTURE.sub(r"\1", _MARKDOWN_ESCAPE.sub(r"\1", line))
-        line = " ".join(line.split())
+        if "\\" in line or "_" in line:  # rare: skip the regexes for the 99% of plain verse lines
+            line = _INLINE_CONJECTURE.sub(r"\1", _MARKDOWN_ESCAPE.sub(r"\1", line))
+        if "  " in line:
+            line = " ".join(line.split())
         if line:  # an empty line inside a speech would split it into two sections
             lines.append(line)
     flush()

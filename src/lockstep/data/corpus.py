@@ -172,7 +172,7 @@ def resolve_corpus(text_path: str | os.PathLike | None = None, cache_dir: str | 
     if offline is None:
         offline = offline_requested()
     if offline:
-        why = f"offline ({OFFLINE_ENV} is set)" if offline_requested() else "offline"
+        why = f"downloads are off ({OFFLINE_ENV} is set)" if offline_requested() else "downloads are off"
     else:
         corpus, why = download_tiny_shakespeare(cache_file, fetch)
         if corpus is not None:

@@ -1,0 +1,133 @@
+"""`compare_paths`: every case of a baseline tree against the same case of a test tree."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lockstep.compare.loading import load_side
+from lockstep.compare.options import CompareOptions
+from lockstep.compare.pairing import CasePair, CaseTree, collect_cases, pair_single_files
+from lockstep.compare.verdict import CaseVerdict, judge_case
+
+
+@dataclass(frozen=True)
+class MissingCase:
+    case: str
+    missing_from: str  # "baseline" | "test"
+    present_in: str  # the file the other side has
+
+    @property
+    def message(self) -> str:
+        return f"case {self.case} is only in the {'test' if self.missing_from == 'baseline' else 'baseline'} ({self.present_in})"
+
+    def to_json(self) -> dict:
+        return {"case": self.case, "missing_from": self.missing_from, "present_in": self.present_in,
+                "message": self.message}
+
+
+@dataclass(frozen=True)
+class ComparisonError:
+    """A problem that stops one case (or the whole comparison) from being judged."""
+
+    message: str  # one sentence naming the file
+    case: str | None = None
+
+    def to_json(self) -> dict:
+        return {"case": self.case, "message": self.message}
+
+
+@dataclass
+class ComparisonReport:
+    baseline: str
+    test: str
+    options: CompareOptions
+    cases: list[CaseVerdict] = field(default_factory=list)
+    missing: list[MissingCase] = field(default_factory=list)
+    errors: list[ComparisonError] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """True only when something was compared, every compared case passed, nothing is missing."""
+        return bool(self.cases) and not self.missing and not self.errors and all(c.passed for c in self.cases)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {"passed": sum(c.passed for c in self.cases),
+                "failed": sum(c.error is None and not c.passed for c in self.cases),
+                "missing": len(self.missing),
+                "errors": len(self.errors)}
+
+    def summary_line(self) -> str:
+        n = self.counts
+        return f"{n['passed']} passed, {n['failed']} failed, {n['missing']} missing, {n['errors']} errors"
+
+    def to_json(self) -> dict:
+        return {"passed": self.passed, "baseline": self.baseline, "test": self.test, "counts": self.counts,
+                "options": self.options.to_dict(),
+                "cases": [c.to_json() for c in self.cases],
+                "missing": [m.to_json() for m in self.missing],
+                "errors": [e.to_json() for e in self.errors]}
+
+
+def _pairs(baseline: Path, test: Path, options: CompareOptions, report: ComparisonReport) -> list[CasePair]:
+    if baseline.is_file() and test.is_file():
+        return [pair_single_files(baseline, test)]
+    b_tree, t_tree = collect_cases(baseline), collect_cases(test)
+    # A single file against a tree: the user asked about that one case only.
+    only = {baseline.stem} if baseline.is_file() else {test.stem} if test.is_file() else None
+    for side, tree in (("baseline", b_tree), ("test", t_tree)):
+        if not tree.cases:
+            report.errors.append(ComparisonError(
+                f"{tree.root}: no case files (<case>.jsonl or <case>.log) found for the {side}"))
+    if report.errors:
+        return []
+    wanted = sorted(c for c in b_tree.cases | t_tree.cases
+                    if options.includes(c) and (only is None or c in only))
+    for name in options.include_cases:
+        if name not in b_tree.cases | t_tree.cases:
+            report.errors.append(ComparisonError(f"case {name} (--include-cases) is in neither "
+                                                 f"{baseline} nor {test}", case=name))
+    if not wanted and not report.errors:
+        report.errors.append(ComparisonError(f"no case of {baseline} or {test} matches the case filters"))
+    pairs = []
+    for case in wanted:
+        if _conflict(case, b_tree, report) | _conflict(case, t_tree, report):
+            continue
+        b, t = b_tree.files.get(case), t_tree.files.get(case)
+        if b is None:
+            report.missing.append(MissingCase(case, "baseline", str(t.path)))
+        elif t is None:
+            report.missing.append(MissingCase(case, "test", str(b.path)))
+        else:
+            pairs.append(CasePair(case, b, t))
+    return pairs
+
+
+def _conflict(case: str, tree: CaseTree, report: ComparisonReport) -> bool:
+    paths = tree.conflicts.get(case)
+    if paths:
+        report.errors.append(ComparisonError(
+            f"{tree.root}: case {case} has {len(paths)} files ({', '.join(map(str, paths))}); "
+            "keep one per tree or point at the framework directory", case=case))
+    return bool(paths)
+
+
+def compare_paths(baseline: str | os.PathLike, test: str | os.PathLike,
+                  options: CompareOptions | None = None) -> ComparisonReport:
+    """Compare every case of `baseline` (a run record, a log, or a tree of them) with `test`.
+
+    Bad inputs never raise: each becomes an error entry naming the file, so that one broken log
+    does not hide the verdicts on the others. Raises FormatError only when a path does not exist.
+    """
+    options = options or CompareOptions()
+    baseline, test = Path(baseline), Path(test)
+    report = ComparisonReport(str(baseline), str(test), options)
+    for case_pair in _pairs(baseline, test, options, report):
+        verdict = judge_case(case_pair.case, load_side(case_pair.baseline, options),
+                             load_side(case_pair.test, options), options)
+        report.cases.append(verdict)
+        if verdict.error is not None:
+            report.errors.append(ComparisonError(verdict.error, case=verdict.case))
+    return report

@@ -1,0 +1,45 @@
+"""What `lockstep compare` can be told: thresholds, filters, warm-up, the Megatron-LM correction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lockstep.cases.spec import THRESHOLDS
+
+STEP2_MODES = ("auto", "on", "off")
+
+# SPEC section 7: against an upstream Megatron-LM GPT-2 baseline, InfiniTrain's config uses FP32 2e-3
+# (upstream's kernels are not bit-faithful to llm.c's math); applied only when the user gave no
+# FP32 threshold of their own.
+MEGATRON_LM_GPT2_FP32_THRESHOLD = 2e-3
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    # None = the default of SPEC section 7 (THRESHOLDS, or the Megatron-LM GPT-2 exception).
+    threshold_fp32: float | None = None
+    threshold_bf16: float | None = None
+    # A step passes when |Δloss| <= threshold + rtol * |baseline loss| (numpy.isclose's rule).
+    rtol: float = 0.0
+    warmup_steps: int = 1  # throughput averages use steps after this many (SPEC section 4)
+    min_tps_ratio: float | None = None  # test/baseline tok/s below this fails the case
+    include_prefixes: tuple[str, ...] = ()
+    include_cases: tuple[str, ...] = ()
+    megatron_step2_correction: str = "auto"  # "auto" | "on" | "off"
+    seq_length: int | None = None  # for Megatron-LM logs that state no sequence length
+
+    def includes(self, case: str) -> bool:
+        """A case is compared when no filter is given, or when it matches any of them."""
+        if not self.include_prefixes and not self.include_cases:
+            return True
+        return case in self.include_cases or any(case.startswith(p) for p in self.include_prefixes)
+
+    def default_threshold(self, dtype: str) -> float:
+        explicit = self.threshold_bf16 if dtype == "bfloat16" else self.threshold_fp32
+        return THRESHOLDS[dtype] if explicit is None else explicit
+
+    def to_dict(self) -> dict:
+        return {"threshold_fp32": self.threshold_fp32, "threshold_bf16": self.threshold_bf16, "rtol": self.rtol,
+                "warmup_steps": self.warmup_steps, "min_tps_ratio": self.min_tps_ratio,
+                "include_prefixes": list(self.include_prefixes), "include_cases": list(self.include_cases),
+                "megatron_step2_correction": self.megatron_step2_correction, "seq_length": self.seq_length}

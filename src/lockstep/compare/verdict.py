@@ -1,0 +1,225 @@
+"""The verdict on one case (SPEC section 7): loss step by step against the dtype threshold, and
+throughput (mean tok/s after warm-up on each side, test/baseline ratio)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from lockstep.cases.spec import DTYPES, dtype_of_case_name
+from lockstep.compare.loading import LoadedSide
+from lockstep.compare.options import MEGATRON_LM_GPT2_FP32_THRESHOLD, CompareOptions
+from lockstep.errors import FormatError
+from lockstep.formats.logs import ORIGIN_MEGATRON_LM
+from lockstep.formats.run_record import RunRecord
+
+
+@dataclass(frozen=True)
+class StepDiff:
+    step: int
+    baseline: float
+    test: float
+    abs_diff: float
+    allowed: float  # threshold + rtol * |baseline|
+
+    @property
+    def within(self) -> bool:
+        return self.abs_diff <= self.allowed
+
+
+@dataclass
+class SideSummary:
+    """One side of a case as the report shows it."""
+
+    file: str
+    framework: str | None = None
+    origin: str | None = None
+    losses: list[float] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    tokens_per_s_mean: float | None = None
+    step_ms_mean: float | None = None
+    throughput_steps: list[int] = field(default_factory=list)  # the steps the mean is over
+    step2_corrected: bool = False
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "framework": self.framework, "origin": self.origin, "losses": self.losses,
+                "steps": self.steps, "tokens_per_s_mean": self.tokens_per_s_mean, "step_ms_mean": self.step_ms_mean,
+                "throughput_steps": self.throughput_steps, "megatron_step2_corrected": self.step2_corrected}
+
+
+@dataclass
+class CaseVerdict:
+    case: str
+    baseline: SideSummary
+    test: SideSummary
+    dtype: str | None = None
+    threshold: float | None = None
+    threshold_source: str | None = None  # "default" | "option" | "megatron-lm gpt2 default"
+    rtol: float = 0.0
+    diffs: list[StepDiff] = field(default_factory=list)
+    loss_passed: bool = False
+    throughput_ratio: float | None = None  # test tok/s / baseline tok/s
+    min_tps_ratio: float | None = None
+    throughput_passed: bool | None = None  # None: no minimum ratio asked for
+    config: str = ""
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def max_abs_diff(self) -> float | None:
+        return max((d.abs_diff for d in self.diffs), default=None)
+
+    @property
+    def max_diff_step(self) -> int | None:
+        if not self.diffs:
+            return None
+        return max(self.diffs, key=lambda d: d.abs_diff).step
+
+    @property
+    def first_failing_step(self) -> int | None:
+        return next((d.step for d in self.diffs if not d.within), None)
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and self.loss_passed and self.throughput_passed is not False
+
+    def to_json(self) -> dict:
+        return {
+            "case": self.case, "dtype": self.dtype, "threshold": self.threshold,
+            "threshold_source": self.threshold_source, "rtol": self.rtol,
+            "max_abs_diff": self.max_abs_diff, "max_diff_step": self.max_diff_step,
+            "first_failing_step": self.first_failing_step,
+            "passed": self.passed, "loss_passed": self.loss_passed if self.error is None else False,
+            "steps": len(self.diffs),
+            "abs_diffs": [d.abs_diff for d in self.diffs],
+            "baseline": self.baseline.to_json(), "test": self.test.to_json(),
+            "throughput_ratio": self.throughput_ratio, "throughput_ratio_definition": "test / baseline tok/s",
+            "min_tps_ratio": self.min_tps_ratio, "throughput_passed": self.throughput_passed,
+            "config": self.config, "notes": self.notes, "error": self.error,
+        }
+
+
+def _summarise(side: LoadedSide, warmup_steps: int) -> SideSummary:
+    summary = SideSummary(file=str(side.file.path), step2_corrected=side.step2_corrected)
+    rec = side.record
+    if rec is None:
+        return summary
+    ordered = sorted(rec.steps, key=lambda s: s.step)
+    summary.framework, summary.origin = rec.framework, rec.origin
+    summary.losses = [s.loss for s in ordered]
+    summary.steps = [s.step for s in ordered]
+    summary.tokens_per_s_mean = rec.mean_tokens_per_s(warmup_steps)
+    summary.step_ms_mean = rec.mean_step_ms(warmup_steps)
+    summary.throughput_steps = [s.step for s in ordered if s.step > warmup_steps and s.tokens_per_s is not None]
+    return summary
+
+
+def _dtype(case: str, baseline: RunRecord, test: RunRecord) -> str:
+    """From the records' case specs (SPEC: dtype comes from the case), else the case name suffix."""
+    b, t = baseline.dtype, test.dtype
+    if b and t and b != t:
+        raise FormatError(test.source or case, f"dtype {t} differs from the baseline's {b} ({baseline.source})")
+    dtype = b or t
+    if dtype is None:
+        names = {dtype_of_case_name(n) for n in (case, baseline.case, test.case)}
+        dtype = "bfloat16" if "bfloat16" in names else "float32"
+    if dtype not in DTYPES:
+        raise FormatError(baseline.source or case, f"unknown dtype {dtype!r} in the case spec")
+    return dtype
+
+
+def _is_gpt2(case: str, record: RunRecord) -> bool:
+    spec = record.meta.get("case_spec") or {}
+    return spec.get("model", "").startswith("gpt2") or case.startswith("gpt2")
+
+
+def _threshold(case: str, dtype: str, baseline: RunRecord, options: CompareOptions) -> tuple[float, str]:
+    explicit = options.threshold_bf16 if dtype == "bfloat16" else options.threshold_fp32
+    if explicit is not None:
+        return explicit, "option"
+    if dtype == "float32" and baseline.origin == ORIGIN_MEGATRON_LM and _is_gpt2(case, baseline):
+        return MEGATRON_LM_GPT2_FP32_THRESHOLD, "megatron-lm gpt2 default"
+    return options.default_threshold(dtype), "default"
+
+
+def _config(baseline: RunRecord, test: RunRecord) -> str:
+    """A short label of the case's shape, from a case spec or what a native log states."""
+    for rec in (test, baseline):
+        spec = rec.meta.get("case_spec")
+        if spec:
+            parts = [f"DP={spec.get('dp', 1)}"]
+            if spec.get("tp", 1) > 1:
+                parts.append(f"TP={spec['tp']}" + ("+SP" if spec.get("sp") else ""))
+            if spec.get("pp", 1) > 1:
+                parts.append(f"PP={spec['pp']}" + (f"xVPP={spec['vpp']}" if spec.get("vpp", 1) > 1 else ""))
+            parts += [f"B={spec.get('micro_batch')}", f"T={spec.get('seq_len')}", f"tokens/step={spec.get('total_batch')}"]
+            return " ".join(parts)
+    for rec in (test, baseline):
+        par = rec.meta.get("parallel")
+        if par:
+            return " ".join(f"{k.upper()}={v}" for k, v in par.items() if k == "dp" or v > 1)
+    return ""
+
+
+def _align(case: str, baseline: RunRecord, test: RunRecord, threshold: float, rtol: float) -> list[StepDiff]:
+    b = {s.step: s.loss for s in baseline.steps}
+    t = {s.step: s.loss for s in test.steps}
+    only_b, only_t = sorted(set(b) - set(t)), sorted(set(t) - set(b))
+    if only_b or only_t:
+        # Name the file that lacks steps: it is the one the user has to look at.
+        lacking, other, gone = (test, baseline, only_b) if only_b else (baseline, test, only_t)
+        raise FormatError(lacking.source or case,
+                          f"lacks step(s) {_ranges(gone)} that {other.source or 'the other side'} has "
+                          f"(steps {_ranges(sorted(b))} vs {_ranges(sorted(t))})")
+    return [StepDiff(step, b[step], t[step], abs(b[step] - t[step]), threshold + rtol * abs(b[step]))
+            for step in sorted(b)]
+
+
+def _ranges(steps: list[int]) -> str:
+    """[1,2,3,5] -> "1-3, 5"."""
+    if not steps:
+        return "none"
+    out, start, prev = [], steps[0], steps[0]
+    for s in steps[1:] + [None]:
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if s is not None:
+            start = prev = s
+    return ", ".join(out)
+
+
+def judge_case(case: str, baseline: LoadedSide, test: LoadedSide, options: CompareOptions) -> CaseVerdict:
+    verdict = CaseVerdict(case, _summarise(baseline, options.warmup_steps), _summarise(test, options.warmup_steps),
+                          rtol=options.rtol, min_tps_ratio=options.min_tps_ratio)
+    errors = [e for e in (baseline.error, test.error) if e]
+    if errors:
+        verdict.error = "; ".join(errors)
+        return verdict
+    b, t = baseline.record, test.record
+    assert b is not None and t is not None
+    for side, name in ((baseline, "baseline"), (test, "test")):
+        if side.step2_corrected:
+            rec = side.record
+            verdict.notes.append(f"{name}: Megatron-LM step-2 running mean corrected "
+                                 f"(logged {rec.meta.get('megatron_step2_logged_loss'):.6f} -> "
+                                 f"{next(s.loss for s in rec.steps if s.step == 2):.6f})")
+    try:
+        verdict.dtype = _dtype(case, b, t)
+        verdict.threshold, verdict.threshold_source = _threshold(case, verdict.dtype, b, options)
+        verdict.config = _config(b, t)
+        verdict.diffs = _align(case, b, t, verdict.threshold, options.rtol)
+    except FormatError as e:
+        verdict.error = str(e)
+        return verdict
+    verdict.loss_passed = all(d.within for d in verdict.diffs)
+    bt, tt = verdict.baseline.tokens_per_s_mean, verdict.test.tokens_per_s_mean
+    if bt and tt is not None and math.isfinite(bt) and bt > 0:
+        verdict.throughput_ratio = tt / bt
+    if options.min_tps_ratio is not None:
+        verdict.throughput_passed = verdict.throughput_ratio is not None and verdict.throughput_ratio >= options.min_tps_ratio
+        if verdict.throughput_ratio is None:
+            verdict.notes.append("throughput check failed: tok/s is unknown on "
+                                 + ("the baseline" if not bt else "the test") + " side")
+    return verdict

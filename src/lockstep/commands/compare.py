@@ -1,0 +1,205 @@
+"""`lockstep compare BASELINE TEST`: loss PASS/FAIL per case and tok/s side by side.
+
+Exit 0 only when every compared case passes and nothing is missing or unreadable, 1 otherwise,
+2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from lockstep.compare import CompareOptions, ComparisonReport, compare_paths
+from lockstep.compare.options import STEP2_MODES
+from lockstep.compare.verdict import CaseVerdict
+from lockstep.fsutil import atomic_write
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be positive")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text} must not be negative")
+    return value
+
+
+def _int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text} must be at least {minimum}")
+        return value
+    return parse
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "compare", help="compare two runs (records or native logs) step by step",
+        description="Compare the loss of every case of BASELINE with TEST step by step (PASS/FAIL against the "
+                    "dtype threshold) and show tok/s side by side. BASELINE and TEST are run records "
+                    "(<case>.jsonl), native logs (<case>.log: InfiniTrain, llm.c, Megatron-LM) or directories "
+                    "of them.")
+    p.add_argument("baseline", metavar="BASELINE", type=Path, help="file or directory of the reference run")
+    p.add_argument("test", metavar="TEST", type=Path, help="file or directory of the run under test")
+    p.add_argument("--include-prefix", type=_names, default=(), metavar="P[,P...]",
+                   help="compare only cases whose name starts with one of these prefixes")
+    p.add_argument("--include-cases", type=_names, default=(), metavar="A,B",
+                   help="compare only these cases (with --include-prefix: either filter admits a case)")
+    p.add_argument("--threshold-fp32", type=_positive_float, default=None, metavar="X",
+                   help="max |Δloss| for FP32 cases (default 1e-5; 2e-3 against a Megatron-LM GPT-2 log)")
+    p.add_argument("--threshold-bf16", type=_positive_float, default=None, metavar="X",
+                   help="max |Δloss| for BF16 cases (default 1e-2)")
+    p.add_argument("--rtol", type=_non_negative_float, default=0.0, metavar="X",
+                   help="also allow rtol x |baseline loss| per step (default 0)")
+    p.add_argument("--megatron-step2-correction", choices=STEP2_MODES, default="auto",
+                   help="undo upstream Megatron-LM's running mean at iteration 2 (loss2 = 2*logged2 - loss1); "
+                        "auto: for Megatron-LM logs only; never for lockstep's own records or logs")
+    p.add_argument("--warmup-steps", type=_int_at_least(0), default=1, metavar="N",
+                   help="steps left out of the tok/s means (default 1)")
+    p.add_argument("--min-tps-ratio", type=_positive_float, default=None, metavar="X",
+                   help="fail a case whose test/baseline tok/s ratio is below X (default: no throughput verdict)")
+    p.add_argument("--seq-length", type=_int_at_least(1), default=None, metavar="N",
+                   help="sequence length for Megatron-LM logs that state none (for tok/s)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
+    p.set_defaults(handler=run)
+
+
+def options_from_args(args: argparse.Namespace) -> CompareOptions:
+    return CompareOptions(threshold_fp32=args.threshold_fp32, threshold_bf16=args.threshold_bf16, rtol=args.rtol,
+                          warmup_steps=args.warmup_steps, min_tps_ratio=args.min_tps_ratio,
+                          include_prefixes=args.include_prefix, include_cases=args.include_cases,
+                          megatron_step2_correction=args.megatron_step2_correction, seq_length=args.seq_length)
+
+
+def run(args: argparse.Namespace) -> int:
+    for what, path in (("BASELINE", args.baseline), ("TEST", args.test)):
+        if not path.exists():
+            print(f"lockstep compare: error: {what} {path} does not exist", file=sys.stderr)
+            return 2
+    report = compare_paths(args.baseline, args.test, options_from_args(args))
+    console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+    print_report(console, report)
+    for err in report.errors:
+        print(f"lockstep: error: {err.message}", file=sys.stderr)
+    if args.json is not None:
+        with atomic_write(args.json, "w") as f:
+            json.dump(report.to_json(), f, indent=2, allow_nan=True)
+            f.write("\n")
+    return 0 if report.passed else 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Rendering
+# ----------------------------------------------------------------------------------------------
+
+def _fmt_diff(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3e}"
+
+
+def _fmt_tps(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _steps_label(steps: list[int]) -> str:
+    if not steps:
+        return "-"
+    return f"{steps[0]}-{steps[-1]}" if steps == list(range(steps[0], steps[-1] + 1)) else ",".join(map(str, steps))
+
+
+def _verdict_label(c: CaseVerdict) -> str:
+    if c.error is not None:
+        return "[bold yellow]ERROR[/]"
+    if not c.loss_passed:
+        return "[bold red]FAIL[/]"
+    if c.throughput_passed is False:
+        return "[bold red]FAIL (tok/s)[/]"
+    return "[bold green]PASS[/]"
+
+
+def loss_table(report: ComparisonReport) -> Table:
+    t = Table(title=escape(f"Loss: {report.test} vs baseline {report.baseline}"), title_justify="left")
+    for col, kw in (("case", {}), ("dtype", {}), ("steps", {"justify": "right"}), ("max |Δloss|", {"justify": "right"}),
+                    ("step of max", {"justify": "right"}), ("threshold", {"justify": "right"}), ("verdict", {})):
+        t.add_column(col, **kw)
+    for c in report.cases:
+        threshold = "-" if c.threshold is None else f"{c.threshold:.0e}" + (f" + {c.rtol:g}·|loss|" if c.rtol else "")
+        t.add_row(escape(c.case), c.dtype or "-", str(len(c.diffs)) if c.diffs else "-", _fmt_diff(c.max_abs_diff),
+                  "-" if c.max_diff_step is None else str(c.max_diff_step), threshold, _verdict_label(c))
+    return t
+
+
+def step_series_table(c: CaseVerdict) -> Table:
+    t = Table(title=escape(f"{c.case}: per-step loss (first failing step {c.first_failing_step})"), title_justify="left")
+    for col in ("step", "baseline", "test", "|Δloss|", "allowed", ""):
+        t.add_column(col, justify="right")
+    for d in c.diffs:
+        mark = "" if d.within else "[red]✗[/]"
+        style = None if d.within else "red"
+        t.add_row(str(d.step), f"{d.baseline:.6f}", f"{d.test:.6f}", _fmt_diff(d.abs_diff), f"{d.allowed:.1e}", mark,
+                  style=style)
+    return t
+
+
+def throughput_table(report: ComparisonReport) -> Table:
+    t = Table(title="Throughput (mean tok/s after warm-up)", title_justify="left")
+    for col, kw in (("case", {}), ("config", {}), ("baseline tok/s", {"justify": "right"}),
+                    ("test tok/s", {"justify": "right"}), ("test/baseline", {"justify": "right"}),
+                    ("steps used (b / t)", {"justify": "right"})):
+        t.add_column(col, **kw)
+    if report.options.min_tps_ratio is not None:
+        t.add_column(f"≥ {report.options.min_tps_ratio:g}")
+    for c in report.cases:
+        if c.error is not None:
+            continue
+        ratio = "-" if c.throughput_ratio is None else f"{c.throughput_ratio:.3f}"
+        row = [escape(c.case), escape(c.config or "-"), _fmt_tps(c.baseline.tokens_per_s_mean), _fmt_tps(c.test.tokens_per_s_mean),
+               ratio, f"{_steps_label(c.baseline.throughput_steps)} / {_steps_label(c.test.throughput_steps)}"]
+        if report.options.min_tps_ratio is not None:
+            row.append("[green]ok[/]" if c.throughput_passed else "[red]too slow[/]")
+        t.add_row(*row)
+    return t
+
+
+def print_report(console: Console, report: ComparisonReport) -> None:
+    if report.cases:
+        console.print(loss_table(report))
+        for c in report.cases:
+            if c.error is None and not c.loss_passed:
+                console.print(step_series_table(c))
+        for c in report.cases:
+            for note in c.notes:
+                console.print(f"[dim]{escape(c.case)}: {escape(note)}[/]")
+        if any(c.error is None for c in report.cases):
+            console.print(throughput_table(report))
+    for m in report.missing:
+        console.print(f"[yellow]missing:[/] {escape(m.message)}")
+    for e in report.errors:
+        console.print(f"[yellow]error:[/] {escape(e.message)}")
+    n = report.counts
+    style = "bold green" if report.passed else "bold red"
+    console.print(f"[{style}]{n['passed']} passed, {n['failed']} failed, {n['missing']} missing, {n['errors']} errors[/]")

@@ -1,0 +1,49 @@
+"""`lockstep report`: report.html (self-contained) and report.md (+ report_files/*.png) for a run dir.
+
+data: gather records, verdicts and metadata · plots: one PNG per case · tables: shared rows ·
+html / markdown: the two writers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from lockstep.compare import CompareOptions
+from lockstep.fsutil import atomic_write
+from lockstep.report.data import ReportData, gather
+from lockstep.report.html import render_html
+from lockstep.report.markdown import render_markdown
+from lockstep.report.plots import case_figure_png
+
+HTML_NAME = "report.html"
+MARKDOWN_NAME = "report.md"
+IMAGES_DIR = "report_files"
+
+
+def _file_name(case: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", case) + ".png"
+
+
+def write_report(run_dir: str | os.PathLike, baseline_framework: str = "pytorch",
+                 options: CompareOptions | None = None) -> tuple[Path, Path]:
+    """Write `<run_dir>/report.html` and `<run_dir>/report.md`; return their paths."""
+    data = gather(run_dir, baseline_framework, options)
+    run_dir = Path(run_dir)
+    images = {case: case_figure_png(data, case) for case in data.cases if data.records.get(case)}
+    image_paths = {}
+    for case, png in images.items():
+        rel = f"{IMAGES_DIR}/{_file_name(case)}"
+        with atomic_write(run_dir / rel, "wb") as f:
+            f.write(png)
+        image_paths[case] = rel
+    html_path, md_path = run_dir / HTML_NAME, run_dir / MARKDOWN_NAME
+    with atomic_write(html_path, "w") as f:
+        f.write(render_html(data, images))
+    with atomic_write(md_path, "w") as f:
+        f.write(render_markdown(data, image_paths))
+    return html_path, md_path
+
+
+__all__ = ["HTML_NAME", "IMAGES_DIR", "MARKDOWN_NAME", "ReportData", "gather", "write_report"]

@@ -1,0 +1,75 @@
+"""Everything a report shows, gathered once from a run directory: every framework's records per
+case, the verdicts of each framework against the baseline, and the run's metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lockstep.compare import CompareOptions, ComparisonReport, collect_run_metadata, compare_paths, framework_dirs
+from lockstep.compare.loading import load_side
+from lockstep.compare.pairing import collect_cases
+from lockstep.compare.verdict import CaseVerdict
+from lockstep.errors import FormatError
+from lockstep.formats.run_record import RunRecord
+
+
+@dataclass
+class ReportData:
+    run_dir: Path
+    baseline: str
+    frameworks: list[str]  # baseline first
+    records: dict[str, dict[str, RunRecord]] = field(default_factory=dict)  # case -> framework -> record
+    unreadable: dict[str, dict[str, str]] = field(default_factory=dict)  # case -> framework -> error
+    comparisons: dict[str, ComparisonReport] = field(default_factory=dict)  # test framework -> report
+    metadata: dict = field(default_factory=dict)
+    options: CompareOptions = field(default_factory=CompareOptions)
+
+    @property
+    def cases(self) -> list[str]:
+        return sorted(set(self.records) | set(self.unreadable))
+
+    def verdicts(self, case: str) -> dict[str, CaseVerdict]:
+        """Test framework -> verdict on this case against the baseline."""
+        out = {}
+        for fw, report in self.comparisons.items():
+            for v in report.cases:
+                if v.case == case:
+                    out[fw] = v
+        return out
+
+    @property
+    def passed(self) -> bool | None:
+        if not self.comparisons:
+            return None
+        return all(r.passed for r in self.comparisons.values())
+
+
+def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
+           options: CompareOptions | None = None) -> ReportData:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FormatError(run_dir, "is not a run directory")
+    options = options or CompareOptions()
+    present = [d.name for d in framework_dirs(run_dir)]
+    if not present:
+        raise FormatError(run_dir, "holds no framework directories with case files (<framework>/<case>.jsonl)")
+    if baseline_framework not in present:
+        raise FormatError(run_dir, f"has no case files for the baseline framework {baseline_framework} "
+                                   f"(frameworks present: {', '.join(present)}); choose one with --baseline")
+    frameworks = [baseline_framework] + [f for f in present if f != baseline_framework]
+    data = ReportData(run_dir, baseline_framework, frameworks, metadata=collect_run_metadata(run_dir),
+                      options=options)
+    for fw in frameworks:
+        tree = collect_cases(run_dir / fw)
+        for case, case_file in tree.files.items():
+            side = load_side(case_file, options)
+            if side.record is not None:
+                data.records.setdefault(case, {})[fw] = side.record
+            else:
+                data.unreadable.setdefault(case, {})[fw] = side.error or "unreadable"
+        for case, paths in tree.conflicts.items():
+            data.unreadable.setdefault(case, {})[fw] = f"{len(paths)} files for one case: {', '.join(map(str, paths))}"
+        if fw != baseline_framework:
+            data.comparisons[fw] = compare_paths(run_dir / baseline_framework, run_dir / fw, options)
+    return data

@@ -1,0 +1,59 @@
+"""report.html: one self-contained file (inline CSS, plots as base64 PNG data URIs, no external
+references), so it can be mailed or attached to a CI run as is."""
+
+from __future__ import annotations
+
+import base64
+import html
+
+from lockstep.report import tables
+from lockstep.report.data import ReportData
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
+th { background: #f2f2f2; }
+td.PASS { color: #107010; font-weight: bold; }
+td.FAIL, td.ERROR { color: #b00000; font-weight: bold; }
+img { max-width: 100%; }
+.overall-pass { color: #107010; } .overall-fail { color: #b00000; }
+"""
+
+
+def _table(header: list[str], rows: list[list[str]], verdict_col: int | None = None) -> str:
+    out = ["<table>", "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
+    for row in rows:
+        cells = []
+        for i, cell in enumerate(row):
+            cls = f' class="{html.escape(cell)}"' if i == verdict_col else ""
+            cells.append(f"<td{cls}>{html.escape(cell)}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def render_html(data: ReportData, images: dict[str, bytes]) -> str:
+    title = f"lockstep report: {data.run_dir.name}"
+    overall_cls = "overall-pass" if data.passed else "overall-fail"
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(title)}</title>",
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f'<p class="{overall_cls}"><strong>{html.escape(tables.overall_line(data))}</strong></p>',
+        "<h2>Verdicts</h2>",
+        _table(tables.VERDICT_HEADER, tables.verdict_rows(data), verdict_col=tables.VERDICT_HEADER.index("verdict")),
+    ]
+    problems = tables.problem_lines(data)
+    if problems:
+        parts += ["<h2>Problems</h2>", "<ul>"] + [f"<li>{html.escape(p)}</li>" for p in problems] + ["</ul>"]
+    parts.append("<h2>Cases</h2>")
+    for case in data.cases:
+        parts.append(f"<h3>{html.escape(case)}</h3>")
+        png = images.get(case)
+        if png is not None:
+            b64 = base64.b64encode(png).decode("ascii")
+            parts.append(f'<img alt="{html.escape(case)}: loss, |Δloss| and tok/s" src="data:image/png;base64,{b64}">')
+    parts += ["<h2>Run metadata</h2>", _table(tables.METADATA_HEADER, tables.metadata_rows(data)),
+              _table(tables.FRAMEWORK_HEADER, tables.framework_rows(data)), "</body></html>"]
+    return "\n".join(parts) + "\n"

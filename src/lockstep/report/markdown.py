@@ -1,0 +1,33 @@
+"""report.md: the same content as report.html, with the plots as PNG files beside it."""
+
+from __future__ import annotations
+
+from lockstep.report import tables
+from lockstep.report.data import ReportData
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def render_markdown(data: ReportData, image_paths: dict[str, str]) -> str:
+    """`image_paths`: case -> path of its PNG relative to the report."""
+    parts = [f"# lockstep report: {data.run_dir.name}", "", f"**{tables.overall_line(data)}**", "",
+             "## Verdicts", "", _table(tables.VERDICT_HEADER, tables.verdict_rows(data)), ""]
+    problems = tables.problem_lines(data)
+    if problems:
+        parts += ["## Problems", ""] + [f"- {p}" for p in problems] + [""]
+    parts += ["## Cases", ""]
+    for case in data.cases:
+        parts += [f"### {case}", ""]
+        if case in image_paths:
+            parts += [f"![{case}: loss, |Δloss| and tok/s]({image_paths[case]})", ""]
+    parts += ["## Run metadata", "", _table(tables.METADATA_HEADER, tables.metadata_rows(data)), "",
+              _table(tables.FRAMEWORK_HEADER, tables.framework_rows(data)), ""]
+    return "\n".join(parts)

@@ -1,0 +1,171 @@
+"""`lockstep run`: run the case matrix on every framework, compare against the baseline, report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lockstep.errors import LockstepError
+from lockstep.fsutil import atomic_write
+from lockstep.run_matrix import CaseOutcome, RunPlan, RunRequest, execute_plan, plan_run
+from lockstep.runners import RUNNERS
+
+RUN_MANIFEST = "run.json"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="run the case matrix on several frameworks and compare them",
+                       description="Run every case of a matrix on each framework with the same LLMC weights, "
+                                   "token stream and hyper-parameters, then compare each framework step by step "
+                                   "against the first one listed.")
+    p.add_argument("--matrix", default="gpt2", help="built-in matrix name (gpt2, gpt2_parallel) or a TOML file")
+    p.add_argument("--cases", help="comma-separated case names (default: every case of the matrix)")
+    p.add_argument("--frameworks", help=f"comma-separated, baseline first: {', '.join(RUNNERS)} "
+                                        "(default: pytorch, megatron when installed, infinitrain when "
+                                        "LOCKSTEP_INFINITRAIN_BUILD is set)")
+    p.add_argument("--model", help="gpt2 (124M) or gpt2-tiny (default: gpt2 with a GPU, gpt2-tiny without)")
+    p.add_argument("--llmc", help="LLMC checkpoint to start from (its header gives the shape)")
+    p.add_argument("--data", help="llm.c token file to train on (default: Tiny Shakespeare train split)")
+    p.add_argument("--text", help="text file to tokenize as the corpus instead of Tiny Shakespeare")
+    p.add_argument("--steps", type=int, help="override every case's step count")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    p.add_argument("--out", default="lockstep-out", help="run directory (default: lockstep-out)")
+    p.add_argument("--seed", type=int, default=42, help="seed of the llm.c init when no --llmc is given")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per case and framework before it fails")
+    p.add_argument("--infinitrain-build", help="InfiniTrain build dir holding gpt2 (or LOCKSTEP_INFINITRAIN_BUILD)")
+    p.add_argument("--megatron-native-bf16", action="store_true",
+                   help="diagnostic: Megatron's native bf16 parameters instead of autocast")
+    p.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
+    p.set_defaults(handler=run)
+
+
+def split_list(text: str | None) -> list[str] | None:
+    return [s.strip() for s in text.split(",") if s.strip()] if text else None
+
+
+def run(args) -> int:
+    # Wide enough for the tables when the output is a file or a CI log (rich assumes 80 there).
+    console = Console(width=None if Console().is_terminal else 140)
+    req = RunRequest(matrix=args.matrix, cases=split_list(args.cases), frameworks=split_list(args.frameworks),
+                     model=args.model, llmc=args.llmc, data=args.data, text=args.text, steps=args.steps,
+                     device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
+                     infinitrain_build=args.infinitrain_build, megatron_native_bf16=args.megatron_native_bf16)
+    plan = plan_run(req)
+    prepare_out_dir(plan)
+    for note in plan.notes:
+        console.print(f"[dim]{note}[/dim]")
+    console.print(f"device {plan.device} | model L={plan.inputs.model.num_layers} NH={plan.inputs.model.num_heads} "
+                  f"C={plan.inputs.model.channels} | frameworks {', '.join(r.name for r in plan.runners)} "
+                  f"(baseline {plan.runners[0].name}) | out {plan.out_dir}")
+    outcomes = run_with_progress(plan, console)
+    console.print(outcome_table(outcomes))
+    failed_runs = [o for o in outcomes if o.record is not None and not o.record.ok]
+    for o in failed_runs:
+        console.print(f"[red]{o.framework}/{o.case.name} failed:[/red] {o.record.error}", markup=True, highlight=False)
+
+    from lockstep.compare.run_dir import compare_run_dir
+
+    summary = compare_run_dir(plan.out_dir, baseline_framework=plan.runners[0].name)
+    print_comparison(console, summary)
+    if not args.no_report:
+        from lockstep.report import write_report
+
+        html, md = write_report(plan.out_dir, baseline_framework=plan.runners[0].name)
+        console.print(f"report: {html} and {md}")
+    console.print(f"summary: {plan.out_dir / 'summary.json'}")
+    return 1 if failed_runs or summary.get("passed") is False else 0
+
+
+def prepare_out_dir(plan: RunPlan) -> None:
+    """Refuse to mix with someone else's files; clear lockstep's own earlier outputs so that no
+    stale record from an earlier run is compared as if it came from this one."""
+    out = plan.out_dir
+    if out.exists() and any(out.iterdir()) and not (out / RUN_MANIFEST).is_file():
+        raise LockstepError(f"{out}: output directory exists and was not written by lockstep run; "
+                            "choose another --out or empty it")
+    if out.exists():
+        for name in RUNNERS:
+            shutil.rmtree(out / name, ignore_errors=True)
+        for name in ("summary.json", "report.html", "report.md"):
+            (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / "report_files", ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {"cases": [c.to_dict() for c in plan.cases], "frameworks": [r.name for r in plan.runners],
+                "baseline": plan.runners[0].name, "device": plan.device, "model": plan.inputs.model.to_dict(),
+                "checkpoint": str(plan.inputs.checkpoint), "checkpoint_sha256": plan.inputs.checkpoint_sha256,
+                "data": str(plan.inputs.tokens), "data_sha256": plan.inputs.tokens_sha256, "corpus": plan.inputs.corpus}
+    with atomic_write(out / RUN_MANIFEST, "w") as f:
+        json.dump(manifest, f, indent=2)
+
+
+def run_with_progress(plan: RunPlan, console: Console) -> list[CaseOutcome]:
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
+                        TimeElapsedColumn(), console=console, transient=False)
+    state = {"task": None}
+
+    def on_start(case, framework):
+        state["task"] = progress.add_task(f"{framework:>11} {case.name:<18}", total=case.steps, loss="")
+
+    def on_step(rec):
+        progress.update(state["task"], completed=rec.step, loss=f"loss {rec.loss:.6f}")
+
+    def on_end(outcome: CaseOutcome):
+        if outcome.skipped:
+            console.print(f"[yellow]skipped[/yellow] {outcome.framework}/{outcome.case.name}: {outcome.skipped}")
+        elif outcome.record is not None and not outcome.record.ok and state["task"] is not None:
+            progress.update(state["task"], loss="[red]FAILED[/red]")
+
+    with progress:
+        outcomes = execute_plan(plan, on_start=on_start, on_step=on_step, on_end=on_end)
+    manifest_path = plan.out_dir / RUN_MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    manifest["skipped"] = [{"case": o.case.name, "framework": o.framework, "reason": o.skipped}
+                           for o in outcomes if o.skipped]
+    with atomic_write(manifest_path, "w") as f:
+        json.dump(manifest, f, indent=2)
+    return outcomes
+
+
+def outcome_table(outcomes: list[CaseOutcome]) -> Table:
+    t = Table(title="runs")
+    for col in ("case", "framework", "config", "status", "steps", "last loss", "tok/s (steps 2..N)"):
+        t.add_column(col, justify="right" if col in ("steps", "last loss", "tok/s (steps 2..N)") else "left")
+    for o in outcomes:
+        cfg = f"{o.case.dtype} {o.case.parallel_label} B={o.case.micro_batch}"
+        if o.skipped:
+            t.add_row(o.case.name, o.framework, cfg, "[yellow]skipped[/yellow]", "-", "-", "-")
+            continue
+        r = o.record
+        tps = r.mean_tokens_per_s()
+        t.add_row(o.case.name, o.framework, cfg, "[green]ok[/green]" if r.ok else "[red]failed[/red]",
+                  str(len(r.steps)), f"{r.steps[-1].loss:.6f}" if r.steps else "-", f"{tps:,.0f}" if tps else "-")
+    return t
+
+
+def print_comparison(console: Console, summary: dict) -> None:
+    for comp in summary.get("comparisons", []):
+        t = Table(title=f"{comp['test_framework']} vs {comp['baseline_framework']}")
+        for col in ("case", "dtype", "max |Δloss|", "at step", "threshold", "verdict", "tok/s base", "tok/s test", "ratio"):
+            t.add_column(col)
+        for c in comp.get("cases", []):
+            if c.get("error"):
+                t.add_row(c["case"], c.get("dtype") or "", "", "", "", "[red]ERROR[/red]", c["error"][:60], "", "")
+                continue
+            b, s = c.get("baseline") or {}, c.get("test") or {}
+            fmt = lambda v: f"{v:,.0f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
+            t.add_row(c["case"], c["dtype"], f"{c['max_abs_diff']:.3e}", str(c["max_diff_step"]), f"{c['threshold']:.0e}",
+                      "[green]PASS[/green]" if c["passed"] else "[red]FAIL[/red]", fmt(b.get("tokens_per_s_mean")),
+                      fmt(s.get("tokens_per_s_mean")),
+                      f"{c['throughput_ratio']:.2f}" if isinstance(c.get("throughput_ratio"), (int, float)) else "-")
+        console.print(t)
+        for m in comp.get("missing", []):
+            console.print(f"[yellow]missing:[/yellow] {m}")
+        for e in comp.get("errors", []):
+            console.print(f"[red]error:[/red] {e}")
+    for e in summary.get("errors", []):
+        console.print(f"[red]error:[/red] {e}")

@@ -1,0 +1,48 @@
+"""`pytorch` runner: in-process on one device, torchrun (gloo on CPU, NCCL on GPU) for DP > 1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.errors import RunError
+from lockstep.formats.run_record import StepRecord
+from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback
+from lockstep.runners.launch import run_workers
+from lockstep.runners.pytorch.train import ProcessGroupInfo, train_case
+
+
+class PyTorchRunner(FrameworkRunner):
+    name = "pytorch"
+
+    def version(self) -> str:
+        return f"torch {torch.__version__}"
+
+    def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        if case.tp > 1 or case.pp > 1:
+            return "the pytorch reference trainer is data parallel only (TP/PP cases run on megatron)"
+        return super().skip_reason(case, inputs)
+
+    def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
+        if case.world_size == 1:
+            steps: list[StepRecord] = []
+
+            def emit(rec: StepRecord) -> None:
+                steps.append(rec)
+                if on_step:
+                    on_step(rec)
+
+            with open(log_path, "w") as log:
+                try:
+                    info = train_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device,
+                                      ProcessGroupInfo(), emit, log)
+                except torch.cuda.OutOfMemoryError as e:
+                    raise RunError(f"{log_path}: out of device memory at step {len(steps) + 1} ({e})") from None
+            return ExecuteResult(steps=steps, meta={**info, "launcher": "in-process"})
+        job = {"case": case.to_dict(), "checkpoint": str(inputs.checkpoint), "tokens": str(inputs.tokens),
+               "device": inputs.device}
+        steps, info = run_workers("lockstep.runners.pytorch.train", job, nproc=case.world_size, log_path=log_path,
+                                  timeout_s=inputs.timeout_s, on_step=on_step)
+        return ExecuteResult(steps=steps, meta={**info, "launcher": f"torchrun --nproc_per_node={case.world_size}"})

@@ -1,0 +1,162 @@
+"""The reference training loop, run in-process (one device) or per rank under torchrun.
+
+Follows the training contract of SPEC section 4 line by line: the contract's data order,
+mean CE / accum summed over micro steps and averaged over DP ranks, plain SGD with a
+constant lr, FP32 with TF32 off or bf16 autocast around the forward with FP32 parameters,
+and a step time measured between two device synchronizations (slowest rank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, TextIO
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.data.loader import TokenBatches
+from lockstep.formats.llmc_gpt2 import load_llmc_gpt2
+from lockstep.formats.logs import llmc_step_line, perf_summary_line
+from lockstep.formats.run_record import StepRecord
+from lockstep.formats.tokens import read_token_stream
+from lockstep.models.gpt2 import gpt2_from_llmc
+
+
+@dataclass(frozen=True)
+class ProcessGroupInfo:
+    """Where this process sits; world 1 when running in-process."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> "ProcessGroupInfo":
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                   int(os.environ.get("LOCAL_RANK", 0)))
+
+
+@contextlib.contextmanager
+def fp32_matmul_precision(enabled_tf32: bool):
+    """Set TF32 for the run and restore the process-wide flags after (in-process runs)."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = enabled_tf32
+    torch.backends.cudnn.allow_tf32 = enabled_tf32
+    torch.set_float32_matmul_precision("high" if enabled_tf32 else "highest")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, pg: ProcessGroupInfo,
+               emit: Callable[[StepRecord], None], log: TextIO) -> dict:
+    """Train `case.steps` steps; rank 0 calls `emit` per step and writes llm.c-style log lines."""
+    if device_kind == "cuda":
+        device = torch.device("cuda", pg.local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    ckpt = load_llmc_gpt2(checkpoint)
+    stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
+    case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
+    model = gpt2_from_llmc(ckpt.tensors, ckpt.config).to(device)
+    dp_rank = pg.rank
+    ddp = None
+    if pg.world > 1:
+        # DDP averages gradients over ranks: the contract's "averaged over DP ranks".
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    train_model = ddp or model
+    optimizer = torch.optim.SGD(model.parameters(), lr=case.lr, momentum=0.0, weight_decay=0.0)
+    batches = TokenBatches(stream.tokens, case, dp_rank=dp_rank)
+    if pg.rank == 0:
+        print(f"lockstep pytorch runner | case {case.name} | {case.parallel_label} | dtype {case.dtype} | "
+              f"B={case.micro_batch} T={case.seq_len} tokens/step={case.total_batch} accum={case.accum} | "
+              f"device {device} | torch {torch.__version__}", file=log, flush=True)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times_ms, tps = [], []
+    with fp32_matmul_precision(enabled_tf32=False):
+        for step in range(case.steps):
+            synchronize(device)
+            t0 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+            for micro in range(case.accum):
+                x, y = batches.micro_batch(step, micro)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                last = micro == case.accum - 1
+                sync_ctx = ddp.no_sync() if (ddp is not None and not last) else contextlib.nullcontext()
+                with sync_ctx:
+                    # BF16 = autocast around the forward only; parameters and SGD stay FP32.
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=case.is_bf16):
+                        logits, _ = train_model(x)
+                    token_losses = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1), reduction="none")
+                    (token_losses.mean() / case.accum).backward()
+                # The gradient comes from the FP32 mean, as the contract says; the logged value is the
+                # same mean taken in FP64, so that how the batch is split (DP ranks, micro steps)
+                # does not move the logged loss by an FP32 ulp (~1e-6 at loss 10).
+                loss_sum += token_losses.detach().double().mean() / case.accum
+            if pg.world > 1:
+                dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if device.type == "cuda" else dist.ReduceOp.SUM)
+                if device.type != "cuda":
+                    loss_sum /= pg.world  # gloo has no AVG
+            optimizer.step()
+            synchronize(device)
+            elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+            if pg.world > 1:
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the step time is the slowest rank's
+            step_ms = float(elapsed.item()) * 1e3
+            tokens_per_s = case.total_batch / (step_ms / 1e3)
+            loss_value = float(loss_sum.item())
+            peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+            if pg.rank == 0:
+                rec = StepRecord(step=step + 1, loss=loss_value, step_ms=step_ms, tokens_per_s=tokens_per_s,
+                                 lr=case.lr, peak_mem_mb=peak)
+                print(llmc_step_line(step + 1, case.steps, loss_value, case.lr, step_ms, tokens_per_s), file=log, flush=True)
+                emit(rec)
+            times_ms.append(step_ms)
+            tps.append(tokens_per_s)
+    measured = times_ms[1:] or times_ms
+    if pg.rank == 0:
+        print(perf_summary_line(len(measured), sum(measured) / len(measured), sum(tps[1:] or tps) / len(measured)),
+              file=log, flush=True)
+    return {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "world_size": pg.world, "torch_threads": torch.get_num_threads()}
+
+
+def main(argv: list[str]) -> int:
+    """torchrun entry point: `python -m lockstep.runners.pytorch.train JOB.json`."""
+    from lockstep.runners.launch import ResultsWriter
+
+    job = json.loads(open(argv[0]).read())
+    case = CaseSpec.from_dict(job["case"])
+    pg = ProcessGroupInfo.from_env()
+    backend = "nccl" if job["device"] == "cuda" else "gloo"
+    if job["device"] == "cuda":
+        torch.cuda.set_device(pg.local_rank)
+    dist.init_process_group(backend=backend)
+    try:
+        writer = ResultsWriter(job["results_path"] if pg.rank == 0 else None)
+        info = train_case(case, job["checkpoint"], job["tokens"], job["device"], pg, writer.step, sys.stdout)
+        writer.info(**info)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

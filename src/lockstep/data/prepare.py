@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from lockstep.data.corpus import Corpus, default_cache_dir, resolve_corpus
+from lockstep.data.corpus import TINY_SHAKESPEARE_SHA256, Corpus, default_cache_dir, resolve_corpus
 from lockstep.data.tokenizer import gpt2_tokenizer
 from lockstep.errors import LockstepError
 from lockstep.formats.tokens import write_token_stream
@@ -51,7 +51,6 @@ class PreparedData:
 
     @property
     def is_tiny_shakespeare(self) -> bool:
-        from lockstep.data.corpus import TINY_SHAKESPEARE_SHA256
         return self.corpus_sha256 == TINY_SHAKESPEARE_SHA256
 
     def to_record(self) -> dict:

@@ -28,3 +28,23 @@ def shared_text() -> Path:
     if not TINY_SHAKESPEARE_TXT.is_file():
         pytest.skip(f"{TINY_SHAKESPEARE_TXT} is not present")
     return TINY_SHAKESPEARE_TXT
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """gpt2-tiny (L2 NH12 C96) with llm.c's init, seed 42."""
+    from lockstep.models.configs import MODEL_SHAPES
+    from lockstep.models.init import write_initial_checkpoint
+
+    path = tmp_path_factory.mktemp("ckpt") / "gpt2_tiny_seed42.bin"
+    write_initial_checkpoint(path, MODEL_SHAPES["gpt2-tiny"], seed=42)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_shakespeare_train(tmp_path_factory, shared_text) -> Path:
+    """llm.c's tiny_shakespeare_train.bin, made from ../shared/data's text."""
+    from lockstep.data.prepare import prepare_dataset
+
+    prepared = prepare_dataset(tmp_path_factory.mktemp("data"), text_path=shared_text)
+    return prepared.train_path

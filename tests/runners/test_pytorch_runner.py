@@ -1,0 +1,128 @@
+"""The pytorch reference runner on gpt2-tiny, CPU: contract math, DP and accumulation splits."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.formats.run_record import read_run_record
+from lockstep.models.configs import MODEL_SHAPES
+from lockstep.runners.base import RunInputs
+from lockstep.runners.pytorch import PyTorchRunner
+
+TINY = MODEL_SHAPES["gpt2-tiny"]
+
+
+def case(name="c", steps=3, B=4, T=64, total=256, dp=1, dtype="float32") -> CaseSpec:
+    return CaseSpec(name=name, model="gpt2", dtype=dtype, micro_batch=B, seq_len=T, total_batch=total, steps=steps,
+                    lr=1e-4, dp=dp)
+
+
+@pytest.fixture
+def inputs(tiny_checkpoint, tiny_shakespeare_train) -> RunInputs:
+    return RunInputs(checkpoint=tiny_checkpoint, tokens=tiny_shakespeare_train, model=TINY, device="cpu")
+
+
+def independent_step1_loss(checkpoint: Path, tokens: Path, B: int, T: int) -> float:
+    """GPT-2 forward written from the LLMC layout with plain torch ops (not lockstep's model)."""
+    L, NH, C, V, Vp, maxT = (TINY.num_layers, TINY.num_heads, TINY.channels, TINY.vocab_size,
+                             TINY.padded_vocab_size, TINY.max_seq_len)
+    flat = torch.from_numpy(np.fromfile(checkpoint, dtype="<f4", offset=1024).copy())
+    sizes = [("wte", (Vp, C)), ("wpe", (maxT, C)), ("ln1w", (L, C)), ("ln1b", (L, C)), ("qkvw", (L, 3 * C, C)),
+             ("qkvb", (L, 3 * C)), ("attprojw", (L, C, C)), ("attprojb", (L, C)), ("ln2w", (L, C)), ("ln2b", (L, C)),
+             ("fcw", (L, 4 * C, C)), ("fcb", (L, 4 * C)), ("fcprojw", (L, C, 4 * C)), ("fcprojb", (L, C)),
+             ("lnfw", (C,)), ("lnfb", (C,))]
+    w, off = {}, 0
+    for name, shape in sizes:
+        n = math.prod(shape)
+        w[name] = flat[off:off + n].view(shape)
+        off += n
+    assert off == flat.numel()
+    toks = torch.from_numpy(np.fromfile(tokens, dtype="<u2", offset=1024)[: B * T + 1].astype(np.int64))
+    x, y = toks[:-1].view(B, T), toks[1:].view(B, T)
+    h = w["wte"][x] + w["wpe"][:T]
+    hd = C // NH
+    mask = torch.full((T, T), float("-inf")).triu(1)
+    for i in range(L):
+        a = F.layer_norm(h, (C,), w["ln1w"][i], w["ln1b"][i], 1e-5)
+        q, k, v = (a @ w["qkvw"][i].T + w["qkvb"][i]).split(C, dim=-1)
+        q, k, v = (t.view(B, T, NH, hd).transpose(1, 2) for t in (q, k, v))
+        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + mask, dim=-1)
+        h = h + ((att @ v).transpose(1, 2).reshape(B, T, C) @ w["attprojw"][i].T + w["attprojb"][i])
+        m = F.layer_norm(h, (C,), w["ln2w"][i], w["ln2b"][i], 1e-5)
+        m = F.gelu(m @ w["fcw"][i].T + w["fcb"][i], approximate="tanh")
+        h = h + (m @ w["fcprojw"][i].T + w["fcprojb"][i])
+    h = F.layer_norm(h, (C,), w["lnfw"], w["lnfb"], 1e-5)
+    logits = h @ w["wte"][:V].T
+    return F.cross_entropy(logits.reshape(-1, V).double(), y.reshape(-1)).item()
+
+
+def test_step1_loss_matches_independent_forward(inputs, tmp_path):
+    rec = PyTorchRunner().run(case(steps=1), inputs, tmp_path)
+    assert rec.ok, rec.error
+    expected = independent_step1_loss(inputs.checkpoint, inputs.tokens, B=4, T=64)
+    assert abs(rec.steps[0].loss - expected) < 1e-5
+    # llm.c's init gives about ln(V) at step 1.
+    assert abs(rec.steps[0].loss - math.log(50257)) < 0.1
+
+
+def test_grad_accumulation_split_matches_single_micro_batch(inputs, tmp_path):
+    whole = PyTorchRunner().run(case("whole", steps=4, B=4), inputs, tmp_path)
+    split = PyTorchRunner().run(case("split", steps=4, B=2), inputs, tmp_path)  # accum = 2
+    assert whole.ok and split.ok
+    assert split.meta["case_spec"]["micro_batch"] == 2
+    diffs = [abs(a - b) for a, b in zip(whole.losses(), split.losses())]
+    assert len(diffs) == 4 and max(diffs) < 1e-6, diffs
+    # Training moved the loss: the comparison is not trivially between identical weights.
+    assert whole.losses()[0] != whole.losses()[-1]
+
+
+@pytest.mark.slow
+def test_dp2_under_torchrun_matches_dp1(inputs, tmp_path):
+    dp1 = PyTorchRunner().run(case("dp1", steps=4, B=4), inputs, tmp_path)
+    dp2 = PyTorchRunner().run(case("dp2", steps=4, B=2, dp=2), inputs, tmp_path)
+    assert dp1.ok and dp2.ok, dp2.error
+    assert dp2.meta["launcher"].startswith("torchrun")
+    diffs = [abs(a - b) for a, b in zip(dp1.losses(), dp2.losses())]
+    assert len(diffs) == 4 and max(diffs) < 1e-6, diffs
+    log = (tmp_path / "pytorch" / "dp2.log").read_text()
+    assert "step    4/4 | train loss" in log
+
+
+def test_bf16_autocast_runs_on_cpu_and_stays_near_fp32(inputs, tmp_path):
+    fp32 = PyTorchRunner().run(case("f", steps=2), inputs, tmp_path)
+    bf16 = PyTorchRunner().run(case("b_bfloat16", steps=2, dtype="bfloat16"), inputs, tmp_path)
+    assert bf16.ok, bf16.error
+    diffs = [abs(a - b) for a, b in zip(fp32.losses(), bf16.losses())]
+    assert 0 < max(diffs) < 1e-2
+
+
+def test_record_and_log_written(inputs, tmp_path):
+    rec = PyTorchRunner().run(case("gpt2_1", steps=2), inputs, tmp_path)
+    back = read_run_record(tmp_path / "pytorch" / "gpt2_1.jsonl")
+    assert back.status == "ok" and back.framework == "pytorch" and back.case == "gpt2_1"
+    assert back.losses() == rec.losses()
+    assert back.meta["case_spec"]["total_batch"] == 256
+    assert back.meta["model"]["channels"] == 96
+    for key in ("framework_version", "checkpoint_sha256", "data_sha256", "device_name", "torch_version",
+                "lockstep_commit", "started_at", "command"):
+        assert key in back.meta
+    lines = (tmp_path / "pytorch" / "gpt2_1.log").read_text().splitlines()
+    step_lines = [ln for ln in lines if ln.startswith("step ")]
+    assert len(step_lines) == 2 and step_lines[0].startswith("step    1/2 | train loss ")
+    assert step_lines[0].endswith("tok/s)")
+
+
+def test_bad_checkpoint_gives_failed_record_not_a_good_one(inputs, tmp_path):
+    bad = tmp_path / "truncated.bin"
+    bad.write_bytes(inputs.checkpoint.read_bytes()[:5000])
+    rec = PyTorchRunner().run(case("gpt2_1", steps=2), RunInputs(bad, inputs.tokens, TINY, "cpu"), tmp_path)
+    assert rec.status == "failed" and "truncated" in rec.error and str(bad) in rec.error
+    back = read_run_record(tmp_path / "pytorch" / "gpt2_1.jsonl")
+    assert back.status == "failed" and back.steps == []

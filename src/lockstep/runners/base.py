@@ -152,7 +152,12 @@ def device_name(device: str) -> str:
 
 
 def git_commit() -> str:
-    """The lockstep checkout's commit, or "unknown" for an installed copy outside git."""
+    """The lockstep checkout's commit, or "unknown" for an installed copy outside git.
+
+    `LOCKSTEP_COMMIT` overrides it for copies of a checkout without `.git` (e.g. a tree synced
+    to a GPU machine)."""
+    if os.environ.get("LOCKSTEP_COMMIT"):
+        return os.environ["LOCKSTEP_COMMIT"]
     here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)

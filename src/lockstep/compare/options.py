@@ -8,7 +8,7 @@ from lockstep.cases.spec import THRESHOLDS
 
 STEP2_MODES = ("auto", "on", "off")
 
-# SPEC section 7: against an upstream Megatron-LM GPT-2 baseline, InfiniTrain's config uses FP32 2e-3
+# SPEC section 7: against an upstream Megatron-LM GPT-2 log (either side), InfiniTrain's config uses FP32 2e-3
 # (upstream's kernels are not bit-faithful to llm.c's math); applied only when the user gave no
 # FP32 threshold of their own.
 MEGATRON_LM_GPT2_FP32_THRESHOLD = 2e-3

@@ -6,6 +6,7 @@ rejecting a bad file early); the Llama 3 and Qwen3 runners will add tensor loadi
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,7 +66,8 @@ def decode_llama_header(header: np.ndarray, path: str | os.PathLike) -> tuple[in
         mult, multiple_of = _f32(int(header[8])), int(header[9])
         if multiple_of <= 0:
             raise FormatError(path, f"header multiple_of is {multiple_of}, must be positive")
-        hidden = int(round(mult * (2 * 4 * C / 3)))
+        # llround (halves away from zero) as SPEC section 2 says; Python's round() sends halves to even.
+        hidden = int(math.floor(mult * (2 * 4 * C / 3) + 0.5))
         ffn = multiple_of * ((hidden + multiple_of - 1) // multiple_of)
     else:
         if version != 4:
@@ -86,7 +88,10 @@ def decode_llama_header(header: np.ndarray, path: str | os.PathLike) -> tuple[in
 
 def read_llama_header(path: str | os.PathLike) -> tuple[int, LlamaConfig]:
     path = Path(path)
-    size = path.stat().st_size
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise FormatError(path, "no such file") from None
     if size < HEADER_BYTES:
         raise FormatError(path, f"truncated: {size} bytes is shorter than the {HEADER_BYTES}-byte header")
     version, cfg = decode_llama_header(np.fromfile(path, dtype="<i4", count=HEADER_INTS), path)

@@ -117,11 +117,17 @@ def bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:
 
 def fp32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """Round fp32 to bf16 bit patterns the way hardware and torch do: to nearest, ties to even."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    nan = np.isnan(x)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    u = x.view(np.uint32)
+    # In uint32 (not uint64: 124M parameters would need ~2 GB of temporaries): u + 0x7FFF + lsb
+    # stays below 2**32 for every non-NaN value (the largest is -inf, 0xFF800000); NaNs, whose
+    # sums may wrap, are overwritten below.
+    rounded = (u >> 16) & np.uint32(1)
+    rounded += u
+    rounded += np.uint32(0x7FFF)
+    rounded >>= 16
     out = rounded.astype("<u2")
-    out[nan] = 0x7FC0
+    out[np.isnan(x)] = 0x7FC0
     return out
 
 

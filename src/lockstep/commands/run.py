@@ -164,8 +164,12 @@ def print_comparison(console: Console, summary: dict) -> None:
                       f"{c['throughput_ratio']:.2f}" if isinstance(c.get("throughput_ratio"), (int, float)) else "-")
         console.print(t)
         for m in comp.get("missing", []):
-            console.print(f"[yellow]missing:[/yellow] {m}")
+            console.print(f"[yellow]missing:[/yellow] {message_of(m)}", highlight=False)
         for e in comp.get("errors", []):
-            console.print(f"[red]error:[/red] {e}")
+            console.print(f"[red]error:[/red] {message_of(e)}", highlight=False)
     for e in summary.get("errors", []):
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {message_of(e)}", highlight=False)
+
+
+def message_of(entry) -> str:
+    return entry.get("message", str(entry)) if isinstance(entry, dict) else str(entry)

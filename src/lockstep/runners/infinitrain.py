@@ -1,0 +1,338 @@
+"""`infinitrain` runner: an external InfiniTrain build's `gpt2` / `llama3` executable as a subprocess.
+
+The user points lockstep at a build directory (`--infinitrain-build DIR`, or the environment
+variable `LOCKSTEP_INFINITRAIN_BUILD`). The executable gets the case as gflags, the same way
+InfiniTrain's own test script (`scripts/run_models_and_profile.bash`) passes them; its stdout
+and stderr go verbatim into `<case>.log` under a `[COMMAND] ...` line, and the glog step lines
+in that log are the run's results (SPEC sections 6 and 9).
+
+Facts about InfiniTrain this module relies on (example/gpt2/main.cc at commit b24d92f):
+- `--nthread_per_process` is the WHOLE world size: data parallel size = nthread / (TP * PP).
+  Any run with more than one thread puts every thread on a CUDA device, whatever `--device`
+  says, so parallel cases cannot run on CPU.
+- With PP > 1 each DP rank reads one batch of B*accum sequences per step instead of accum
+  batches of B interleaved with the other ranks; every step still covers the same tokens
+  as SPEC section 4's order, so the step loss is the same mean.
+- Its data loader never wraps: it reads floor(N/T) sequences of which the last one only
+  serves as the targets' tail, and a batch past the end crashes. So it needs
+  steps * total_batch + T tokens, T - 1 more than lockstep's own `tokens_needed`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.errors import CaseError, FormatError, LockstepError, RunError
+from lockstep.formats.llmc_gpt2 import GPT2_MAGIC
+from lockstep.formats.logs import parse_infinitrain_log
+from lockstep.formats.run_record import StepRecord
+from lockstep.formats.tokens import read_token_stream
+from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback
+from lockstep.runners.launch import worker_env
+
+BUILD_ENV_VAR = "LOCKSTEP_INFINITRAIN_BUILD"
+DEFAULT_TIMEOUT_S = 1800.0
+# A file a build script may leave next to the executables naming the source commit, for builds
+# made from a copy of the source without its .git (e.g. the CUDA build on a GPU host).
+COMMIT_FILE = "INFINITRAIN_COMMIT"
+# The model family of a case -> the InfiniTrain example executable that trains it.
+EXECUTABLES = {"gpt2": "gpt2", "llama3": "llama3"}
+# InfiniTrain's GPT-2 LLMC loader never sets n_kv_head, which keeps the default 12, and then
+# checks n_kv_head == n_head (SPEC section 9).
+GPT2_LOADER_HEADS = 12
+GPT2_LOADER_VERSION = 3  # it CHECKs version 3 (FP32 tensors) and rejects bf16 files (version 5)
+# InfiniTrain reads its multi-process layout from these; a stray value inherited from the
+# user's shell would silently change the world size, so the runner never passes them on.
+INFINITRAIN_PROCESS_ENV = ("NNODES", "NPROC_PER_NODE", "PROC_WORLD_SIZE", "GLOBAL_PROC_RANK", "LOCAL_PROC_RANK")
+POLL_INTERVAL_S = 0.5
+TAIL_LINES = 15
+
+
+class InfiniTrainRunner(FrameworkRunner):
+    name = "infinitrain"
+
+    def __init__(self, build_dir: str | os.PathLike | None = None):
+        given = build_dir if build_dir else os.environ.get(BUILD_ENV_VAR)
+        self.build_dir: Path | None = Path(given).expanduser() if given else None
+
+    # ------------------------------------------------------------------ checks before running
+
+    def executable(self, family: str = "gpt2") -> Path:
+        if self.build_dir is None:
+            raise LockstepError(f"no InfiniTrain build given: pass --infinitrain-build DIR or set {BUILD_ENV_VAR}")
+        if family not in EXECUTABLES:
+            raise LockstepError(f"InfiniTrain has no example executable for model family {family!r}")
+        return self.build_dir / EXECUTABLES[family]
+
+    def preflight(self, inputs: RunInputs) -> None:
+        exe = self.executable(getattr(inputs.model, "family", "gpt2"))
+        build = exe.parent
+        if not build.is_dir():
+            raise LockstepError(f"InfiniTrain build directory {build} does not exist")
+        if not exe.is_file():
+            raise LockstepError(f"InfiniTrain executable {exe} does not exist (build the {exe.name} target in {build})")
+        if not os.access(exe, os.X_OK):
+            raise LockstepError(f"InfiniTrain executable {exe} is not executable (chmod +x it or rebuild)")
+
+    def version(self) -> str:
+        if self.build_dir is None:
+            return "no build given"
+        commit = find_build_commit(self.build_dir)
+        return f"InfiniTrain {commit}" if commit else f"unknown build at {self.build_dir}"
+
+    def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        if inputs.device == "cpu" and case.is_bf16:
+            return "InfiniTrain --dtype bfloat16 crashes on CPU (SPEC section 9)"
+        if inputs.device == "cpu" and case.world_size > 1:
+            return (f"InfiniTrain runs every thread of a parallel run ({case.parallel_label}) on a CUDA device, "
+                    "so parallel cases need --device cuda")
+        if case.model == "gpt2":
+            if inputs.model.num_heads != GPT2_LOADER_HEADS:
+                return (f"InfiniTrain's GPT-2 LLMC loader accepts only {GPT2_LOADER_HEADS} heads, "
+                        f"the model has {inputs.model.num_heads}")
+            version = _checkpoint_version(inputs.checkpoint)
+            if version is not None and version != GPT2_LOADER_VERSION:
+                return (f"InfiniTrain's GPT-2 LLMC loader reads only version {GPT2_LOADER_VERSION} (FP32) checkpoints, "
+                        f"{inputs.checkpoint} is version {version}")
+        return super().skip_reason(case, inputs)
+
+    # ------------------------------------------------------------------ running
+
+    def command(self, case: CaseSpec, inputs: RunInputs) -> list[str]:
+        """The executable and its gflags, as InfiniTrain's test script passes them (`--flag value`)."""
+        args = [
+            str(self.executable(case.model)),
+            "--input_bin", str(inputs.tokens),
+            "--llmc_filepath", str(inputs.checkpoint),
+            "--device", inputs.device,
+            "--dtype", case.dtype,
+            "--batch_size", str(case.micro_batch),
+            "--sequence_length", str(case.seq_len),
+            "--total_batch_size", str(case.total_batch),
+            "--num_iteration", str(case.steps),
+            "--learning_rate", repr(float(case.lr)),
+            # The whole world size: InfiniTrain derives DP = nthread / (TP * PP).
+            "--nthread_per_process", str(case.world_size),
+        ]
+        if case.tp > 1:
+            args += ["--tensor_parallel", str(case.tp)]
+        if case.sp:
+            # A gflags bool takes no separate value (`--sequence_parallel true` would leave a stray "true").
+            args += ["--sequence_parallel=true"]
+        if case.pp > 1:
+            args += ["--pipeline_parallel", str(case.pp)]
+        if case.vpp > 1:
+            args += ["--virtual_pipeline_parallel", str(case.vpp)]
+        return args
+
+    def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
+        self.preflight(inputs)
+        check_enough_tokens(case, inputs.tokens)
+        cmd = self.command(case, inputs)
+        env = worker_env({"GLOG_logtostderr": "1"})
+        for key in INFINITRAIN_PROCESS_ENV:
+            env.pop(key, None)
+        timeout_s = inputs.timeout_s if inputs.timeout_s is not None else DEFAULT_TIMEOUT_S
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+
+        streamer = _StepStreamer(str(log_path), on_step)
+        start = time.monotonic()
+        timed_out = False
+        with open(log_path, "w") as log:
+            log.write(f"[COMMAND] {shlex.join(cmd)}\n")
+            log.flush()
+            try:
+                # cwd = the log's directory: anything the executable drops in its working
+                # directory (profiles, checkpoints) stays with the run, not in the user's cwd.
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=log_path.parent,
+                                        start_new_session=True)
+            except OSError as e:
+                raise RunError(f"{cmd[0]}: could not start InfiniTrain ({e.strerror or e})") from None
+            while True:
+                try:
+                    rc = proc.wait(timeout=POLL_INTERVAL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                streamer.poll()
+                if time.monotonic() - start > timeout_s:
+                    timed_out = True
+                    _kill_group(proc)
+                    rc = proc.wait()
+                    break
+        text = log_path.read_text(errors="replace")
+        streamer.poll(final=True)
+        steps = _parse_steps(text, str(log_path))
+        if timed_out:
+            raise RunError(f"{log_path}: InfiniTrain timed out after {timeout_s:.0f} s at step {len(steps)} of "
+                           f"{case.steps}" + _tail(text))
+        if rc != 0:
+            raise RunError(f"{log_path}: InfiniTrain {_describe_exit(rc)} after {len(steps)} of {case.steps} step(s)"
+                           + _tail(text))
+        if [s.step for s in steps] != list(range(1, case.steps + 1)):
+            raise RunError(f"{log_path}: InfiniTrain exited normally but logged {len(steps)} of {case.steps} step(s)"
+                           + _tail(text))
+        meta = {
+            "worker_command": shlex.join(cmd),
+            "infinitrain_build": str(self.build_dir),
+            "infinitrain_commit": find_build_commit(self.build_dir) or "unknown",
+            "launcher": "subprocess" + (f", {case.world_size} threads" if case.world_size > 1 else ""),
+        }
+        return ExecuteResult(steps=steps, meta=meta)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def infinitrain_tokens_needed(case: CaseSpec) -> int:
+    """Tokens InfiniTrain's loader needs: every step's sequences plus one whole extra sequence.
+
+    It cuts the file into floor(N/T) sequences and uses only the first floor(N/T) - 1 as
+    samples (sample i's targets end in sequence i+1), and it never wraps.
+    """
+    return case.steps * case.total_batch + case.seq_len
+
+
+def check_enough_tokens(case: CaseSpec, tokens_path: Path) -> None:
+    stream = read_token_stream(tokens_path, check_ids=False)  # header count and payload size only
+    need = infinitrain_tokens_needed(case)
+    if len(stream) < need:
+        raise CaseError(f"{tokens_path}: holds {len(stream)} tokens but InfiniTrain needs {need} for case {case.name} "
+                        f"({case.steps} steps x {case.total_batch} tokens + one {case.seq_len}-token sequence, "
+                        "since it never wraps)")
+
+
+def find_build_commit(build_dir: Path) -> str | None:
+    """The InfiniTrain source commit of a build: a COMMIT_FILE in or above the build dir, the
+    build dir's own git checkout, or the git checkout of the source dir in CMakeCache.txt."""
+    build_dir = Path(build_dir)
+    for d in (build_dir, build_dir.parent):
+        f = d / COMMIT_FILE
+        if f.is_file():
+            text = f.read_text(errors="replace").split()
+            if text:
+                return text[0]
+    candidates = [build_dir]
+    source = _cmake_source_dir(build_dir)
+    if source is not None:
+        candidates.insert(0, source)
+        if (source / COMMIT_FILE).is_file():
+            text = (source / COMMIT_FILE).read_text(errors="replace").split()
+            if text:
+                return text[0]
+    for d in candidates:
+        commit = _git_commit(d)
+        if commit:
+            return commit
+    return None
+
+
+def _cmake_source_dir(build_dir: Path) -> Path | None:
+    cache = build_dir / "CMakeCache.txt"
+    try:
+        lines = cache.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith(("infini_train_SOURCE_DIR:", "CMAKE_HOME_DIRECTORY:")):
+            path = Path(line.split("=", 1)[1].strip())
+            if path.is_dir():
+                return path
+    return None
+
+
+def _git_commit(directory: Path) -> str | None:
+    if not directory.is_dir():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5)
+        if out.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(directory), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def _checkpoint_version(path: Path) -> int | None:
+    """The version field of a GPT-2 LLMC header, or None when the file is no GPT-2 checkpoint
+    (the run itself then reports what is wrong with it)."""
+    try:
+        header = np.fromfile(path, dtype="<i4", count=2)
+    except OSError:
+        return None
+    if header.shape[0] < 2 or int(header[0]) != GPT2_MAGIC:
+        return None
+    return int(header[1])
+
+
+def _parse_steps(text: str, source: str) -> list[StepRecord]:
+    try:
+        return parse_infinitrain_log(text, source).steps
+    except FormatError:
+        return []  # no step line (yet): the caller reports the run's failure with the log's tail
+
+
+class _StepStreamer:
+    """Reads the growing log while InfiniTrain runs and reports each new step line once."""
+
+    def __init__(self, source: str, on_step: StepCallback | None):
+        self.source = source
+        self.on_step = on_step
+        self.reported = 0
+
+    def poll(self, final: bool = False) -> None:
+        if self.on_step is None:
+            return
+        try:
+            text = Path(self.source).read_text(errors="replace")
+        except OSError:
+            return
+        if not final:
+            text = text[: text.rfind("\n") + 1]  # only whole lines; the last one may still be written
+        steps = _parse_steps(text, self.source)
+        for rec in steps[self.reported:]:
+            self.on_step(rec)
+        self.reported = max(self.reported, len(steps))
+
+
+def _describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        return f"was killed by {name}"
+    if rc > 128:
+        try:
+            return f"exited with status {rc} ({signal.Signals(rc - 128).name})"
+        except ValueError:
+            pass
+    return f"exited with status {rc}"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _tail(text: str, n: int = TAIL_LINES) -> str:
+    keep = [ln for ln in text.splitlines() if ln.strip()][-n:]
+    return "; last lines of the log:\n    " + "\n    ".join(keep) if keep else ""

@@ -41,13 +41,15 @@ def write_qwen3(path: Path, *, C=32, L=2, NH=4, kv=2, V=128, maxT=64, intermedia
     header = np.zeros(256, dtype="<i4")
     header[:12] = [20240804, 4, maxT, V, L, NH, kv, C, intermediate, 0, f32_bits(1e-6), f32_bits(1_000_000.0)]
     hd = C // NH
-    n = V * C + L * C + 2 * L * hd + L * (C + 2 * kv * hd) * C + L * C * C + L * C + 3 * L * intermediate * C + C + V * C
+    n = (V * C + L * C + 2 * L * hd + L * (C + 2 * kv * hd) * C + L * C * C + L * C + 3 * L * intermediate * C
+         + C + V * C)
     path.write_bytes(header.tobytes() + np.zeros(n, dtype="<f4").tobytes())
 
 
 def test_gpt2_checkpoint_fields_and_sizes(tmp_path):
     path = tmp_path / "ckpt.bin"
-    write_llmc_gpt2(path, SMALL, {name: np.zeros(shape, np.float32) for name, shape in SMALL.tensor_shapes()}, version=5)
+    zeros = {name: np.zeros(shape, np.float32) for name, shape in SMALL.tensor_shapes()}
+    write_llmc_gpt2(path, SMALL, zeros, version=5)
     assert (detect(path).name, detect(path).kind) == ("llmc-gpt2", "checkpoint")
     info = inspect_file(path)
     assert (info.format, info.kind, info.path) == ("llmc-gpt2", "checkpoint", str(path))

@@ -244,5 +244,12 @@ def test_bad_file_gives_format_error_naming_it(small_ckpt, case, reader):
     assert "\n" not in str(info.value)  # one sentence
 
 
+@pytest.mark.parametrize("reader", [read_gpt2_header, load_llmc_gpt2], ids=["header", "load"])
+def test_directory_gives_format_error(tmp_path, reader):
+    with pytest.raises(FormatError, match="is a directory, not a checkpoint file") as info:
+        reader(tmp_path)
+    assert info.value.path == str(tmp_path)
+
+
 def test_magic_constant():
     assert GPT2_MAGIC == 20240326 and HEADER_BYTES == 1024

@@ -150,3 +150,8 @@ def test_llama3_id_outside_vocabulary(tmp_path):
     with pytest.raises(FormatError, match="token id 128256 at position 2 is outside the vocabulary of 128256"):
         read_token_stream(path)
 
+
+def test_directory_gives_format_error(tmp_path):
+    with pytest.raises(FormatError, match="is a directory, not a token file") as info:
+        read_token_stream(tmp_path)
+    assert info.value.path == str(tmp_path)

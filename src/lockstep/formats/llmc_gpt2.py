@@ -132,6 +132,8 @@ def fp32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 def _file_size(path: Path) -> int:
+    if path.is_dir():  # np.fromfile would raise IsADirectoryError, a traceback instead of a sentence
+        raise FormatError(path, "is a directory, not a checkpoint file")
     try:
         return path.stat().st_size
     except FileNotFoundError:

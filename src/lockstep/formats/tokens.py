@@ -54,6 +54,8 @@ class TokenStream:
 
 def read_token_stream(path: str | os.PathLike, vocab_size: int | None = None, check_ids: bool = True) -> TokenStream:
     path = Path(path)
+    if path.is_dir():
+        raise FormatError(path, "is a directory, not a token file")
     try:
         size = path.stat().st_size
     except FileNotFoundError:

@@ -1,0 +1,83 @@
+"""What megatron-core needs to train on a machine without CUDA (CI), and nothing more.
+
+megatron-core is written for GPUs, but its GPTModel, tensor-parallel layers, pipeline
+schedules, DistributedDataParallel and optimizer are plain PyTorch underneath and run on the
+CPU over gloo once three CUDA assumptions are answered (SPEC section 8). Each shim below
+names the assumption it answers; `apply_cpu_shims` installs them, and the worker calls it only
+when the job runs on the CPU. Nothing here changes any arithmetic.
+
+1. "The current device": megatron allocates buffers with `device=torch.cuda.current_device()`
+   (the global memory buffer behind attention scores and TP all-gathers, DDP's gradient
+   buffers, pipeline receive buffers). On a CPU-only torch that call raises, so it answers 0
+   without touching CUDA, and shim 2 maps that device to the CPU.
+2. Literal CUDA devices: a few allocations name CUDA outright (`torch.zeros(..., device="cuda")`
+   for the token counter of every pipeline schedule, the FP32 optimizer's loss-scale tensor)
+   and tied embeddings with PP>1 call `weight.data.cuda()`. A TorchFunctionMode, active for the
+   whole worker, rewrites a CUDA `device=` of any torch call to the CPU and makes
+   `Tensor.cuda()` / `Tensor.to("cuda")` stay on the CPU.
+3. The CUDA RNG tracker: attention runs its dropout inside `get_cuda_rng_tracker().fork()`,
+   which swaps CUDA generator states. Without CUDA there are no states to swap, and with
+   dropout 0 nothing draws from them: megatron-core's own inference tracker, whose `fork` is a
+   no-op, is installed instead (`initialize_rng_tracker(inference_rng_tracker=True)`).
+
+Not shimmed, on purpose: bf16. megatron-core's bf16 autocast backward (and its bf16 optimizer,
+which checks for `torch.cuda.BFloat16Tensor` parameters) needs CUDA, so the runner skips bf16
+cases on the CPU rather than faking them. Batched pipeline p2p (`batch_isend_irecv` followed by
+`torch.cuda.synchronize()`) is switched off on the CPU by the model config instead
+(`batch_p2p_comm=False`: plain isend/irecv, which gloo supports).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+def _names_cuda(device) -> bool:
+    """True for every way megatron names a CUDA device: "cuda", "cuda:1", torch.device("cuda", 0), 0."""
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+class CudaDevicesOnCpu(TorchFunctionMode):
+    """Shim 2: every torch call that asks for a CUDA device gets the CPU instead."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if "device" in kwargs and _names_cuda(kwargs["device"]):
+            kwargs = {**kwargs, "device": torch.device("cpu")}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.to and len(args) > 1 and isinstance(args[1], (str, torch.device)) and _names_cuda(args[1]):
+            args = (args[0], torch.device("cpu"), *args[2:])
+        return func(*args, **kwargs)
+
+
+_ACTIVE_MODE: CudaDevicesOnCpu | None = None
+
+
+def _current_device_without_cuda() -> int:
+    """Shim 1: megatron's "current CUDA device", which shim 2 maps to the CPU."""
+    return 0
+
+
+def apply_cpu_shims() -> list[str]:
+    """Install the three shims for the rest of this (worker) process; returns what was applied.
+
+    Call after `torch.distributed` and megatron's parallel state are initialised and before any
+    model is built. Idempotent.
+    """
+    global _ACTIVE_MODE
+    from megatron.core.tensor_parallel import random as mpu_random
+
+    torch.cuda.current_device = _current_device_without_cuda
+    if _ACTIVE_MODE is None:
+        # Entered and deliberately never exited: the worker process ends with the run.
+        _ACTIVE_MODE = CudaDevicesOnCpu()
+        _ACTIVE_MODE.__enter__()
+    mpu_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    return ["torch.cuda.current_device -> 0", "CUDA device arguments -> cpu (TorchFunctionMode)",
+            "CUDA RNG tracker fork -> no-op (megatron inference tracker)"]

@@ -1,0 +1,175 @@
+"""megatron-core objects for a case: TransformerConfig, GPTModel chunks, DDP, optimizer.
+
+Everything megatron-core is asked to do is chosen here, explicitly, so that the contract of
+SPEC section 4 is visible in one place:
+- GPT-2 math: tanh GELU, LayerNorm eps 1e-5, biases everywhere, softmax in FP32 scaled by
+  1/sqrt(hd) (no query-key layer scaling), learned absolute positions, tied embeddings, no
+  dropout, no fused kernels (bias+GELU, masked softmax, bias+dropout+add, gradient
+  accumulation into main_grad) -- the local (non-Transformer-Engine) layer spec.
+- Precision: FP32 parameters. BF16 cases set megatron's own `enable_autocast` (the pipeline
+  schedules wrap each micro batch's forward in `torch.autocast("cuda", bf16)`), with FP32
+  parameters, gradients and optimizer. `native_bf16` is the diagnostic alternative: megatron's
+  `--bf16` (bf16 parameters in a Float16Module, FP32 main parameters in the optimizer).
+- Training: megatron's DistributedDataParallel (gradients averaged over DP in an FP32
+  buffer), `get_megatron_optimizer` with plain SGD (no momentum, no weight decay, no clipping),
+  and an OptimizerParamScheduler whose constant style keeps lr = case.lr as Megatron-LM would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.models.configs import GPT2Config
+from lockstep.runners.megatron.parallel import ParallelLayout, chunk_stages
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's GELU (tanh approximation), the same op the reference trainer calls."""
+    return F.gelu(x, approximate="tanh")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How a case's dtype maps onto megatron-core's switches."""
+
+    params_dtype: torch.dtype
+    autocast_bf16: bool  # the contract's BF16: autocast forward, FP32 parameters
+    native_bf16: bool  # the diagnostic mode: bf16 parameters (Float16Module)
+
+    @classmethod
+    def for_case(cls, case: CaseSpec, native_bf16: bool) -> "Precision":
+        if not case.is_bf16:
+            return cls(torch.float32, autocast_bf16=False, native_bf16=False)
+        if native_bf16:
+            return cls(torch.bfloat16, autocast_bf16=False, native_bf16=True)
+        return cls(torch.float32, autocast_bf16=True, native_bf16=False)
+
+    @property
+    def label(self) -> str:
+        if self.native_bf16:
+            return "bf16 native (megatron --bf16: bf16 params, fp32 main params) [diagnostic]"
+        if self.autocast_bf16:
+            return "bf16 autocast (fp32 params and optimizer)"
+        return "fp32 (TF32 off)"
+
+
+def transformer_config(case: CaseSpec, model: GPT2Config, precision: Precision, on_cpu: bool):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(
+        # shape
+        num_layers=model.num_layers,
+        hidden_size=model.channels,
+        num_attention_heads=model.num_heads,
+        kv_channels=model.head_dim,
+        ffn_hidden_size=4 * model.channels,
+        # parallelism
+        tensor_model_parallel_size=case.tp,
+        pipeline_model_parallel_size=case.pp,
+        virtual_pipeline_model_parallel_size=case.vpp if case.vpp > 1 else None,
+        sequence_parallel=case.sp,
+        # GPT-2 math
+        normalization="LayerNorm",
+        layernorm_epsilon=1e-5,
+        activation_func=gelu_tanh,
+        add_bias_linear=True,
+        attention_softmax_in_fp32=True,
+        apply_query_key_layer_scaling=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        # no fused kernels: the unfused ops are the ones every framework shares
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        # precision
+        params_dtype=precision.params_dtype,
+        bf16=precision.native_bf16,
+        pipeline_dtype=precision.params_dtype,  # stage outputs: FP32 residual stream unless native bf16
+        enable_autocast=precision.autocast_bf16,
+        autocast_dtype=torch.bfloat16 if precision.autocast_bf16 else None,
+        # initialisation: every value is loaded from the LLMC file, so megatron's random init is skipped
+        perform_initialization=False,
+        use_cpu_initialization=on_cpu,
+        # gloo has no coalesced p2p and the batched path ends in torch.cuda.synchronize()
+        batch_p2p_comm=not on_cpu,
+    )
+
+
+def build_model_chunks(config, model: GPT2Config, layout: ParallelLayout, vocab_rows: int) -> list:
+    """One GPTModel per virtual pipeline chunk of this rank (one chunk without VPP)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    layer_spec = get_gpt_layer_local_spec()
+    chunks = []
+    for chunk in range(layout.vpp):
+        pre_process, post_process = chunk_stages(layout, chunk)
+        kwargs = dict(
+            config=config,
+            transformer_layer_spec=layer_spec,
+            vocab_size=vocab_rows,
+            max_sequence_length=model.max_seq_len,
+            pre_process=pre_process,
+            post_process=post_process,
+            parallel_output=True,  # logits stay split over TP ranks; the loss is vocab-parallel
+            share_embeddings_and_output_weights=True,
+            position_embedding_type="learned_absolute",
+        )
+        if layout.vpp > 1:
+            kwargs["vp_stage"] = chunk
+        chunks.append(GPTModel(**kwargs))
+    return chunks
+
+
+def chunk_layers(chunk) -> tuple[int, ...]:
+    """Global 0-based layer of each local layer; megatron-core numbers them from 1 with the stage offset."""
+    return tuple(int(layer.layer_number) - 1 for layer in chunk.decoder.layers)
+
+
+def wrap_for_training(config, chunks: list, precision: Precision) -> list:
+    """Float16Module (native bf16 only), then megatron's DDP around every chunk."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.transformer.module import Float16Module
+
+    if precision.native_bf16:
+        chunks = [Float16Module(config, c) for c in chunks]
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,  # accumulate and all-reduce gradients in FP32 (Megatron-LM's usual choice)
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=False,
+        check_for_nan_in_grad=False,
+    )
+    # As Megatron-LM's get_model: only the first chunk gets buckets of its own.
+    return [DistributedDataParallel(config=config, ddp_config=ddp_config, module=c, disable_bucketing=i > 0)
+            for i, c in enumerate(chunks)]
+
+
+def build_optimizer(case: CaseSpec, chunks: list, precision: Precision):
+    """megatron's optimizer (plain SGD) and a constant-lr parameter scheduler."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    opt_config = OptimizerConfig(
+        optimizer="sgd",
+        lr=case.lr,
+        min_lr=case.lr,
+        weight_decay=0.0,
+        sgd_momentum=0.0,
+        clip_grad=0.0,
+        bf16=precision.native_bf16,
+        params_dtype=precision.params_dtype,
+        use_distributed_optimizer=False,
+    )
+    optimizer = get_megatron_optimizer(opt_config, chunks)
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=case.lr, max_lr=case.lr, min_lr=case.lr, lr_warmup_steps=0,
+        lr_decay_steps=max(case.steps, 1), lr_decay_style="constant", start_wd=0.0, end_wd=0.0,
+        wd_incr_steps=max(case.steps, 1), wd_incr_style="constant")
+    return optimizer, scheduler

@@ -1,0 +1,100 @@
+"""Where this worker sits in the Megatron grid: the one place the parallel state is read.
+
+megatron-core keeps its process groups in module globals (`megatron.core.parallel_state`).
+`init_parallel` creates them once per worker; everything else in the worker reads ranks and
+stage flags from the `ParallelLayout` it returns, never from parallel_state directly.
+
+Rank order is megatron-core's default "tp-cp-ep-dp-pp": TP ranks are adjacent, then DP, then
+pipeline stages. With DP=2, TP=2, PP=2: ranks 0-3 are stage 0 (TP pairs 0,1 and 2,3, which are
+DP ranks 0 and 1), ranks 4-7 stage 1.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.errors import LockstepError
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    rank: int  # global
+    world: int
+    local_rank: int
+    dp: int
+    tp: int
+    pp: int
+    vpp: int  # model chunks per pipeline stage (1 = no interleaving)
+    dp_rank: int
+    tp_rank: int
+    pp_rank: int
+    device: torch.device
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+    @property
+    def reports_loss(self) -> bool:
+        """One rank per DP replica holds the finished loss: TP rank 0 of the last pipeline stage."""
+        return self.is_last_stage and self.tp_rank == 0
+
+    def label(self) -> str:
+        return f"rank {self.rank} (dp {self.dp_rank}, tp {self.tp_rank}, pp {self.pp_rank})"
+
+
+def init_parallel(case: CaseSpec, device_kind: str) -> ParallelLayout:
+    """Start torch.distributed (NCCL on CUDA, gloo on the CPU) and megatron's model-parallel groups."""
+    from megatron.core import parallel_state
+
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if world != case.world_size:
+        raise LockstepError(f"case {case.name} needs DP*TP*PP = {case.world_size} processes but torchrun started {world}")
+    if device_kind == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group(backend="nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group(backend="gloo")
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=case.tp,
+        pipeline_model_parallel_size=case.pp,
+        virtual_pipeline_model_parallel_size=case.vpp if case.vpp > 1 else None,
+    )
+    layout = ParallelLayout(
+        rank=rank, world=world, local_rank=local_rank, dp=parallel_state.get_data_parallel_world_size(),
+        tp=case.tp, pp=case.pp, vpp=case.vpp, dp_rank=parallel_state.get_data_parallel_rank(),
+        tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+        pp_rank=parallel_state.get_pipeline_model_parallel_rank(), device=device)
+    if layout.dp != case.dp:
+        raise LockstepError(f"megatron-core made {layout.dp} data-parallel ranks, the case asks for {case.dp}")
+    return layout
+
+
+def chunk_stages(layout: ParallelLayout, chunk: int) -> tuple[bool, bool]:
+    """(pre_process, post_process) of model chunk `chunk` on this rank, as megatron-core decides them."""
+    from megatron.core import parallel_state
+
+    if layout.vpp == 1:
+        return parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage()
+    return (parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=chunk),
+            parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=chunk))
+
+
+def shutdown() -> None:
+    from megatron.core import parallel_state
+
+    if dist.is_initialized():
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()

@@ -1,0 +1,98 @@
+"""`megatron` runner: NVIDIA megatron-core's GPTModel trained by megatron-core, one torchrun process per device.
+
+The parent process never imports megatron-core (importing it takes seconds and it may be
+absent); it checks what it can cheaply, hands the case to `worker.py` under torchrun through
+launch.run_workers, and turns the workers' step results into the run record.
+
+On the CPU (CI) the workers use gloo and three small shims (cpu_shims.py) and otherwise run
+the same megatron-core code as on CUDA -- GPTModel, the TP layers and vocab-parallel cross
+entropy, the pipeline schedules, megatron's DDP and its SGD optimizer. BF16 cases do not run on
+the CPU (megatron-core's bf16 autocast backward needs CUDA).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.errors import RunError
+from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback
+from lockstep.runners.launch import run_workers
+from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions, layout_problem
+
+INSTALL_HINT = "pip install 'lockstep[megatron]'"
+
+
+def megatron_core_installed() -> bool:
+    try:
+        return importlib.util.find_spec("megatron.core") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def apex_installed() -> bool:
+    try:
+        return importlib.util.find_spec("apex") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def megatron_core_version() -> str:
+    """The installed megatron-core's version, read from package metadata (no import of megatron)."""
+    for dist_name in ("megatron-core", "megatron_core"):
+        try:
+            return importlib.metadata.version(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    import megatron.core  # a source checkout without distribution metadata
+
+    return getattr(megatron.core, "__version__", "unknown")
+
+
+class MegatronRunner(FrameworkRunner):
+    name = "megatron"
+
+    def __init__(self, native_bf16: bool = False):
+        self.options = MegatronOptions(native_bf16=native_bf16)
+
+    def version(self) -> str:
+        return f"megatron-core {megatron_core_version()}"
+
+    def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        if not megatron_core_installed():
+            return f"megatron-core is not installed ({INSTALL_HINT})"
+        if case.is_bf16 and inputs.device != "cuda":
+            return "megatron-core's bf16 autocast backward needs CUDA"
+        if case.sp and (inputs.device != "cuda" or not apex_installed()):
+            # The local layer spec's LayerNorm is Apex's FusedLayerNorm when Apex is installed (CUDA
+            # only), else torch's, which megatron-core refuses to use with sequence parallelism.
+            return "sequence parallel with megatron-core's local layer spec needs NVIDIA Apex's FusedLayerNorm (CUDA)"
+        problem = layout_problem(case, inputs.model)
+        if problem:
+            return f"megatron-core cannot lay this model out: {problem}"
+        return super().skip_reason(case, inputs)
+
+    def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
+        with tempfile.TemporaryDirectory(prefix="lockstep-megatron-") as td:
+            error_path = Path(td) / "error.txt"
+            job = MegatronJob(case=case, model=inputs.model, checkpoint=str(inputs.checkpoint), tokens=str(inputs.tokens),
+                              tokens_sha256=inputs.tokens_sha256, device=inputs.device, options=self.options,
+                              error_path=str(error_path))
+            try:
+                steps, info = run_workers(WORKER_MODULE, job.to_dict(), nproc=case.world_size, log_path=log_path,
+                                          timeout_s=inputs.timeout_s, on_step=on_step)
+            except RunError:
+                # A worker that failed with a known cause left one sentence naming it (tensor, rank, ...).
+                if error_path.is_file() and error_path.read_text().strip():
+                    raise RunError(f"{log_path}: {error_path.read_text().strip()}") from None
+                raise
+        meta = {**info, "launcher": f"torchrun --nproc_per_node={case.world_size}",
+                "runner_options": asdict(self.options)}
+        if self.options.native_bf16 and case.is_bf16:
+            meta["notes"] = ("diagnostic mode native_bf16: Megatron's native bf16 parameters (Float16Module, fp32 main "
+                             "params), not the contract's autocast with fp32 parameters")
+        return ExecuteResult(steps=steps, meta=meta)

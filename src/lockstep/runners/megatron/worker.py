@@ -1,0 +1,304 @@
+"""The megatron worker, one per rank under torchrun: `python -m lockstep.runners.megatron.worker JOB.json`.
+
+Its console output is the case's native log (`<out>/megatron/<case>.log`): a marker line
+(`lockstep megatron runner`, so log parsers never apply Megatron-LM's step-2 running-mean
+correction to it), the config (`seq_length=T`, ...), then per step Megatron-LM's iteration line
+with the TRUE loss of that step and a `PERF step` line, and a `PERF summary` line at the end.
+Rank 0 also streams each step to the parent through launch.ResultsWriter.
+
+One optimizer step, as SPEC section 4 times it: synchronize, start; zero the gradient buffers;
+megatron-core's forward-backward schedule over `accum` micro batches (no pipelining, or 1F1B /
+interleaved 1F1B with PP > 1), reading each micro batch from GPTDataset inside the schedule;
+DDP's gradient all-reduce (in `finalize_model_grads`); the optimizer step; synchronize, stop.
+The step time is the slowest rank's.
+
+The loss of a micro batch is the mean token cross entropy (Megatron-LM's `loss_func` shape:
+summed loss and token count, which the schedule divides by the count and by `accum`), computed
+by megatron's vocab-parallel cross entropy on FP32 logits whose padded vocab entries (TP > 1)
+are -inf. The logged loss is the mean of the micro batches' means over micro steps and DP
+ranks, taken in FP64 (as the reference trainer logs it).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sys
+import time
+import traceback
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from lockstep.errors import LockstepError
+from lockstep.formats.llmc_gpt2 import load_llmc_gpt2
+from lockstep.formats.logs import megatron_iteration_line, perf_step_line, perf_summary_line
+from lockstep.formats.run_record import StepRecord
+from lockstep.runners.launch import ResultsWriter
+from lockstep.runners.megatron.job import DATA_SEED, LOG_MARKER, MODEL_SEED, MegatronJob, megatron_vocab_size
+from lockstep.runners.megatron.parallel import ParallelLayout
+
+
+def _say(layout: ParallelLayout | None, text: str) -> None:
+    if layout is None or layout.rank == 0:
+        print(text, flush=True)
+
+
+def _synchronize(layout: ParallelLayout) -> None:
+    if layout.device.type == "cuda":
+        torch.cuda.synchronize(layout.device)
+
+
+def _set_ieee_fp32() -> None:
+    """FP32 cases compare IEEE matmuls: TF32 off everywhere (and for the FP32 parts of BF16 cases)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+
+
+def _megatron_version() -> str:
+    import megatron.core
+
+    return getattr(megatron.core, "__version__", "unknown")
+
+
+class StepData:
+    """The micro batches of one step for one model chunk, read when the schedule asks for them."""
+
+    def __init__(self, batches, step: int, accum: int):
+        self.batches, self.step, self.micro, self.accum = batches, step, 0, accum
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        if self.micro >= self.accum:
+            raise StopIteration
+        batch = self.batches.micro_batch(self.step, self.micro)
+        self.micro += 1
+        return batch
+
+
+def padded_vocab_mask(vocab_rows: int, true_vocab: int, layout: ParallelLayout) -> torch.Tensor | None:
+    """True for this TP rank's logits past the true vocabulary V (only with TP > 1), else None."""
+    local = vocab_rows // layout.tp
+    first = layout.tp_rank * local
+    if first + local <= true_vocab:
+        return None
+    return (torch.arange(first, first + local, device=layout.device) >= true_vocab)
+
+
+def loss_func(labels: torch.Tensor, loss_mask: torch.Tensor, vocab_mask: torch.Tensor | None, logits: torch.Tensor):
+    """Megatron-LM's GPT loss contract: (summed loss, token count, values to report)."""
+    from megatron.core import tensor_parallel
+
+    logits = logits.float()  # [b, s, v / TP]; under bf16 autocast the output layer gives bf16
+    if vocab_mask is not None:
+        logits = logits.masked_fill(vocab_mask, float("-inf"))  # only the first V logits count
+    per_token = tensor_parallel.vocab_parallel_cross_entropy(logits, labels)  # [b, s], FP32
+    mask = loss_mask.float()
+    loss_sum = torch.sum(per_token * mask)
+    num_tokens = mask.sum().detach().to(torch.int)
+    mean_fp64 = (per_token.detach().double() * mask.double()).sum() / mask.double().sum()
+    return loss_sum, num_tokens, {"lm loss": mean_fp64}
+
+
+def make_forward_step(attention_mask: torch.Tensor, vocab_mask: torch.Tensor | None):
+    from megatron.core.utils import get_attr_wrapped_model
+
+    def forward_step(data_iterator, model):
+        pre = get_attr_wrapped_model(model, "pre_process")
+        post = get_attr_wrapped_model(model, "post_process")
+        # Middle chunks read nothing: their input arrives from the previous stage.
+        batch = next(data_iterator) if (pre or post) else {}
+        # Every chunk gets the causal mask: without one megatron builds its default mask on CUDA.
+        output = model(batch.get("tokens"), batch.get("position_ids"), attention_mask)
+        return output, partial(loss_func, batch.get("labels"), batch.get("loss_mask"), vocab_mask)
+
+    return forward_step
+
+
+def train(job: MegatronJob, writer: ResultsWriter) -> dict:
+    from megatron.core import tensor_parallel
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from lockstep.runners.megatron import dataset as mdata
+    from lockstep.runners.megatron import model as mmodel
+    from lockstep.runners.megatron import weights as mweights
+    from lockstep.runners.megatron.cpu_shims import apply_cpu_shims
+    from lockstep.runners.megatron.parallel import init_parallel
+
+    case = job.case
+    on_cpu = job.device != "cuda"
+    _set_ieee_fp32()
+    layout = init_parallel(case, job.device)
+    shims = apply_cpu_shims() if on_cpu else []
+    if not on_cpu:
+        tensor_parallel.model_parallel_cuda_manual_seed(MODEL_SEED)
+    precision = mmodel.Precision.for_case(case, job.options.native_bf16)
+    vocab_rows = megatron_vocab_size(job.model, case.tp)
+    version = _megatron_version()
+    T, B = case.seq_len, case.micro_batch
+    global_batch = case.total_batch // T  # sequences per step
+
+    _say(layout, f"{LOG_MARKER} | megatron-core {version} | torch {torch.__version__} | case {case.name} | "
+                 f"{case.parallel_label} | {precision.label} | device {job.device} "
+                 f"({'gloo' if on_cpu else 'nccl'}, {layout.world} process(es))")
+    _say(layout, f"config: num_layers={job.model.num_layers} hidden_size={job.model.channels} "
+                 f"num_attention_heads={job.model.num_heads} seq_length={T} "
+                 f"max_position_embeddings={job.model.max_seq_len} micro_batch_size={B} global_batch_size={global_batch} "
+                 f"num_microbatches={case.accum} data_parallel_size={case.dp} tensor_model_parallel_size={case.tp} "
+                 f"pipeline_model_parallel_size={case.pp} virtual_pipeline_model_parallel_size={case.vpp} "
+                 f"sequence_parallel={case.sp} vocab_size={job.model.vocab_size} padded_vocab_size={vocab_rows} "
+                 f"optimizer=sgd lr={case.lr:.6E} weight_decay=0.0 clip_grad=0.0 train_iters={case.steps}")
+    if shims:
+        _say(layout, "cpu shims (no CUDA): " + "; ".join(shims))
+
+    # Weights: every rank maps its own shard straight from the memory-mapped LLMC file.
+    ckpt = load_llmc_gpt2(job.checkpoint)
+    config = mmodel.transformer_config(case, job.model, precision, on_cpu)
+    chunks = mmodel.build_model_chunks(config, job.model, layout, vocab_rows)
+    loaded = 0
+    for chunk in chunks:
+        if not on_cpu and next(chunk.parameters()).device.type != "cuda":
+            chunk.cuda(layout.device)
+        shard = mweights.ChunkShard(rank=layout.rank, tp_rank=layout.tp_rank, tp_size=layout.tp,
+                                    pre_process=chunk.pre_process, post_process=chunk.post_process,
+                                    layers=mmodel.chunk_layers(chunk), vocab_rows=vocab_rows)
+        loaded += mweights.load_chunk(chunk, mweights.megatron_chunk_tensors(ckpt.tensors, ckpt.config, shard), layout.rank)
+    if ckpt.config.num_heads != job.model.num_heads:  # the one header field no tensor shape reveals
+        raise LockstepError(f"rank {layout.rank}: the checkpoint has {ckpt.config.num_heads} attention heads, "
+                            f"the run was planned for {job.model.num_heads}")
+    chunks = mmodel.wrap_for_training(config, chunks, precision)
+    optimizer, scheduler = mmodel.build_optimizer(case, chunks, precision)
+    # As Megatron-LM's training loop wires them: the schedule calls these.
+    config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    _say(layout, f"loaded {job.checkpoint} (LLMC v{ckpt.version}) into {len(chunks)} model chunk(s) per rank "
+                 f"({loaded:,} values on rank 0)")
+
+    # Data: rank 0 converts the stream and builds GPTDataset's index cache first, then the others read them.
+    num_samples = mdata.samples_needed(case)
+    dataset = None
+    for turn in (True, False):
+        if (layout.rank == 0) == turn:
+            indexed = mdata.ensure_indexed_dataset(job.tokens, job.tokens_sha256)
+            dataset = mdata.build_gpt_dataset(indexed, T, num_samples, job.model.vocab_size, seed=DATA_SEED)
+        dist.barrier()
+    _say(layout, f"data: megatron indexed dataset {indexed.prefix} ({indexed.num_tokens:,} tokens, one document), "
+                 f"GPTDataset with the identity shuffle ({num_samples} samples of {T}+1 tokens)")
+    batches = mdata.MicroBatches(dataset, case, layout.dp_rank, layout.device)
+    forward_step = make_forward_step(batches.attention_mask, padded_vocab_mask(vocab_rows, job.model.vocab_size, layout))
+    forward_backward = get_forward_backward_func()
+
+    if layout.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(layout.device)
+    times_ms: list[float] = []
+    rates: list[float] = []
+    for step in range(case.steps):
+        dist.barrier()  # every rank starts the step together, so the slowest rank's time is the step's
+        _synchronize(layout)
+        t0 = time.perf_counter()
+        for chunk in chunks:
+            chunk.zero_grad_buffer()
+        optimizer.zero_grad()
+        iterators = [StepData(batches, step, case.accum) for _ in chunks]
+        results = forward_backward(
+            forward_step_func=forward_step,
+            data_iterator=iterators if len(chunks) > 1 else iterators[0],
+            model=chunks,
+            num_microbatches=case.accum,
+            seq_length=T,
+            micro_batch_size=B,
+            decoder_seq_length=T,
+            forward_only=False,
+        )
+        _update_ok, grad_norm, _zeros = optimizer.step()
+        scheduler.step(increment=1)
+        _synchronize(layout)
+        elapsed_s = time.perf_counter() - t0
+
+        # The step's loss lives on the last stage's TP rank 0 of every DP replica: sum loss/DP there.
+        contribution = 0.0
+        if layout.reports_loss:
+            micro_means = [float(r["lm loss"]) for r in results]
+            contribution = sum(micro_means) / len(micro_means) / layout.dp
+        loss_t = torch.tensor([contribution], dtype=torch.float64, device=layout.device)
+        dist.all_reduce(loss_t, op=dist.ReduceOp.SUM)
+        peak = torch.cuda.max_memory_allocated(layout.device) / 2**20 if layout.device.type == "cuda" else 0.0
+        slowest = torch.tensor([elapsed_s, peak], dtype=torch.float64, device=layout.device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        loss = float(loss_t.item())
+        step_ms = float(slowest[0].item()) * 1e3
+        tokens_per_s = case.total_batch / (step_ms / 1e3)
+        times_ms.append(step_ms)
+        rates.append(tokens_per_s)
+        if layout.rank == 0:
+            lr = float(optimizer.param_groups[0]["lr"])
+            stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
+            norm = float(grad_norm) if grad_norm is not None else None
+            print(megatron_iteration_line(stamp, step + 1, case.steps, (step + 1) * global_batch, step_ms, lr,
+                                          global_batch, loss, norm), flush=True)
+            print(perf_step_line(step + 1, case.steps, step_ms, tokens_per_s), flush=True)
+            writer.step(StepRecord(step=step + 1, loss=loss, step_ms=step_ms, tokens_per_s=tokens_per_s, lr=lr,
+                                   peak_mem_mb=float(slowest[1].item()) if layout.device.type == "cuda" else None))
+
+    measured_ms, measured_rates = (times_ms[1:], rates[1:]) if len(times_ms) > 1 else (times_ms, rates)
+    _say(layout, perf_summary_line(len(measured_ms), sum(measured_ms) / len(measured_ms),
+                                   sum(measured_rates) / len(measured_rates)))
+    device_name = torch.cuda.get_device_name(layout.device) if layout.device.type == "cuda" else "cpu"
+    return {
+        "framework_version": f"megatron-core {version}",
+        "megatron_core_version": version,
+        "device_name": device_name,
+        "world_size": layout.world,
+        "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "sequence_parallel": case.sp,
+        "precision": precision.label,
+        "native_bf16": precision.native_bf16,
+        "megatron_vocab_size": vocab_rows,
+        "megatron_dataset": indexed.prefix,
+        "cpu_shims": shims,
+        "layer_spec": "local (get_gpt_layer_local_spec)",
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def _write_error(job: MegatronJob, text: str) -> None:
+    """The first failing rank's one-sentence error, for the runner's RunError."""
+    if not job.error_path:
+        return
+    try:
+        with open(job.error_path, "x") as f:
+            f.write(text)
+    except FileExistsError:
+        pass
+
+
+def main(argv: list[str]) -> int:
+    from lockstep.runners.megatron.parallel import shutdown
+
+    job = MegatronJob.from_dict(json.loads(Path(argv[0]).read_text()))
+    rank = int(os.environ.get("RANK", 0))
+    writer = ResultsWriter(job.results_path if rank == 0 else None)
+    try:
+        info = train(job, writer)
+        writer.info(**info)
+    except LockstepError as e:
+        print(f"{LOG_MARKER}: error: {e}", flush=True)
+        _write_error(job, str(e))
+        return 1  # no orderly shutdown: the other ranks may be blocked in a collective; torchrun ends them
+    except Exception as e:
+        traceback.print_exc()
+        _write_error(job, f"rank {rank}: {type(e).__name__}: {e}")
+        return 1
+    shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -71,12 +71,12 @@ def default_device() -> str:
 
 
 def default_frameworks(notes: list[str]) -> list[str]:
-    names = ["pytorch"]
-    try:
-        import megatron.core  # noqa: F401
+    from lockstep.runners.megatron.runner import megatron_core_installed
 
+    names = ["pytorch"]
+    if megatron_core_installed():  # found without importing it (seconds, and noisy warnings)
         names.append("megatron")
-    except ImportError:
+    else:
         notes.append("megatron-core is not installed (pip install 'lockstep[megatron]'): running pytorch only")
     if os.environ.get("LOCKSTEP_INFINITRAIN_BUILD"):
         names.append("infinitrain")

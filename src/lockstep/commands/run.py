@@ -163,6 +163,8 @@ def print_comparison(console: Console, summary: dict) -> None:
                       fmt(s.get("tokens_per_s_mean")),
                       f"{c['throughput_ratio']:.2f}" if isinstance(c.get("throughput_ratio"), (int, float)) else "-")
         console.print(t)
+        for sk in comp.get("skipped", []):
+            console.print(f"[dim]not compared: {sk['case']} (skipped: {sk['reason']})[/dim]", highlight=False)
         for m in comp.get("missing", []):
             console.print(f"[yellow]missing:[/yellow] {message_of(m)}", highlight=False)
         for e in comp.get("errors", []):

@@ -34,13 +34,37 @@ def compare_run_dir(run_dir: str | os.PathLike, baseline_framework: str = "pytor
             summary["errors"].append(f"{baseline_dir}: the baseline framework {baseline_framework} has no case files")
             summary["passed"] = False
     else:
+        skipped = skipped_pairs(run_dir)
         for name in others:
             report = compare_paths(baseline_dir, run_dir / name, options)
-            summary["comparisons"].append({"baseline_framework": baseline_framework, "test_framework": name,
-                                           **report.to_json()})
-        if summary["comparisons"]:
-            summary["passed"] = all(c["passed"] for c in summary["comparisons"])
+            # A case this machine could not run on one side (listed in run.json with its reason) is
+            # reported as skipped, not as missing: the run said so before it started.
+            not_run = skipped.get(name, {}) | skipped.get(baseline_framework, {})
+            report.missing = [m for m in report.missing if m.case not in not_run]
+            entry = {"baseline_framework": baseline_framework, "test_framework": name, **report.to_json()}
+            entry["skipped"] = [{"case": c, "reason": r} for c, r in sorted(not_run.items())]
+            if not report.cases and not report.missing and not report.errors:
+                entry["passed"] = None  # nothing ran on both sides: no verdict either way
+            summary["comparisons"].append(entry)
+        verdicts = [c["passed"] for c in summary["comparisons"] if c["passed"] is not None]
+        if verdicts:
+            summary["passed"] = all(verdicts)
     with atomic_write(run_dir / SUMMARY_NAME, "w") as f:
         json.dump(summary, f, indent=2, allow_nan=True)
         f.write("\n")
     return summary
+
+
+def skipped_pairs(run_dir: Path) -> dict[str, dict[str, str]]:
+    """framework -> {case: reason} for the pairs `lockstep run` skipped (from run.json)."""
+    manifest = run_dir / "run.json"
+    if not manifest.is_file():
+        return {}
+    try:
+        entries = json.loads(manifest.read_text()).get("skipped", [])
+    except (OSError, ValueError):
+        return {}
+    out: dict[str, dict[str, str]] = {}
+    for e in entries:
+        out.setdefault(e["framework"], {})[e["case"]] = e["reason"]
+    return out

@@ -2,7 +2,7 @@
 
 megatron-core is written for GPUs, but its GPTModel, tensor-parallel layers, pipeline
 schedules, DistributedDataParallel and optimizer are plain PyTorch underneath and run on the
-CPU over gloo once three CUDA assumptions are answered (SPEC section 8). Each shim below
+CPU over gloo once a few CUDA assumptions are answered (SPEC section 8). Each shim below
 names the assumption it answers; `apply_cpu_shims` installs them, and the worker calls it only
 when the job runs on the CPU. Nothing here changes any arithmetic.
 
@@ -19,6 +19,9 @@ when the job runs on the CPU. Nothing here changes any arithmetic.
    which swaps CUDA generator states. Without CUDA there are no states to swap, and with
    dropout 0 nothing draws from them: megatron-core's own inference tracker, whose `fork` is a
    no-op, is installed instead (`initialize_rng_tracker(inference_rng_tracker=True)`).
+4. The current CUDA stream: megatron-core 0.19's DDP starts every gradient reduction with
+   `torch.cuda.current_stream()` and waits there for CUDA-graph events (which only CUDA-graph
+   replays create). CPU work is synchronous, so a stream whose waits are no-ops stands in.
 
 Not shimmed, on purpose: bf16. megatron-core's bf16 autocast backward (and its bf16 optimizer,
 which checks for `torch.cuda.BFloat16Tensor` parameters) needs CUDA, so the runner skips bf16
@@ -56,7 +59,25 @@ class CudaDevicesOnCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class SynchronousStream:
+    """Shim 4: the CPU's "current stream"; everything on it has already happened."""
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
 _ACTIVE_MODE: CudaDevicesOnCpu | None = None
+_CPU_STREAM = SynchronousStream()
+
+
+def _current_stream_without_cuda(device=None) -> SynchronousStream:
+    return _CPU_STREAM
 
 
 def _current_device_without_cuda() -> int:
@@ -65,7 +86,7 @@ def _current_device_without_cuda() -> int:
 
 
 def apply_cpu_shims() -> list[str]:
-    """Install the three shims for the rest of this (worker) process; returns what was applied.
+    """Install the shims for the rest of this (worker) process; returns what was applied.
 
     Call after `torch.distributed` and megatron's parallel state are initialised and before any
     model is built. Idempotent.
@@ -74,10 +95,12 @@ def apply_cpu_shims() -> list[str]:
     from megatron.core.tensor_parallel import random as mpu_random
 
     torch.cuda.current_device = _current_device_without_cuda
+    torch.cuda.current_stream = _current_stream_without_cuda
     if _ACTIVE_MODE is None:
         # Entered and deliberately never exited: the worker process ends with the run.
         _ACTIVE_MODE = CudaDevicesOnCpu()
         _ACTIVE_MODE.__enter__()
     mpu_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
     return ["torch.cuda.current_device -> 0", "CUDA device arguments -> cpu (TorchFunctionMode)",
-            "CUDA RNG tracker fork -> no-op (megatron inference tracker)"]
+            "CUDA RNG tracker fork -> no-op (megatron inference tracker)",
+            "torch.cuda.current_stream -> a synchronous stand-in"]

@@ -66,6 +66,8 @@ class MegatronRunner(FrameworkRunner):
         if not megatron_core_installed():
             return f"megatron-core is not installed ({INSTALL_HINT})"
         if case.is_bf16 and inputs.device != "cuda":
+            if self.options.native_bf16:
+                return "megatron-core's native bf16 (Float16Module and its optimizer) needs CUDA"
             return "megatron-core's bf16 autocast backward needs CUDA"
         if case.sp and (inputs.device != "cuda" or not apex_installed()):
             # The local layer spec's LayerNorm is Apex's FusedLayerNorm when Apex is installed (CUDA

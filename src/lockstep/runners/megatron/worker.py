@@ -164,15 +164,20 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     chunks = mmodel.build_model_chunks(config, job.model, layout, vocab_rows)
     loaded = 0
     for chunk in chunks:
-        if not on_cpu and next(chunk.parameters()).device.type != "cuda":
+        if not on_cpu:
+            # As Megatron-LM's get_model: modules megatron does not place itself (torch's LayerNorm
+            # in the local spec) are created on the CPU, so the whole chunk moves to this GPU.
             chunk.cuda(layout.device)
         shard = mweights.ChunkShard(rank=layout.rank, tp_rank=layout.tp_rank, tp_size=layout.tp,
                                     pre_process=chunk.pre_process, post_process=chunk.post_process,
                                     layers=mmodel.chunk_layers(chunk), vocab_rows=vocab_rows)
         loaded += mweights.load_chunk(chunk, mweights.megatron_chunk_tensors(ckpt.tensors, ckpt.config, shard), layout.rank)
-    if ckpt.config.num_heads != job.model.num_heads:  # the one header field no tensor shape reveals
-        raise LockstepError(f"rank {layout.rank}: the checkpoint has {ckpt.config.num_heads} attention heads, "
-                            f"the run was planned for {job.model.num_heads}")
+    # What no tensor shape reveals (the head count; V when TP>1 loads Vp rows) must agree too.
+    differing = [f"{k} {v} (planned {getattr(job.model, k)})" for k, v in vars(ckpt.config).items()
+                 if getattr(job.model, k) != v]
+    if differing:
+        raise LockstepError(f"rank {layout.rank}: the checkpoint header disagrees with the planned model: "
+                            + ", ".join(differing))
     chunks = mmodel.wrap_for_training(config, chunks, precision)
     optimizer, scheduler = mmodel.build_optimizer(case, chunks, precision)
     # As Megatron-LM's training loop wires them: the schedule calls these.

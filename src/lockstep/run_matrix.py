@@ -153,9 +153,9 @@ def runner_options(name: str, req: RunRequest) -> dict:
 
 
 def ensure_initial_checkpoint(cache: Path, model_name: str, config: GPT2Config, seed: int) -> Path:
-    from lockstep.models.init import write_initial_checkpoint
+    from lockstep.models.init import INIT_SCHEME, write_initial_checkpoint
 
-    path = cache / "checkpoints" / f"{model_name}_llmc_init_seed{seed}.bin"
+    path = cache / "checkpoints" / f"{model_name}_llmc_init_seed{seed}_{INIT_SCHEME}.bin"
     if path.is_file():
         try:
             _, cached = read_gpt2_header(path)

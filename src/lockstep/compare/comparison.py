@@ -46,6 +46,13 @@ class ComparisonReport:
     cases: list[CaseVerdict] = field(default_factory=list)
     missing: list[MissingCase] = field(default_factory=list)
     errors: list[ComparisonError] = field(default_factory=list)
+    # case -> reason, for cases `lockstep run` skipped on one side (not missing: it said so up front)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def judged(self) -> bool:
+        """Whether there is any verdict at all (False when every case was skipped on one side)."""
+        return bool(self.cases or self.missing or self.errors)
 
     @property
     def passed(self) -> bool:
@@ -68,7 +75,8 @@ class ComparisonReport:
                 "options": self.options.to_dict(),
                 "cases": [c.to_json() for c in self.cases],
                 "missing": [m.to_json() for m in self.missing],
-                "errors": [e.to_json() for e in self.errors]}
+                "errors": [e.to_json() for e in self.errors],
+                "skipped": [{"case": c, "reason": r} for c, r in sorted(self.skipped.items())]}
 
 
 def _pairs(baseline: Path, test: Path, options: CompareOptions, report: ComparisonReport) -> list[CasePair]:

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from lockstep.compare.comparison import compare_paths
+from lockstep.compare.comparison import ComparisonReport, compare_paths
 from lockstep.compare.metadata import collect_run_metadata, framework_dirs
 from lockstep.compare.options import CompareOptions
 from lockstep.errors import FormatError
@@ -34,16 +34,10 @@ def compare_run_dir(run_dir: str | os.PathLike, baseline_framework: str = "pytor
             summary["errors"].append(f"{baseline_dir}: the baseline framework {baseline_framework} has no case files")
             summary["passed"] = False
     else:
-        skipped = skipped_pairs(run_dir)
         for name in others:
-            report = compare_paths(baseline_dir, run_dir / name, options)
-            # A case this machine could not run on one side (listed in run.json with its reason) is
-            # reported as skipped, not as missing: the run said so before it started.
-            not_run = skipped.get(name, {}) | skipped.get(baseline_framework, {})
-            report.missing = [m for m in report.missing if m.case not in not_run]
+            report = compare_frameworks_in_run(run_dir, baseline_framework, name, options)
             entry = {"baseline_framework": baseline_framework, "test_framework": name, **report.to_json()}
-            entry["skipped"] = [{"case": c, "reason": r} for c, r in sorted(not_run.items())]
-            if not report.cases and not report.missing and not report.errors:
+            if not report.judged:
                 entry["passed"] = None  # nothing ran on both sides: no verdict either way
             summary["comparisons"].append(entry)
         verdicts = [c["passed"] for c in summary["comparisons"] if c["passed"] is not None]
@@ -53,6 +47,19 @@ def compare_run_dir(run_dir: str | os.PathLike, baseline_framework: str = "pytor
         json.dump(summary, f, indent=2, allow_nan=True)
         f.write("\n")
     return summary
+
+
+def compare_frameworks_in_run(run_dir: str | os.PathLike, baseline_framework: str, test_framework: str,
+                              options: CompareOptions) -> ComparisonReport:
+    """One framework of a run against the baseline. A case that `lockstep run` skipped on either
+    side (listed with its reason in run.json) is reported as skipped, not missing: the run said
+    so before it started."""
+    run_dir = Path(run_dir)
+    report = compare_paths(run_dir / baseline_framework, run_dir / test_framework, options)
+    skipped = skipped_pairs(run_dir)
+    report.skipped = {**skipped.get(baseline_framework, {}), **skipped.get(test_framework, {})}
+    report.missing = [m for m in report.missing if m.case not in report.skipped]
+    return report
 
 
 def skipped_pairs(run_dir: Path) -> dict[str, dict[str, str]]:

@@ -33,6 +33,9 @@ from lockstep.formats.llmc_gpt2 import VERSION_FP32, write_llmc_gpt2
 from lockstep.models.configs import GPT2Config
 
 INIT_STD = 0.02
+# Names the drawn values: bump it whenever a change here changes the bytes of a checkpoint, so
+# that caches keyed by it (lockstep run's seeded checkpoints) are not reused across the change.
+INIT_SCHEME = "pcg64-polar-v1"
 # Tensors that draw random numbers, in LLMC file order; every other tensor is a constant.
 RANDOM_TENSORS = ("wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw")
 RESIDUAL_PROJECTIONS = ("attprojw", "fcprojw")  # std scaled by 1/sqrt(2L), as in GPT-2

@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lockstep.compare import CompareOptions, ComparisonReport, collect_run_metadata, compare_paths, framework_dirs
+from lockstep.compare import CompareOptions, ComparisonReport, collect_run_metadata, framework_dirs
 from lockstep.compare.loading import load_side
 from lockstep.compare.pairing import collect_cases
+from lockstep.compare.run_dir import compare_frameworks_in_run
 from lockstep.compare.verdict import CaseVerdict
 from lockstep.errors import FormatError
 from lockstep.formats.run_record import RunRecord
@@ -40,9 +41,10 @@ class ReportData:
 
     @property
     def passed(self) -> bool | None:
-        if not self.comparisons:
+        judged = [r for r in self.comparisons.values() if r.judged]
+        if not judged:
             return None
-        return all(r.passed for r in self.comparisons.values())
+        return all(r.passed for r in judged)
 
 
 def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
@@ -71,5 +73,5 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
         for case, paths in tree.conflicts.items():
             data.unreadable.setdefault(case, {})[fw] = f"{len(paths)} files for one case: {', '.join(map(str, paths))}"
         if fw != baseline_framework:
-            data.comparisons[fw] = compare_paths(run_dir / baseline_framework, run_dir / fw, options)
+            data.comparisons[fw] = compare_frameworks_in_run(run_dir, baseline_framework, fw, options)
     return data

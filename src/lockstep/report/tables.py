@@ -33,6 +33,7 @@ def problem_lines(data: ReportData) -> list[str]:
     for fw, report in data.comparisons.items():
         lines += [f"{fw}: {m.message}" for m in report.missing]
         lines += [f"{fw}: {e.message}" for e in report.errors if e.case is None]
+        lines += [f"{fw}: {case} not compared, skipped ({reason})" for case, reason in sorted(report.skipped.items())]
     for case, by_fw in sorted(data.unreadable.items()):
         lines += [f"{fw}/{case}: {err}" for fw, err in by_fw.items()]
     return lines
@@ -60,7 +61,7 @@ def framework_rows(data: ReportData) -> list[list[str]]:
 
 def overall_line(data: ReportData) -> str:
     if data.passed is None:
-        return f"Only {data.baseline} ran: nothing to compare."
+        return f"Nothing ran on both {data.baseline} and another framework: nothing to compare."
     counts = {"passed": 0, "failed": 0, "missing": 0, "errors": 0}
     for report in data.comparisons.values():
         for k, v in report.counts.items():

@@ -107,11 +107,14 @@ class InfiniTrainRunner(FrameworkRunner):
     # ------------------------------------------------------------------ running
 
     def command(self, case: CaseSpec, inputs: RunInputs) -> list[str]:
-        """The executable and its gflags, as InfiniTrain's test script passes them (`--flag value`)."""
+        """The executable and its gflags, as InfiniTrain's test script passes them (`--flag value`).
+
+        Paths are absolute: the executable runs in the log's directory, not the caller's.
+        """
         args = [
-            str(self.executable(case.model)),
-            "--input_bin", str(inputs.tokens),
-            "--llmc_filepath", str(inputs.checkpoint),
+            str(_absolute(self.executable(case.model))),
+            "--input_bin", str(_absolute(inputs.tokens)),
+            "--llmc_filepath", str(_absolute(inputs.checkpoint)),
             "--device", inputs.device,
             "--dtype", case.dtype,
             "--batch_size", str(case.micro_batch),
@@ -191,6 +194,10 @@ class InfiniTrainRunner(FrameworkRunner):
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _absolute(path: Path) -> Path:
+    return Path(os.path.abspath(Path(path).expanduser()))
 
 
 def infinitrain_tokens_needed(case: CaseSpec) -> int:

@@ -379,3 +379,25 @@ def test_real_infinitrain_matches_pytorch_on_gpt2_tiny(request, tmp_path):
     assert pt_rec.ok, pt_rec.error
     diffs = [abs(a - b) for a, b in zip(it_rec.losses(), pt_rec.losses())]
     assert len(diffs) == 10 and max(diffs) < 1e-4, diffs
+
+
+def test_a_failing_progress_callback_stops_infinitrain(tmp_path):
+    import time
+
+    build = tmp_path / "build"
+    build.mkdir()
+    line = next(ln for ln in fixture_log("gpt2_1.log").read_text().splitlines() if "train loss" in ln)
+    pid_file = tmp_path / "pid"
+    make_executable(build / "gpt2", f"echo $$ > {pid_file}\necho '{line}' >&2\nexec sleep 60\n")
+
+    def broken_progress(step):
+        raise RuntimeError("progress display broke")
+
+    start = time.monotonic()
+    rec = InfiniTrainRunner(build_dir=build).run(it_case(steps=3), it_inputs(tmp_path, tokens=small_token_file(
+        tmp_path, 4000)), tmp_path / "out", on_step=broken_progress)
+    assert not rec.ok and "progress display broke" in rec.error
+    assert time.monotonic() - start < 20
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

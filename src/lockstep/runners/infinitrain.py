@@ -160,18 +160,24 @@ class InfiniTrainRunner(FrameworkRunner):
                                         start_new_session=True)
             except OSError as e:
                 raise RunError(f"{cmd[0]}: could not start InfiniTrain ({e.strerror or e})") from None
-            while True:
-                try:
-                    rc = proc.wait(timeout=POLL_INTERVAL_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                streamer.poll()
-                if time.monotonic() - start > timeout_s:
-                    timed_out = True
-                    _kill_group(proc)
-                    rc = proc.wait()
-                    break
+            try:
+                while True:
+                    try:
+                        rc = proc.wait(timeout=POLL_INTERVAL_S)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                    streamer.poll()
+                    if time.monotonic() - start > timeout_s:
+                        timed_out = True
+                        _kill_group(proc)
+                        rc = proc.wait()
+                        break
+            except BaseException:
+                # Ctrl-C or a failing progress callback: InfiniTrain runs in its own session, so it
+                # would otherwise keep training (and holding GPUs) after lockstep is gone.
+                _kill_group(proc)
+                raise
         text = log_path.read_text(errors="replace")
         streamer.poll(final=True)
         steps = _parse_steps(text, str(log_path))

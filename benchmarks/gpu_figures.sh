@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The device figures of the README: GPT-2 124M on H200(s), every framework against pytorch.
-#   benchmarks/gpu_figures.sh OUT_DIR [TEXT_FILE] [INFINITRAIN_BUILD]
+#   benchmarks/gpu_figures.sh OUT_DIR [TEXT_FILE] [INFINITRAIN_BUILD] [single|parallel|drift|all]
 # Single-GPU basic cases on pytorch, megatron (and infinitrain when a build is given); with two
 # or more GPUs also the 2-GPU variants (DP=2, TP=2, PP=2), each compared with single-GPU gpt2_2.
 set -uo pipefail
 out=${1:?usage: gpu_figures.sh OUT_DIR [TEXT_FILE] [INFINITRAIN_BUILD]}
 text=${2:-}
 build=${3:-}
+stage=${4:-all}
 mkdir -p "$out"
 text_arg=(); [ -n "$text" ] && text_arg=(--text "$text")
 fw=pytorch,megatron; [ -n "$build" ] && fw=$fw,infinitrain
@@ -19,22 +20,29 @@ fw=pytorch,megatron; [ -n "$build" ] && fw=$fw,infinitrain
 } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 
+if [ "$stage" = single ] || [ "$stage" = all ]; then
 python3 -m lockstep run --model gpt2 --device cuda --matrix gpt2 \
   --cases gpt2_1,gpt2_1_bfloat16,gpt2_2,gpt2_2_bfloat16 --frameworks "$fw" \
   ${build:+--infinitrain-build "$build"} "${text_arg[@]}" --out "$out/single"
+fi
+
+if [ -n "$build" ] && { [ "$stage" = drift ] || [ "$stage" = all ]; }; then
+  python3 -m lockstep run --model gpt2 --device cuda --matrix benchmarks/matrices/lr_sensitivity.toml \
+    --frameworks pytorch,infinitrain --infinitrain-build "$build" "${text_arg[@]}" --out "$out/drift"
+fi
 
 ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
-if [ "$ngpu" -ge 2 ]; then
+if [ "$ngpu" -ge 2 ] && { [ "$stage" = parallel ] || [ "$stage" = all ]; }; then
   python3 -m lockstep run --model gpt2 --device cuda --matrix gpt2_parallel --frameworks pytorch,megatron \
     "${text_arg[@]}" --out "$out/parallel"
   # Each 2-GPU variant must train like single-GPU gpt2_2 / gpt2_2_bfloat16 (same global batch).
   for fwk in pytorch megatron; do
     for c in gpt2_dp2 gpt2_tp2 gpt2_pp2; do
-      f="$out/parallel/$fwk/$c.jsonl"; [ -f "$f" ] || continue
+      f="$out/parallel/$fwk/$c.jsonl"; [ -f "$f" ] && [ -f "$out/single/$fwk/gpt2_2.jsonl" ] || continue
       python3 -m lockstep compare "$out/single/$fwk/gpt2_2.jsonl" "$f" --json "$out/parallel/vs_single_${fwk}_${c}.json"
     done
     f="$out/parallel/$fwk/gpt2_dp2_bfloat16.jsonl"
-    [ -f "$f" ] && python3 -m lockstep compare "$out/single/$fwk/gpt2_2_bfloat16.jsonl" "$f" \
+    [ -f "$f" ] && [ -f "$out/single/$fwk/gpt2_2_bfloat16.jsonl" ] && python3 -m lockstep compare "$out/single/$fwk/gpt2_2_bfloat16.jsonl" "$f" \
       --json "$out/parallel/vs_single_${fwk}_gpt2_dp2_bfloat16.json"
   done
 fi

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.errors import CaseError, LockstepError, RunError
+from lockstep.errors import CaseError, LockstepError
 from lockstep.formats.logs import parse_infinitrain_log
 from lockstep.formats.tokens import write_token_stream
 from lockstep.models.configs import MODEL_SHAPES, GPT2Config

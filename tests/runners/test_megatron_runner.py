@@ -140,6 +140,12 @@ def test_skip_reasons(inputs, monkeypatch):
     assert "attention heads" in runner.skip_reason(case(tp=5, B=4, total=256), inputs)
     assert "layers" in runner.skip_reason(case(pp=4, B=1, total=256), inputs)  # L=2
     assert "devices" in runner.skip_reason(case(dp=64, B=1, total=64 * 64), inputs)
+    assert "Apex" in runner.skip_reason(case(tp=2, sp=True), inputs)
+    assert "need PP > 1" in runner.skip_reason(case(vpp=2), inputs)
+    four_layers = dataclasses.replace(inputs, model=dataclasses.replace(TINY, num_layers=4))
+    assert "multiple of PP=2" in runner.skip_reason(case(pp=2, vpp=2, B=4, total=256), four_layers)  # accum 1
+    assert runner.skip_reason(case(pp=2, vpp=2, B=2, total=256), four_layers) is None
+    assert "native bf16" in MegatronRunner(native_bf16=True).skip_reason(case(dtype="bfloat16"), inputs)
     monkeypatch.setattr(megatron_runner_module, "megatron_core_installed", lambda: False)
     assert runner.skip_reason(case(), inputs) == "megatron-core is not installed (pip install 'lockstep[megatron]')"
 

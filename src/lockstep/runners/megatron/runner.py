@@ -4,10 +4,12 @@ The parent process never imports megatron-core (importing it takes seconds and i
 absent); it checks what it can cheaply, hands the case to `worker.py` under torchrun through
 launch.run_workers, and turns the workers' step results into the run record.
 
-On the CPU (CI) the workers use gloo and three small shims (cpu_shims.py) and otherwise run
+On the CPU (CI) the workers use gloo and a few small shims (cpu_shims.py) and otherwise run
 the same megatron-core code as on CUDA -- GPTModel, the TP layers and vocab-parallel cross
-entropy, the pipeline schedules, megatron's DDP and its SGD optimizer. BF16 cases do not run on
-the CPU (megatron-core's bf16 autocast backward needs CUDA).
+entropy, the pipeline schedules, megatron's DDP and its SGD optimizer. What differs on the CPU:
+parameters are created on the CPU (`use_cpu_initialization`), pipeline p2p is unbatched
+(`batch_p2p_comm=False`), and BF16 and sequence-parallel cases are skipped (megatron-core's
+bf16 autocast backward needs CUDA; its local-spec LayerNorm supports SP only through Apex).
 """
 
 from __future__ import annotations

@@ -133,6 +133,16 @@ def test_checkpoint_with_disagreeing_shape_fails_naming_tensor_and_rank(inputs, 
     assert read_run_record(tmp_path / "megatron" / "gpt2_1.jsonl").status == "failed"
 
 
+def test_too_few_tokens_fails_before_launching(inputs, tmp_path):
+    from lockstep.formats.tokens import write_token_stream
+
+    short = tmp_path / "short.bin"
+    write_token_stream(short, np.arange(1000))
+    rec = MegatronRunner().run(case("gpt2_1", steps=10), dataclasses.replace(inputs, tokens=short), tmp_path)
+    assert rec.status == "failed" and "needs 2561 tokens" in rec.error and "holds 1000" in rec.error
+    assert not (tmp_path / "megatron" / "gpt2_1.log").exists()  # no worker was started
+
+
 def test_skip_reasons(inputs, monkeypatch):
     runner = MegatronRunner()
     assert runner.skip_reason(case(), inputs) is None

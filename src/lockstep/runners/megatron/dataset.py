@@ -71,10 +71,11 @@ def ensure_indexed_dataset(tokens_path: str | os.PathLike, tokens_sha256: str = 
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     tokens_path = Path(tokens_path)
-    stream = read_token_stream(tokens_path)
+    stream = read_token_stream(tokens_path, check_ids=False)
     final = cache_dir_for(tokens_path, tokens_sha256)
     if _is_complete(final, len(stream)):
         return IndexedTokens(str(final / PREFIX_NAME), len(stream))
+    stream = read_token_stream(tokens_path)  # ids checked once, before they are converted
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=final.parent))
     os.chmod(staging, 0o755)  # mkdtemp's 0700 would keep the cache private to this user

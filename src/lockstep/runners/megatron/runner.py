@@ -22,6 +22,7 @@ from pathlib import Path
 
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import RunError
+from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback
 from lockstep.runners.launch import run_workers
 from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions, layout_problem
@@ -81,6 +82,9 @@ class MegatronRunner(FrameworkRunner):
         return super().skip_reason(case, inputs)
 
     def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
+        # Checked here too (cheap: header only) so an impossible case fails before torchrun starts.
+        case.check(max_seq_len=inputs.model.max_seq_len,
+                   available_tokens=len(read_token_stream(inputs.tokens, check_ids=False)))
         with tempfile.TemporaryDirectory(prefix="lockstep-megatron-") as td:
             error_path = Path(td) / "error.txt"
             job = MegatronJob(case=case, model=inputs.model, checkpoint=str(inputs.checkpoint), tokens=str(inputs.tokens),

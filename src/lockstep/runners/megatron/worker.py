@@ -37,6 +37,7 @@ from lockstep.errors import LockstepError
 from lockstep.formats.llmc_gpt2 import load_llmc_gpt2
 from lockstep.formats.logs import megatron_iteration_line, perf_step_line, perf_summary_line
 from lockstep.formats.run_record import StepRecord
+from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.launch import ResultsWriter
 from lockstep.runners.megatron.job import DATA_SEED, LOG_MARKER, MODEL_SEED, MegatronJob, megatron_vocab_size
 from lockstep.runners.megatron.parallel import ParallelLayout
@@ -160,6 +161,9 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
 
     # Weights: every rank maps its own shard straight from the memory-mapped LLMC file.
     ckpt = load_llmc_gpt2(job.checkpoint)
+    # Never let GPTDataset wrap into a second epoch: the contract reads each token window once.
+    case.check(max_seq_len=job.model.max_seq_len,
+               available_tokens=len(read_token_stream(job.tokens, check_ids=False)))
     config = mmodel.transformer_config(case, job.model, precision, on_cpu)
     chunks = mmodel.build_model_chunks(config, job.model, layout, vocab_rows)
     loaded = 0

@@ -43,8 +43,8 @@ from lockstep.runners.megatron.job import DATA_SEED, LOG_MARKER, MODEL_SEED, Meg
 from lockstep.runners.megatron.parallel import ParallelLayout
 
 
-def _say(layout: ParallelLayout | None, text: str) -> None:
-    if layout is None or layout.rank == 0:
+def _say(layout: ParallelLayout, text: str) -> None:
+    if layout.rank == 0:
         print(text, flush=True)
 
 
@@ -135,20 +135,22 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
 
     case = job.case
     on_cpu = job.device != "cuda"
+    precision = mmodel.Precision.for_case(case, job.options.native_bf16)
+    version = _megatron_version()
+    if int(os.environ.get("RANK", 0)) == 0:
+        # First thing in the log, before megatron or NCCL print anything: the parsers look for it near the top.
+        print(f"{LOG_MARKER} | megatron-core {version} | torch {torch.__version__} | case {case.name} | "
+              f"{case.parallel_label} | {precision.label} | device {job.device} "
+              f"({'gloo' if on_cpu else 'nccl'}, {case.world_size} process(es))", flush=True)
     _set_ieee_fp32()
     layout = init_parallel(case, job.device)
     shims = apply_cpu_shims() if on_cpu else []
     if not on_cpu:
         tensor_parallel.model_parallel_cuda_manual_seed(MODEL_SEED)
-    precision = mmodel.Precision.for_case(case, job.options.native_bf16)
     vocab_rows = megatron_vocab_size(job.model, case.tp)
-    version = _megatron_version()
     T, B = case.seq_len, case.micro_batch
     global_batch = case.total_batch // T  # sequences per step
 
-    _say(layout, f"{LOG_MARKER} | megatron-core {version} | torch {torch.__version__} | case {case.name} | "
-                 f"{case.parallel_label} | {precision.label} | device {job.device} "
-                 f"({'gloo' if on_cpu else 'nccl'}, {layout.world} process(es))")
     _say(layout, f"config: num_layers={job.model.num_layers} hidden_size={job.model.channels} "
                  f"num_attention_heads={job.model.num_heads} seq_length={T} "
                  f"max_position_embeddings={job.model.max_seq_len} micro_batch_size={B} global_batch_size={global_batch} "

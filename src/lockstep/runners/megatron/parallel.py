@@ -48,9 +48,6 @@ class ParallelLayout:
         """One rank per DP replica holds the finished loss: TP rank 0 of the last pipeline stage."""
         return self.is_last_stage and self.tp_rank == 0
 
-    def label(self) -> str:
-        return f"rank {self.rank} (dp {self.dp_rank}, tp {self.tp_rank}, pp {self.pp_rank})"
-
 
 def init_parallel(case: CaseSpec, device_kind: str) -> ParallelLayout:
     """Start torch.distributed (NCCL on CUDA, gloo on the CPU) and megatron's model-parallel groups."""

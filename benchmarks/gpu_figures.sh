@@ -13,7 +13,7 @@ text_arg=(); [ -n "$text" ] && text_arg=(--text "$text")
 fw=pytorch,megatron; [ -n "$build" ] && fw=$fw,infinitrain
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "commit: ${LOCKSTEP_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
   python3 -c 'import megatron.core as m; print("megatron-core", m.__version__)'

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
-TINY_SHAKESPEARE_TXT = SHARED_DATA / "tinyshakespeare" / "input.txt"
+# LOCKSTEP_TEST_TEXT names the text where ../shared is absent (e.g. a tree copied to a GPU machine).
+TINY_SHAKESPEARE_TXT = Path(os.environ.get("LOCKSTEP_TEST_TEXT") or SHARED_DATA / "tinyshakespeare" / "input.txt")
 ENCODER_JSON = SHARED_DATA / "gpt2-tokenizer" / "encoder.json"
 
 

@@ -119,6 +119,8 @@ def plan_run(req: RunRequest) -> RunPlan:
         tokens_path, corpus, tokens_sha = prepared.train_path, prepared.corpus_name, prepared.train_sha256
         stream = read_token_stream(tokens_path, vocab_size=config.vocab_size)
         notes.append(f"data: {prepared.corpus_name} train split, {prepared.train_tokens:,} tokens ({tokens_path})")
+        if not prepared.is_tiny_shakespeare:
+            notes.append(f"corpus: {prepared.corpus_description}")
 
     # Cases: every one is checked against the model and the token file before anything runs.
     all_cases = load_matrix(req.matrix)

@@ -16,6 +16,11 @@ from lockstep.report.data import ReportData
 ZERO_FLOOR = 1e-12
 
 
+def framework_color(data: ReportData, framework: str) -> str:
+    """One colour per framework in every panel, so a line and its bar are read as the same run."""
+    return f"C{data.frameworks.index(framework)}"
+
+
 def case_figure_png(data: ReportData, case: str) -> bytes:
     # Fixed margins rather than constrained layout: the layout solver cost more than the drawing.
     fig = Figure(figsize=(15, 4.2), dpi=100)
@@ -31,7 +36,7 @@ def case_figure_png(data: ReportData, case: str) -> bytes:
             continue
         steps = sorted(rec.steps, key=lambda s: s.step)
         ax_loss.plot([s.step for s in steps], [s.loss for s in steps], marker="o", markersize=3,
-                     label=fw + (" (baseline)" if fw == data.baseline else ""))
+                     color=framework_color(data, fw), label=fw + (" (baseline)" if fw == data.baseline else ""))
     ax_loss.set_title("loss")
     ax_loss.set_xlabel("step")
     if records:
@@ -44,7 +49,8 @@ def case_figure_png(data: ReportData, case: str) -> bytes:
             continue
         ys = [d.abs_diff if d.abs_diff > 0 else ZERO_FLOOR for d in verdict.diffs]
         floored |= any(d.abs_diff == 0 for d in verdict.diffs)
-        ax_diff.plot([d.step for d in verdict.diffs], ys, marker="o", markersize=3, label=f"{fw} vs {data.baseline}")
+        ax_diff.plot([d.step for d in verdict.diffs], ys, marker="o", markersize=3, color=framework_color(data, fw),
+                     label=f"{fw} vs {data.baseline}")
         if verdict.threshold is not None:
             thresholds.add(verdict.threshold)
     for th in sorted(thresholds):
@@ -65,7 +71,7 @@ def case_figure_png(data: ReportData, case: str) -> bytes:
             names.append(fw)
             values.append(tps)
     if values:
-        bars = ax_tps.bar(names, values, color=[f"C{data.frameworks.index(n)}" for n in names])
+        bars = ax_tps.bar(names, values, color=[framework_color(data, n) for n in names])
         ax_tps.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize="small")
     else:
         ax_tps.text(0.5, 0.5, "no tok/s", ha="center", va="center", transform=ax_tps.transAxes)

@@ -104,8 +104,9 @@ def prepare_out_dir(plan: RunPlan) -> None:
 
 
 def run_with_progress(plan: RunPlan, console: Console) -> list[CaseOutcome]:
+    # Live bars only on a terminal; in CI logs and files each case gets one line when it ends.
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
-                        TimeElapsedColumn(), console=console, transient=False)
+                        TimeElapsedColumn(), console=console, transient=False, disable=not console.is_terminal)
     state = {"task": None}
 
     def on_start(case, framework):
@@ -119,6 +120,12 @@ def run_with_progress(plan: RunPlan, console: Console) -> list[CaseOutcome]:
             console.print(f"[yellow]skipped[/yellow] {outcome.framework}/{outcome.case.name}: {outcome.skipped}")
         elif outcome.record is not None and not outcome.record.ok and state["task"] is not None:
             progress.update(state["task"], loss="[red]FAILED[/red]")
+        if not console.is_terminal and outcome.record is not None:
+            r = outcome.record
+            tps = r.mean_tokens_per_s()
+            console.print(f"{outcome.framework}/{outcome.case.name}: {r.status}, {len(r.steps)} steps"
+                          + (f", last loss {r.steps[-1].loss:.6f}" if r.steps else "")
+                          + (f", {tps:,.0f} tok/s" if tps else ""), highlight=False)
 
     with progress:
         outcomes = execute_plan(plan, on_start=on_start, on_step=on_step, on_end=on_end)

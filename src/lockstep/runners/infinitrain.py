@@ -36,7 +36,7 @@ from lockstep.formats.logs import parse_infinitrain_log
 from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback
-from lockstep.runners.launch import worker_env
+from lockstep.runners.launch import kill_process_group, worker_env
 
 BUILD_ENV_VAR = "LOCKSTEP_INFINITRAIN_BUILD"
 DEFAULT_TIMEOUT_S = 1800.0
@@ -170,13 +170,13 @@ class InfiniTrainRunner(FrameworkRunner):
                     streamer.poll()
                     if time.monotonic() - start > timeout_s:
                         timed_out = True
-                        _kill_group(proc)
+                        kill_process_group(proc)
                         rc = proc.wait()
                         break
             except BaseException:
                 # Ctrl-C or a failing progress callback: InfiniTrain runs in its own session, so it
                 # would otherwise keep training (and holding GPUs) after lockstep is gone.
-                _kill_group(proc)
+                kill_process_group(proc)
                 raise
         text = log_path.read_text(errors="replace")
         streamer.poll(final=True)
@@ -333,17 +333,6 @@ def _describe_exit(rc: int) -> str:
         except ValueError:
             pass
     return f"exited with status {rc}"
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _tail(text: str, n: int = TAIL_LINES) -> str:

@@ -78,7 +78,7 @@ def run_workers(module: str, job: dict, nproc: int, log_path: Path, timeout_s: f
                 seen = _drain(results_path, seen, steps, info, on_step)
                 if timeout_s is not None and time.monotonic() - start > timeout_s:
                     timed_out = True
-                    _kill_group(proc)
+                    kill_process_group(proc)
                     rc = proc.wait()
                     break
         _drain(results_path, seen, steps, info, on_step)
@@ -110,7 +110,8 @@ def _drain(results_path: Path, seen: int, steps: list[StepRecord], info: dict, o
     return seen
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_process_group(proc: subprocess.Popen) -> None:
+    """Stop a child started with start_new_session=True and everything it started (torchrun's ranks)."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)

@@ -13,7 +13,7 @@ from lockstep.cli import main
 from lockstep.compare import CompareOptions, compare_paths, compare_run_dir
 from lockstep.compare.pairing import collect_cases
 from lockstep.errors import FormatError
-from lockstep.formats.logs import (LOCKSTEP_MEGATRON_MARKER, infinitrain_step_line, llmc_step_line,
+from lockstep.formats.logs import (LOCKSTEP_MEGATRON_MARKER, infinitrain_step_line,
                                    megatron_iteration_line, perf_step_line)
 from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device figures of the README: GPT-2 124M on H200(s), every framework against pytorch.
-#   benchmarks/gpu_figures.sh OUT_DIR [TEXT_FILE] [INFINITRAIN_BUILD] [single|parallel|drift|all]
+#   benchmarks/gpu_figures.sh OUT_DIR [TEXT_FILE] [INFINITRAIN_BUILD] [single|parallel|drift|dp8|all]
 # Single-GPU basic cases on pytorch, megatron (and infinitrain when a build is given); with two
 # or more GPUs also the 2-GPU variants (DP=2, TP=2, PP=2), each compared with single-GPU gpt2_2.
 set -uo pipefail
@@ -44,6 +44,17 @@ if [ "$ngpu" -ge 2 ] && { [ "$stage" = parallel ] || [ "$stage" = all ]; }; then
     f="$out/parallel/$fwk/gpt2_dp2_bfloat16.jsonl"
     [ -f "$f" ] && [ -f "$out/single/$fwk/gpt2_2_bfloat16.jsonl" ] && python3 -m lockstep compare "$out/single/$fwk/gpt2_2_bfloat16.jsonl" "$f" \
       --json "$out/parallel/vs_single_${fwk}_gpt2_dp2_bfloat16.json"
+  done
+fi
+# Issue 7: the 8-GPU data-parallel cases of the basic matrix, each against single-GPU gpt2_2(_bfloat16).
+if [ "$ngpu" -ge 8 ] && { [ "$stage" = dp8 ] || [ "$stage" = all ]; }; then
+  python3 -m lockstep run --model gpt2 --device cuda --matrix gpt2 --cases gpt2_3,gpt2_3_bfloat16 \
+    --frameworks pytorch,megatron "${text_arg[@]}" --out "$out/dp8"
+  for fwk in pytorch megatron; do
+    for dt in "" _bfloat16; do
+      f="$out/dp8/$fwk/gpt2_3$dt.jsonl"; s="$out/single/$fwk/gpt2_2$dt.jsonl"
+      [ -f "$f" ] && [ -f "$s" ] && python3 -m lockstep compare "$s" "$f" --json "$out/dp8/vs_single_${fwk}_gpt2_3$dt.json"
+    done
   done
 fi
 exit 0

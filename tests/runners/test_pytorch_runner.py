@@ -126,3 +126,11 @@ def test_bad_checkpoint_gives_failed_record_not_a_good_one(inputs, tmp_path):
     assert rec.status == "failed" and "truncated" in rec.error and str(bad) in rec.error
     back = read_run_record(tmp_path / "pytorch" / "gpt2_1.jsonl")
     assert back.status == "failed" and back.steps == []
+
+
+def test_diverging_run_is_marked_failed_naming_the_step(inputs, tmp_path):
+    boom = CaseSpec(name="boom", model="gpt2", dtype="float32", micro_batch=4, seq_len=64, total_batch=256, steps=4,
+                    lr=1e8)
+    rec = PyTorchRunner().run(boom, inputs, tmp_path)
+    assert rec.status == "failed" and "step 4 loss is nan (non-finite)" in rec.error
+    assert read_run_record(tmp_path / "pytorch" / "boom.jsonl").status == "failed"

@@ -232,26 +232,25 @@ def parse_infinitrain_log(text: str, source: str) -> RunRecord:
     `source` names the log in messages and gives the case name (its stem).
     Raises FormatError when the text holds no InfiniTrain step line.
     """
-    lines = text.splitlines()
-    steps, extra = _llmc_steps(lines, source, glog=True)
-    if not steps:
-        raise FormatError(source, "holds no InfiniTrain step lines (glog-prefixed `step N/M | train loss ...`)")
-    _fill_from_perf(steps, _perf_steps(lines, source))
-    meta = {**_common_meta(lines, source, ORIGIN_INFINITRAIN), **extra}
-    return RunRecord(framework="infinitrain", case=_case_name(source), steps=steps, meta=meta,
-                     source=source, origin=ORIGIN_INFINITRAIN)
+    return _parse_step_lines(text, source, glog=True, framework="infinitrain", origin=ORIGIN_INFINITRAIN,
+                             expected="InfiniTrain step lines (glog-prefixed `step N/M | train loss ...`)")
 
 
 def parse_llmc_log(text: str, source: str) -> RunRecord:
     """llm.c / PyTorch baseline step lines (no glog prefix) -> RunRecord."""
+    return _parse_step_lines(text, source, glog=False, framework="llmc", origin=ORIGIN_LLMC,
+                             expected="llm.c step lines (`step N/M | train loss ...`)")
+
+
+def _parse_step_lines(text: str, source: str, *, glog: bool, framework: str, origin: str, expected: str) -> RunRecord:
+    """The llm.c step-line family (InfiniTrain's glog lines are the same lines behind a prefix)."""
     lines = text.splitlines()
-    steps, extra = _llmc_steps(lines, source, glog=False)
+    steps, extra = _llmc_steps(lines, source, glog=glog)
     if not steps:
-        raise FormatError(source, "holds no llm.c step lines (`step N/M | train loss ...`)")
+        raise FormatError(source, f"holds no {expected}")
     _fill_from_perf(steps, _perf_steps(lines, source))
-    meta = {**_common_meta(lines, source, ORIGIN_LLMC), **extra}
-    return RunRecord(framework="llmc", case=_case_name(source), steps=steps, meta=meta,
-                     source=source, origin=ORIGIN_LLMC)
+    meta = {**_common_meta(lines, source, origin), **extra}
+    return RunRecord(framework=framework, case=_case_name(source), steps=steps, meta=meta, source=source, origin=origin)
 
 
 def _megatron_fields(fields: str) -> dict[str, str]:

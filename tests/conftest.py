@@ -35,11 +35,11 @@ def shared_text() -> Path:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """gpt2-tiny (L2 NH12 C96) with llm.c's init, seed 42."""
-    from lockstep.models.configs import MODEL_SHAPES
+    from lockstep.models import FAMILIES, SHAPES
     from lockstep.models.init import write_initial_checkpoint
 
     path = tmp_path_factory.mktemp("ckpt") / "gpt2_tiny_seed42.bin"
-    write_initial_checkpoint(path, MODEL_SHAPES["gpt2-tiny"], seed=42)
+    write_initial_checkpoint(path, FAMILIES["gpt2"], SHAPES["gpt2-tiny"].config, seed=42)
     return path
 
 

@@ -10,19 +10,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from lockstep.cases.matrix import load_matrix, select_cases
 from lockstep.cases.spec import CaseSpec
 from lockstep.data.corpus import default_cache_dir
 from lockstep.errors import CaseError, LockstepError
-from lockstep.formats.llmc_gpt2 import read_gpt2_header
 from lockstep.formats.run_record import RunRecord, StepRecord
 from lockstep.formats.tokens import read_token_stream
 from lockstep.fsutil import sha256_file
-from lockstep.models.configs import GPT2Config, model_shape
+from lockstep.models import CPU_SHAPES, family, model_shape, read_checkpoint_layout
 from lockstep.runners import get_runner
-from lockstep.runners.base import FrameworkRunner, RunInputs
+from lockstep.runners.base import FrameworkRunner, RunInputs, available_devices
 
 
 @dataclass
@@ -46,14 +45,36 @@ class RunRequest:
     cache_dir: str | None = None
 
 
+@dataclass(frozen=True)
+class PlannedModel:
+    """The model one or more cases train: a registered shape or the user's checkpoint."""
+
+    name: str  # registered shape name, or the --llmc file's name
+    family: str
+    config: Any
+    checkpoint: Path | None  # None until made (a seeded init is written only if some case runs it)
+    seed: int | None = None
+
+
 @dataclass
 class RunPlan:
     out_dir: Path
     device: str
-    inputs: RunInputs
     cases: list[CaseSpec]
+    inputs: dict[str, RunInputs]  # case name -> what every framework gets for it
     runners: list[FrameworkRunner]
     notes: list[str] = field(default_factory=list)  # what defaults were chosen, said to the user
+    unrunnable: dict[str, str] = field(default_factory=dict)  # case -> why no framework can run it here
+
+    def models(self) -> list[RunInputs]:
+        """One RunInputs per distinct model, in case order (for headers and run.json)."""
+        seen, out = set(), []
+        for case in self.cases:
+            inputs = self.inputs[case.name]
+            if inputs.model_name not in seen:
+                seen.add(inputs.model_name)
+                out.append(inputs)
+        return out
 
 
 @dataclass
@@ -83,6 +104,86 @@ def default_frameworks(notes: list[str]) -> list[str]:
     return names
 
 
+def resolve_case_models(cases: list[CaseSpec], req: RunRequest, device: str,
+                        notes: list[str]) -> tuple[list[CaseSpec], dict[str, PlannedModel]]:
+    """The model every case trains, with one meaning of "model": a case names a registered shape;
+    `--model` replaces it with another shape of the same family; `--llmc FILE` replaces it with
+    the file's header. The case's family, the shape and the file must agree (SPEC section 5).
+
+    Returns the cases with `model` set to what will run, and the models by name.
+    """
+    models: dict[str, PlannedModel] = {}
+    file_model = None
+    if req.llmc:
+        file_family, layout = read_checkpoint_layout(req.llmc)
+        file_model = PlannedModel(name=Path(req.llmc).name, family=file_family.name, config=layout.config,
+                                  checkpoint=Path(req.llmc))
+        if req.model:
+            notes.append(f"--llmc given: the model comes from {req.llmc}'s header, not --model {req.model}")
+    override = model_shape(req.model) if req.model else None
+    resolved = []
+    cpu_swaps: dict[str, str] = {}
+    for case in cases:
+        shape = model_shape(case.model)
+        if override is not None and override.family != shape.family:
+            raise CaseError(f"case {case.name} trains a {family(shape.family).title} model ({shape.name}) but "
+                            f"--model {override.name} is a {family(override.family).title} model")
+        if file_model is not None:
+            if file_model.family != shape.family:
+                raise CaseError(
+                    f"case {case.name} trains a {family(shape.family).title} model ({shape.name}"
+                    + (f", --model {override.name}" if override else "") + f") but {req.llmc} is a "
+                    f"{family(file_model.family).title} checkpoint ({file_model.config.describe()})")
+            models[file_model.name] = file_model
+            resolved.append(case.with_overrides(model=file_model.name))
+            continue
+        if override is not None:
+            shape = override
+        elif device == "cpu" and shape.name != CPU_SHAPES[shape.family]:
+            cpu_swaps[shape.name] = CPU_SHAPES[shape.family]
+            shape = model_shape(CPU_SHAPES[shape.family])
+        models.setdefault(shape.name, PlannedModel(name=shape.name, family=shape.family, config=shape.config,
+                                                   checkpoint=None, seed=req.seed))
+        resolved.append(case.with_overrides(model=shape.name))
+    for big, tiny in cpu_swaps.items():
+        notes.append(f"no GPU: cases of {big} train {tiny} instead (pass --model to choose)")
+    return resolved, models
+
+
+def machine_skip_reason(case: CaseSpec, config, device: str) -> str | None:
+    """Why no framework can run the case on this machine (too few devices, too little memory)."""
+    have = available_devices(device)
+    if case.world_size > have:
+        what = "GPUs" if device == "cuda" else "CPU cores"
+        return f"needs {case.world_size} devices, this machine has {have} {what}"
+    need = estimated_bytes_per_device(case, config)
+    free = device_memory_bytes(device)
+    if free and need > free:
+        where = "GPU" if device == "cuda" else "host"
+        return (f"needs about {need / 2**30:.0f} GiB per device for FP32 weights, gradients and optimizer state, "
+                f"the {where} has {free / 2**30:.0f} GiB")
+    return None
+
+
+def estimated_bytes_per_device(case: CaseSpec, config) -> int:
+    """FP32 parameters + gradients (+ Adam's two moments), split over TP x PP; activations aside."""
+    from lockstep.models import family as model_family
+
+    per_param = 16 if model_family(config.family).optimizer.kind == "adam" else 8
+    return config.num_parameters() * per_param // (case.tp * case.pp)
+
+
+def device_memory_bytes(device: str) -> int | None:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def plan_run(req: RunRequest) -> RunPlan:
     notes: list[str] = []
     device = req.device or default_device()
@@ -95,42 +196,53 @@ def plan_run(req: RunRequest) -> RunPlan:
             raise LockstepError("--device cuda was asked for but torch sees no CUDA device")
     cache = Path(req.cache_dir) if req.cache_dir else default_cache_dir()
 
-    # Weights: the user's LLMC file (its header gives the shape) or a seeded llm.c init, cached.
-    if req.llmc:
-        if req.model:
-            notes.append(f"--llmc given: the model shape comes from {req.llmc}'s header, not --model {req.model}")
-        _, config = read_gpt2_header(req.llmc)
-        checkpoint = Path(req.llmc)
-    else:
-        model_name = req.model or ("gpt2" if device == "cuda" else "gpt2-tiny")
-        config = model_shape(model_name)
-        checkpoint = ensure_initial_checkpoint(cache, model_name, config, req.seed)
-        notes.append(f"weights: llm.c init of {model_name} (seed {req.seed}), {checkpoint}")
-
-    # Tokens: the user's token file, or Tiny Shakespeare (or the named offline corpus) prepared once.
-    if req.data:
-        tokens_path, corpus = Path(req.data), f"user token file {req.data}"
-        stream = read_token_stream(tokens_path, vocab_size=config.vocab_size)
-        tokens_sha = sha256_file(tokens_path)
-    else:
-        from lockstep.data.prepare import ensure_prepared
-
-        prepared = ensure_prepared(cache_dir=cache, text_path=req.text)
-        tokens_path, corpus, tokens_sha = prepared.train_path, prepared.corpus_name, prepared.train_sha256
-        stream = read_token_stream(tokens_path, vocab_size=config.vocab_size)
-        notes.append(f"data: {prepared.corpus_name} train split, {prepared.train_tokens:,} tokens ({tokens_path})")
-        if not prepared.is_tiny_shakespeare:
-            notes.append(f"corpus: {prepared.corpus_description}")
-
-    # Cases: every one is checked against the model and the token file before anything runs.
     all_cases = load_matrix(req.matrix)
     cases = select_cases(all_cases, req.cases, source=f"matrix {req.matrix}")
     if req.steps is not None:
         cases = [c.with_overrides(steps=req.steps) for c in cases]
-    for c in cases:
-        c.check(max_seq_len=config.max_seq_len, available_tokens=len(stream))
-    if config.family != "gpt2":
-        raise CaseError(f"only GPT-2 checkpoints are supported by the runners so far, not {config.family}")
+    cases, models = resolve_case_models(cases, req, device, notes)
+
+    # What this machine cannot run at all is known before any file is made (an 8B init is 32 GB).
+    unrunnable = {c.name: r for c in cases if (r := machine_skip_reason(c, models[c.model].config, device))}
+
+    # Tokens: the user's token file, or Tiny Shakespeare (or the named offline corpus) prepared
+    # once per tokenizer the cases' families use.
+    tokens: dict[str, tuple[Path, str, str]] = {}  # tokenizer -> (path, corpus, sha256)
+    for case in cases:
+        fam = family(models[case.model].family)
+        if fam.tokenizer in tokens:
+            continue
+        if req.data:
+            tokens[fam.tokenizer] = (Path(req.data), f"user token file {req.data}", sha256_file(req.data))
+            continue
+        prepared = prepare_tokens(cache, req.text, fam.tokenizer)
+        tokens[fam.tokenizer] = (prepared.train_path, prepared.corpus_name, prepared.train_sha256)
+        notes.append(f"data: {prepared.corpus_name} train split ({fam.tokenizer} tokens), "
+                     f"{prepared.train_tokens:,} tokens ({prepared.train_path})")
+        if not prepared.is_tiny_shakespeare:
+            notes.append(f"corpus: {prepared.corpus_description}")
+
+    # Weights: a seeded llm.c init per shape that some case will run (cached), or the user's file.
+    for name, m in list(models.items()):
+        if m.checkpoint is None and any(c.model == name and c.name not in unrunnable for c in cases):
+            path = ensure_initial_checkpoint(cache, name, family(m.family), m.config, req.seed)
+            models[name] = PlannedModel(name, m.family, m.config, path, req.seed)
+            notes.append(f"weights: llm.c init of {name} (seed {req.seed}), {path}")
+
+    # Every case is checked against its model and token file before anything runs.
+    inputs: dict[str, RunInputs] = {}
+    lengths: dict[tuple[Path, int], int] = {}
+    for case in cases:
+        m = models[case.model]
+        path, corpus, sha = tokens[family(m.family).tokenizer]
+        if (path, m.config.vocab_size) not in lengths:
+            lengths[(path, m.config.vocab_size)] = len(read_token_stream(path, vocab_size=m.config.vocab_size))
+        case.check(max_seq_len=m.config.max_seq_len, available_tokens=lengths[(path, m.config.vocab_size)])
+        inputs[case.name] = RunInputs(
+            checkpoint=m.checkpoint if m.checkpoint is not None else Path("-"), tokens=path, model=m.config,
+            device=device, model_name=m.name,
+            checkpoint_sha256=checkpoint_digest(m.checkpoint) if m.checkpoint is not None else "",
+            tokens_sha256=sha, corpus=corpus, timeout_s=req.timeout_s)
 
     frameworks = req.frameworks or default_frameworks(notes)
     if len(set(frameworks)) != len(frameworks):
@@ -138,12 +250,29 @@ def plan_run(req: RunRequest) -> RunPlan:
     runners = [get_runner(name, **runner_options(name, req)) for name in frameworks]
 
     out_dir = Path(req.out) if req.out else Path("lockstep-out")
-    inputs = RunInputs(checkpoint=checkpoint, tokens=Path(tokens_path), model=config, device=device,
-                       checkpoint_sha256=sha256_file(checkpoint), tokens_sha256=tokens_sha, corpus=corpus,
-                       timeout_s=req.timeout_s)
     for runner in runners:
-        runner.preflight(inputs)  # e.g. a missing InfiniTrain binary stops here, before any run
-    return RunPlan(out_dir=out_dir, device=device, inputs=inputs, cases=cases, runners=runners, notes=notes)
+        for m in {i.model_name: i for c, i in inputs.items() if c not in unrunnable}.values():
+            runner.preflight(m)  # e.g. a missing InfiniTrain binary stops here, before any run
+    return RunPlan(out_dir=out_dir, device=device, cases=cases, inputs=inputs, runners=runners, notes=notes,
+                   unrunnable=unrunnable)
+
+
+def prepare_tokens(cache: Path, text: str | None, tokenizer: str):
+    from lockstep.data.prepare import ensure_prepared
+
+    if tokenizer == "gpt2":
+        return ensure_prepared(cache_dir=cache, text_path=text)
+    return ensure_prepared(cache_dir=cache, text_path=text, tokenizer=tokenizer)
+
+
+_digests: dict[Path, str] = {}
+
+
+def checkpoint_digest(path: Path) -> str:
+    """sha256 of a checkpoint, once per process (a 1B-parameter file takes seconds)."""
+    if path not in _digests:
+        _digests[path] = sha256_file(path)
+    return _digests[path]
 
 
 def runner_options(name: str, req: RunRequest) -> dict:
@@ -154,18 +283,17 @@ def runner_options(name: str, req: RunRequest) -> dict:
     return {}
 
 
-def ensure_initial_checkpoint(cache: Path, model_name: str, config: GPT2Config, seed: int) -> Path:
+def ensure_initial_checkpoint(cache: Path, model_name: str, fam, config, seed: int) -> Path:
     from lockstep.models.init import INIT_SCHEME, write_initial_checkpoint
 
     path = cache / "checkpoints" / f"{model_name}_llmc_init_seed{seed}_{INIT_SCHEME}.bin"
     if path.is_file():
         try:
-            _, cached = read_gpt2_header(path)
-            if cached == config:
+            if fam.read_layout(path).config == config:
                 return path
         except LockstepError:
             pass  # a damaged cache entry is rewritten below
-    write_initial_checkpoint(path, config, seed)
+    write_initial_checkpoint(path, fam, config, seed)
     return path
 
 
@@ -175,14 +303,15 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
     outcomes = []
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     for case in plan.cases:
+        inputs = plan.inputs[case.name]
         for runner in plan.runners:
-            reason = runner.skip_reason(case, plan.inputs)
+            reason = plan.unrunnable.get(case.name) or runner.skip_reason(case, inputs)
             if reason:
                 outcome = CaseOutcome(case, runner.name, skipped=reason)
             else:
                 if on_start:
                     on_start(case, runner.name)
-                outcome = CaseOutcome(case, runner.name, record=runner.run(case, plan.inputs, plan.out_dir, on_step))
+                outcome = CaseOutcome(case, runner.name, record=runner.run(case, inputs, plan.out_dir, on_step))
             outcomes.append(outcome)
             if on_end:
                 on_end(outcome)

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from lockstep.cli import main
-from lockstep.formats.llmc_gpt2 import load_llmc_gpt2
+from lockstep.models.gpt2 import FAMILY as GPT2_FAMILY
 from lockstep.fsutil import sha256_file
 
 # Same digests as tests/models/test_init.py: the CLI must write exactly the library's init.
@@ -38,7 +38,7 @@ def test_tiny_default_seed(capsys, tmp_path):
     assert printed(out, "parameters") == "5,151,360"
     assert printed(out, "bytes") == "20,606,464"
     assert printed(out, "format") == "LLMC GPT-2 version 3 (fp32)"
-    assert printed(out, "model") == "gpt2-tiny: maxT=1024 V=50257 L=2 NH=12 C=96 Vp=50304"
+    assert printed(out, "model") == "gpt2-tiny: L=2 NH=12 C=96 V=50257 Vp=50304 maxT=1024"
     assert printed(out, "init") == "llm.c, seed 42"
     assert path.stat().st_size == 20_606_464
     assert [p.name for p in path.parent.iterdir()] == ["tiny.bin"]  # no temporary file left behind
@@ -60,7 +60,7 @@ def test_bf16_writes_version_5(capsys, tmp_path):
     assert printed(out, "format") == "LLMC GPT-2 version 5 (bf16)"
     assert printed(out, "bytes") == "10,303,744"
     assert printed(out, "sha256") == sha256_file(path) == GOLDEN_TINY_SEED42_BF16
-    assert load_llmc_gpt2(path).version == 5
+    assert GPT2_FAMILY.load(path).version == 5
 
 
 def test_output_is_a_valid_file_for_inspect(capsys, tmp_path):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from lockstep.cli import main
-from lockstep.formats.llmc_gpt2 import write_llmc_gpt2
+from lockstep.models.gpt2 import FAMILY as GPT2_FAMILY
 from lockstep.formats.tokens import write_token_stream
-from lockstep.models.configs import GPT2Config
+from lockstep.models.gpt2.config import GPT2Config
 
 SMALL = GPT2Config(max_seq_len=8, vocab_size=10, num_layers=2, num_heads=2, channels=4, padded_vocab_size=16)
 SMALL_BYTES = 1024 + 4 * 592
@@ -47,7 +47,7 @@ def inspect(capsys, *argv: str) -> tuple[int, str, str]:
 @pytest.fixture
 def ckpt(tmp_path) -> Path:
     path = tmp_path / "small.bin"
-    write_llmc_gpt2(path, SMALL, small_tensors())
+    GPT2_FAMILY.write(path, SMALL, small_tensors())
     return path
 
 
@@ -91,7 +91,7 @@ def test_tensor_table(capsys, ckpt):
 
 def test_bf16_checkpoint(capsys, tmp_path):
     path = tmp_path / "bf16.bin"
-    write_llmc_gpt2(path, SMALL, small_tensors(), version=5)
+    GPT2_FAMILY.write(path, SMALL, small_tensors(), bf16=True)
     rc, out, _ = inspect(capsys, str(path), "--json")
     doc = json.loads(out)
     assert rc == 0 and doc["fields"]["version"] == 5 and doc["derived"]["dtype"] == "bf16"
@@ -135,7 +135,7 @@ def test_nonzero_padding_is_a_note_not_an_error(capsys, tmp_path):
     path = tmp_path / "padded.bin"
     t = small_tensors()
     t["wte"][12, 1] = 0.5
-    write_llmc_gpt2(path, SMALL, t)
+    GPT2_FAMILY.write(path, SMALL, t)
     rc, out, _ = inspect(capsys, str(path))
     assert rc == 0
     assert "wte padding rows 10..15 hold 1 non-zero values" in out
@@ -159,7 +159,7 @@ def _nan_in_qkvw(p: Path) -> None:
     t = small_tensors()
     t["qkvw"][1, 3, 2] = np.nan
     t["qkvw"][1, 5, 0] = np.inf
-    write_llmc_gpt2(p, SMALL, t)
+    GPT2_FAMILY.write(p, SMALL, t)
 
 
 BAD_CHECKPOINTS = {
@@ -218,11 +218,11 @@ def test_bad_llama3_checkpoint(capsys, tmp_path):
     path = tmp_path / "llama3.bin"
     write_llama3_header_file(path)
     path.write_bytes(path.read_bytes()[:-4])
-    _check_failure(capsys, path, "truncated: 376764 bytes, but the header needs 376768")
+    _check_failure(capsys, path, "truncated: 376764 bytes, but the header (L=2 NH=4 kv=2 C=48 FFN=192 V=256, version 3) needs 376768")
 
 
 def test_directory_is_not_a_file(capsys, tmp_path):
-    _check_failure(capsys, tmp_path, "no such file")
+    _check_failure(capsys, tmp_path, "is a directory")
 
 
 def test_usage_error_exits_2(capsys):

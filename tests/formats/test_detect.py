@@ -10,13 +10,18 @@ import numpy as np
 import pytest
 
 from lockstep.errors import FormatError
-from lockstep.formats import detect, inspect_file
-from lockstep.formats.llmc_gpt2 import write_llmc_gpt2
-from lockstep.formats.llmc_llama import read_llama_header
+from lockstep.formats.detect import detect, inspect_file
 from lockstep.formats.tokens import write_token_stream
-from lockstep.models.configs import GPT2Config
+from lockstep.models import FAMILIES
+from lockstep.models.gpt2 import FAMILY as GPT2_FAMILY
+from lockstep.models.gpt2.config import GPT2Config
 
 SMALL = GPT2Config(max_seq_len=8, vocab_size=10, num_layers=2, num_heads=2, channels=4, padded_vocab_size=16)
+
+
+def read_llama_header(path: Path):
+    layout = FAMILIES["llama3"].read_layout(path)
+    return layout.version, layout.config
 
 
 def f32_bits(x: float) -> int:
@@ -49,8 +54,8 @@ def write_qwen3(path: Path, *, C=32, L=2, NH=4, kv=2, V=128, maxT=64, intermedia
 def test_gpt2_checkpoint_fields_and_sizes(tmp_path):
     path = tmp_path / "ckpt.bin"
     zeros = {name: np.zeros(shape, np.float32) for name, shape in SMALL.tensor_shapes()}
-    write_llmc_gpt2(path, SMALL, zeros, version=5)
-    assert (detect(path).name, detect(path).kind) == ("llmc-gpt2", "checkpoint")
+    GPT2_FAMILY.write(path, SMALL, zeros, bf16=True)
+    assert detect(path) == "llmc-gpt2"
     info = inspect_file(path)
     assert (info.format, info.kind, info.path) == ("llmc-gpt2", "checkpoint", str(path))
     assert info.fields == {"magic": 20240326, "version": 5, "maxT": 8, "V": 10, "L": 2, "NH": 2, "C": 4, "Vp": 16}
@@ -75,7 +80,7 @@ def test_llama3_checkpoint_is_recognised(tmp_path):
     path = tmp_path / "llama3.bin"
     write_llama3(path)
     assert path.stat().st_size == 1024 + 4 * 93_936
-    assert detect(path).name == "llmc-llama3"
+    assert detect(path) == "llmc-llama3"
     info = inspect_file(path)
     assert (info.format, info.kind) == ("llmc-llama3", "checkpoint")
     # ffn: llround(1.3 * 2*4*48/3) = llround(166.4) = 166, rounded up to a multiple of 32 = 192
@@ -85,13 +90,13 @@ def test_llama3_checkpoint_is_recognised(tmp_path):
         "version": 3, "family": "llama3", "max_seq_len": 64, "vocab_size": 256, "num_layers": 2, "num_heads": 4,
         "num_kv_heads": 2, "channels": 48}
     assert info.fields["norm_eps"] == pytest.approx(1e-5) and info.fields["rope_theta"] == 500000.0
-    assert info.derived == {"head_dim": 12, "parameters": 93_936}
+    assert info.derived == {"dtype": "fp32", "head_dim": 12, "parameters": 93_936, "bytes": 1024 + 4 * 93_936}
 
 
 def test_llama3_ffn_rounds_halves_away_from_zero(tmp_path):
-    # 1.0625 * 2*4*3/3 = 8.5 exactly: llround gives 9 (Python's round() would give 8).
+    # 0.53125 * int(2*4*6/3) = 8.5 exactly: llround gives 9 (Python's round() would give 8).
     path = tmp_path / "half.bin"
-    write_llama3(path, C=3, NH=1, kv=1, V=4, maxT=2, multiplier=1.0625, multiple_of=1)
+    write_llama3(path, C=6, NH=1, kv=1, V=4, maxT=2, multiplier=0.53125, multiple_of=1)
     assert read_llama_header(path)[1].ffn_hidden == 9
 
 
@@ -99,7 +104,7 @@ def test_qwen3_checkpoint_is_recognised(tmp_path):
     path = tmp_path / "qwen3.bin"
     write_qwen3(path)
     info = inspect_file(path)
-    assert (info.format, info.fields["family"], info.fields["version"], info.fields["ffn_hidden"]) == (
+    assert (info.format, info.fields["family"], info.fields["version"], info.fields["intermediate_size"]) == (
         "llmc-qwen3", "qwen3", 4, 80)
     assert info.derived["parameters"] == 128 * 32 * 2 + 2 * 32 + 2 * 2 * 8 + 2 * 64 * 32 + 2 * 32 * 32 + 2 * 32 \
         + 3 * 2 * 80 * 32 + 32
@@ -107,11 +112,11 @@ def test_qwen3_checkpoint_is_recognised(tmp_path):
 
 @pytest.mark.parametrize("damage,problem", [
     (lambda p: write_llama3(p, extra_bytes=8), "8 trailing bytes after the last tensor"),
-    (lambda p: p.write_bytes(p.read_bytes()[:-4]), "truncated: 376764 bytes, but the header needs 376768"),
+    (lambda p: p.write_bytes(p.read_bytes()[:-4]), "truncated: 376764 bytes, but the header (L=2 NH=4 kv=2 C=48 FFN=192 V=256, version 3) needs 376768"),
     (lambda p: write_llama3(p, version=5), "unsupported Llama 3 checkpoint version 5 (supported: 3 = fp32)"),
     (lambda p: write_llama3(p, C=50), "header fields disagree: channels C=50 is not divisible by heads NH=4"),
     (lambda p: write_llama3(p, kv=3), "header fields disagree: heads NH=4 is not divisible by kv heads 3"),
-    (lambda p: write_llama3(p, multiple_of=0), "header multiple_of is 0, must be positive"),
+    (lambda p: write_llama3(p, multiple_of=0), "header fields disagree: multiple_of is 0, must be positive"),
     (lambda p: p.unlink(), "no such file"),
 ], ids=["trailing", "truncated", "version", "C%NH", "NH%kv", "multiple_of", "missing"])
 def test_bad_llama3_files(tmp_path, damage, problem):
@@ -139,8 +144,8 @@ def test_unknown_or_short_files(tmp_path, content, problem):
 
 
 def test_missing_file_and_directory(tmp_path):
-    for path in (tmp_path / "absent.bin", tmp_path):
-        with pytest.raises(FormatError, match="no such file") as info:
+    for path, problem in ((tmp_path / "absent.bin", "no such file"), (tmp_path, "is a directory")):
+        with pytest.raises(FormatError, match=problem) as info:
             detect(path)
         assert info.value.path == str(path)
 
@@ -149,6 +154,6 @@ def test_detection_reads_the_magic_even_when_the_rest_is_bad(tmp_path):
     """A file with a known magic but a bad body is reported by that format's own check."""
     path = tmp_path / "bad_gpt2.bin"
     path.write_bytes(np.array([20240326, 9], dtype="<i4").tobytes() + b"\0" * 1016)
-    assert detect(path).name == "llmc-gpt2"
+    assert detect(path) == "llmc-gpt2"
     with pytest.raises(FormatError, match="unsupported GPT-2 checkpoint version 9"):
         inspect_file(path)

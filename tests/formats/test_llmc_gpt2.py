@@ -11,17 +11,23 @@ import pytest
 import torch
 
 from lockstep.errors import FormatError
-from lockstep.formats.llmc_gpt2 import (
-    GPT2_MAGIC,
-    HEADER_BYTES,
-    bf16_bits_to_fp32,
-    fp32_to_bf16_bits,
-    gpt2_file_size,
-    load_llmc_gpt2,
-    read_gpt2_header,
-    write_llmc_gpt2,
-)
-from lockstep.models.configs import MODEL_SHAPES, GPT2Config
+from lockstep.formats.llmc import HEADER_BYTES, bf16_bits_to_fp32, fp32_to_bf16_bits
+from lockstep.models import FAMILIES, SHAPES
+from lockstep.models.gpt2 import FAMILY as GPT2_FAMILY
+from lockstep.models.gpt2.checkpoint import GPT2_MAGIC
+from lockstep.models.gpt2.config import GPT2Config
+
+
+def gpt2_file_size(config: GPT2Config, version: int = 3) -> int:
+    return GPT2_FAMILY.layout(config, bf16=version == 5).file_size
+
+
+def read_gpt2_header(path: Path):
+    layout = GPT2_FAMILY.read_layout(path)
+    return layout.version, layout.config
+
+
+load_llmc_gpt2 = GPT2_FAMILY.load
 
 # A shape small enough to write in microseconds: 592 parameters.
 SMALL = GPT2Config(max_seq_len=8, vocab_size=10, num_layers=2, num_heads=2, channels=4, padded_vocab_size=16)
@@ -50,7 +56,7 @@ def rewrite_header(path: Path, **fields: int) -> None:
 @pytest.fixture
 def small_ckpt(tmp_path) -> Path:
     path = tmp_path / "small.bin"
-    write_llmc_gpt2(path, SMALL, random_tensors(SMALL))
+    GPT2_FAMILY.write(path, SMALL, random_tensors(SMALL))
     return path
 
 
@@ -60,7 +66,7 @@ def test_parameter_counts_and_file_sizes():
     assert SMALL.num_parameters() == SMALL_PARAMS
     assert gpt2_file_size(SMALL) == SMALL_FP32_BYTES
     assert gpt2_file_size(SMALL, 5) == SMALL_BF16_BYTES
-    tiny, gpt2 = MODEL_SHAPES["gpt2-tiny"], MODEL_SHAPES["gpt2"]
+    tiny, gpt2 = SHAPES["gpt2-tiny"].config, SHAPES["gpt2"].config
     assert tiny.num_parameters() == 5_151_360
     assert gpt2_file_size(tiny) == 20_606_464
     assert gpt2_file_size(tiny, 5) == 10_303_744
@@ -81,14 +87,14 @@ def test_header_is_256_little_endian_int32(small_ckpt):
 
 def test_fp32_round_trip_is_byte_exact(small_ckpt, tmp_path):
     tensors = random_tensors(SMALL)
-    ckpt = load_llmc_gpt2(small_ckpt)
+    ckpt = GPT2_FAMILY.load(small_ckpt)
     assert (ckpt.version, ckpt.config) == (3, SMALL)
     assert list(ckpt.tensors) == [name for name, _ in SMALL.tensor_shapes()]
     for name, t in tensors.items():
         assert ckpt.tensors[name].dtype == np.float32
         assert np.array_equal(ckpt.tensors[name], t), name
     again = tmp_path / "again.bin"
-    write_llmc_gpt2(again, ckpt.config, ckpt.tensors, version=ckpt.version)
+    GPT2_FAMILY.write(again, ckpt.config, ckpt.tensors, bf16=ckpt.version == 5)
     assert again.read_bytes() == small_ckpt.read_bytes()
 
 
@@ -104,20 +110,20 @@ def test_payload_is_tensors_in_llmc_order(small_ckpt):
 
 def test_bf16_round_trip_is_byte_exact(tmp_path):
     path, again = tmp_path / "bf16.bin", tmp_path / "again.bin"
-    write_llmc_gpt2(path, SMALL, random_tensors(SMALL), version=5)
+    GPT2_FAMILY.write(path, SMALL, random_tensors(SMALL), bf16=True)
     assert path.stat().st_size == SMALL_BF16_BYTES
     assert header_ints(path)[:8] == [20240326, 5, 8, 10, 2, 2, 4, 16]
-    ckpt = load_llmc_gpt2(path)
+    ckpt = GPT2_FAMILY.load(path)
     assert ckpt.version == 5
-    write_llmc_gpt2(again, ckpt.config, ckpt.tensors, version=5)
+    GPT2_FAMILY.write(again, ckpt.config, ckpt.tensors, bf16=True)
     assert again.read_bytes() == path.read_bytes()
 
 
 def test_bf16_values_are_rounded_like_torch(tmp_path):
     tensors = random_tensors(SMALL, seed=3)
     path = tmp_path / "bf16.bin"
-    write_llmc_gpt2(path, SMALL, tensors, version=5)
-    ckpt = load_llmc_gpt2(path)
+    GPT2_FAMILY.write(path, SMALL, tensors, bf16=True)
+    ckpt = GPT2_FAMILY.load(path)
     for name, x in tensors.items():
         expected = torch.tensor(x).to(torch.bfloat16).float().numpy()
         assert ckpt.tensors[name].dtype == np.float32
@@ -172,26 +178,26 @@ def test_identical_to_llm_c_writer(tmp_path):
             else:
                 blobs.append(t.to(torch.float32).numpy().tobytes())
         ours = tmp_path / f"v{version}.bin"
-        write_llmc_gpt2(ours, SMALL, tensors, version=version)
+        GPT2_FAMILY.write(ours, SMALL, tensors, bf16=version == 5)
         assert ours.read_bytes() == b"".join(blobs), dtype
 
 
 def test_write_is_atomic_and_leaves_no_temp_file(tmp_path):
     path = tmp_path / "sub" / "ckpt.bin"
-    write_llmc_gpt2(path, SMALL, random_tensors(SMALL))
+    GPT2_FAMILY.write(path, SMALL, random_tensors(SMALL))
     bad = random_tensors(SMALL)
     bad["qkvw"] = bad["qkvw"][:, :-1]
     with pytest.raises(FormatError, match=r"tensor qkvw has shape \(2, 11, 4\), the header needs \(2, 12, 4\)"):
-        write_llmc_gpt2(path, SMALL, bad)
+        GPT2_FAMILY.write(path, SMALL, bad)
     assert path.stat().st_size == SMALL_FP32_BYTES  # the old file is untouched
     assert sorted(p.name for p in path.parent.iterdir()) == ["ckpt.bin"]
 
 
 def test_write_refuses_inconsistent_shape_and_version(tmp_path):
     with pytest.raises(FormatError, match="channels C=4 is not divisible by heads NH=3"):
-        write_llmc_gpt2(tmp_path / "x.bin", GPT2Config(8, 10, 2, 3, 4, 16), {})
-    with pytest.raises(FormatError, match="version 4"):
-        write_llmc_gpt2(tmp_path / "x.bin", SMALL, random_tensors(SMALL), version=4)
+        GPT2_FAMILY.write(tmp_path / "x.bin", GPT2Config(8, 10, 2, 3, 4, 16), {})
+    with pytest.raises(FormatError, match="Llama 3 checkpoints have no bf16 layout"):
+        FAMILIES["llama3"].layout(SHAPES["llama3-tiny"].config, bf16=True)
     assert not (tmp_path / "x.bin").exists()
 
 
@@ -216,13 +222,13 @@ BAD_FILES = {
     "zero layers": (lambda p: rewrite_header(p, L=0), "header fields disagree: num_layers is 0, must be positive"),
     "negative C": (lambda p: rewrite_header(p, C=-4), "header fields disagree: channels is -4, must be positive"),
     "truncated payload": (_truncate(SMALL_FP32_BYTES - 4),
-                          f"truncated: {SMALL_FP32_BYTES - 4} bytes, but the header (L=2, C=4, Vp=16, version 3) "
+                          f"truncated: {SMALL_FP32_BYTES - 4} bytes, but the header (L=2 NH=2 C=4 V=10 Vp=16, version 3) "
                           f"needs {SMALL_FP32_BYTES}"),
     "trailing bytes": (lambda p: p.write_bytes(p.read_bytes() + b"\0\0\0\0\0"),
                        f"5 trailing bytes after the last tensor (file is {SMALL_FP32_BYTES + 5} bytes, header needs "
                        f"{SMALL_FP32_BYTES})"),
     "bf16 payload labelled fp32": (_truncate(SMALL_BF16_BYTES),
-                                   f"truncated: {SMALL_BF16_BYTES} bytes, but the header (L=2, C=4, Vp=16, version 3)"),
+                                   f"truncated: {SMALL_BF16_BYTES} bytes, but the header (L=2 NH=2 C=4 V=10 Vp=16, version 3)"),
     "fp32 payload labelled bf16": (lambda p: rewrite_header(p, version=5),
                                    f"{SMALL_FP32_BYTES - SMALL_BF16_BYTES} trailing bytes after the last tensor"),
     "truncated header": (_truncate(100), "truncated: 100 bytes is shorter than the 1024-byte header"),

@@ -10,19 +10,34 @@ import time
 import numpy as np
 import pytest
 
-from lockstep.formats.llmc_gpt2 import gpt2_file_size, load_llmc_gpt2
 from lockstep.fsutil import sha256_file
-from lockstep.models.configs import MODEL_SHAPES, GPT2Config
-from lockstep.models.init import (
-    NormalStream,
-    deterministic_log,
-    init_llmc_gpt2,
-    init_stds,
-    write_initial_checkpoint,
-)
+from lockstep.models import SHAPES
+from lockstep.models.gpt2 import FAMILY as GPT2_FAMILY
+from lockstep.models.gpt2.config import GPT2Config
+from lockstep.models.init import NormalStream, deterministic_log, init_tensors
+from lockstep.models.init import write_initial_checkpoint as write_family_checkpoint
 
-TINY = MODEL_SHAPES["gpt2-tiny"]
-GPT2 = MODEL_SHAPES["gpt2"]
+
+def init_llmc_gpt2(config, seed, threads=None):
+    return init_tensors(config, GPT2_FAMILY.init_rule(config), seed, threads=threads)
+
+
+def init_stds(config):
+    return GPT2_FAMILY.init_rule(config).stds
+
+
+def write_initial_checkpoint(path, config, seed, version=3):
+    write_family_checkpoint(path, GPT2_FAMILY, config, seed, bf16=version == 5)
+
+
+def gpt2_file_size(config, version=3):
+    return GPT2_FAMILY.layout(config, bf16=version == 5).file_size
+
+
+load_llmc_gpt2 = GPT2_FAMILY.load
+
+TINY = SHAPES["gpt2-tiny"].config
+GPT2 = SHAPES["gpt2"].config
 
 # Golden digests of `lockstep init-checkpoint --model gpt2-tiny --seed 42 [--bf16]` and of the
 # 124M fp32 file. If they change, every cached initial checkpoint and every recorded run that
@@ -71,11 +86,11 @@ def test_same_seed_same_bytes_different_seed_different(tiny42_file, tmp_path):
     write_initial_checkpoint(again, TINY, 42)
     assert again.read_bytes() == tiny42_file.read_bytes()
     other = init_llmc_gpt2(TINY, 43)
-    assert not np.array_equal(other["wte"], load_llmc_gpt2(tiny42_file).tensors["wte"])
+    assert not np.array_equal(other["wte"], GPT2_FAMILY.load(tiny42_file).tensors["wte"])
 
 
 def test_file_holds_exactly_the_init(tiny42, tiny42_file):
-    ckpt = load_llmc_gpt2(tiny42_file)
+    ckpt = GPT2_FAMILY.load(tiny42_file)
     assert (ckpt.version, ckpt.config) == (3, TINY)
     for name, t in tiny42.items():
         assert np.array_equal(ckpt.tensors[name], t), name
@@ -187,6 +202,6 @@ def test_gpt2_124m_written_once(tmp_path):
     assert time.perf_counter() - started < 60
     assert path.stat().st_size == 497_904_640
     assert sha256_file(path) == GOLDEN_GPT2_124M_SEED42_FP32
-    t = load_llmc_gpt2(path).tensors
+    t = GPT2_FAMILY.load(path).tensors
     assert (t["wte"][GPT2.vocab_size :] == 0).all() and (t["lnfw"] == 1).all()
     assert abs(float(t["fcprojw"][0].std()) - 0.02 / math.sqrt(24)) < 1e-4

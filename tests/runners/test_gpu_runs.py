@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.models.configs import MODEL_SHAPES
+from lockstep.models import SHAPES
 from lockstep.runners.base import RunInputs
 from lockstep.runners.megatron import MegatronRunner
 from lockstep.runners.pytorch import PyTorchRunner
 
 pytestmark = pytest.mark.gpu
-TINY = MODEL_SHAPES["gpt2-tiny"]
+TINY = SHAPES["gpt2-tiny"].config
 
 
 def case(name, dtype="float32", B=4, total=256, dp=1, tp=1, pp=1, steps=5) -> CaseSpec:

@@ -17,10 +17,11 @@ from lockstep.cases.spec import CaseSpec
 from lockstep.errors import CaseError, LockstepError
 from lockstep.formats.logs import parse_infinitrain_log
 from lockstep.formats.tokens import write_token_stream
-from lockstep.models.configs import MODEL_SHAPES, GPT2Config
+from lockstep.models import SHAPES
+from lockstep.models.gpt2.config import GPT2Config
 from lockstep.runners import get_runner
 from lockstep.runners.base import RunInputs
-from lockstep.runners.infinitrain import (
+from lockstep.runners.infinitrain.runner import (
     BUILD_ENV_VAR,
     InfiniTrainRunner,
     check_enough_tokens,
@@ -29,7 +30,7 @@ from lockstep.runners.infinitrain import (
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "infinitrain"
-TINY = MODEL_SHAPES["gpt2-tiny"]
+TINY = SHAPES["gpt2-tiny"].config
 
 
 def it_case(name="gpt2_1", dtype="float32", B=4, T=64, total=256, steps=10, dp=1, tp=1, pp=1, vpp=1, sp=False):

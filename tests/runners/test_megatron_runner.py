@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.formats.llmc_gpt2 import write_llmc_gpt2
+from lockstep.models.gpt2 import FAMILY as GPT2_FAMILY
 from lockstep.formats.run_record import read_run_record
-from lockstep.models.configs import MODEL_SHAPES
+from lockstep.models import SHAPES
 from lockstep.runners.base import RunInputs
 from lockstep.runners.megatron import MegatronRunner
 from lockstep.runners.megatron import runner as megatron_runner_module
@@ -24,7 +24,7 @@ from lockstep.runners.pytorch import PyTorchRunner
 
 pytest.importorskip("megatron.core")
 
-TINY = MODEL_SHAPES["gpt2-tiny"]
+TINY = SHAPES["gpt2-tiny"].config
 FP32_TOLERANCE = 1e-5
 
 
@@ -124,7 +124,7 @@ def test_checkpoint_with_disagreeing_shape_fails_naming_tensor_and_rank(inputs, 
     other = dataclasses.replace(TINY, max_seq_len=512)
     rng = np.random.default_rng(0)
     bad = tmp_path / "short_wpe.bin"
-    write_llmc_gpt2(bad, other, {n: rng.standard_normal(s).astype(np.float32) * 0.02 for n, s in other.tensor_shapes()})
+    GPT2_FAMILY.write(bad, other, {n: rng.standard_normal(s).astype(np.float32) * 0.02 for n, s in other.tensor_shapes()})
     rec = MegatronRunner().run(case("gpt2_1", steps=2), dataclasses.replace(inputs, checkpoint=bad), tmp_path)
     assert rec.status == "failed" and rec.steps == []
     assert "rank 0: tensor embedding.position_embeddings.weight (LLMC wpe) has shape (512, 96)" in rec.error

@@ -13,11 +13,11 @@ import torch.nn.functional as F
 
 from lockstep.cases.spec import CaseSpec
 from lockstep.formats.run_record import read_run_record
-from lockstep.models.configs import MODEL_SHAPES
+from lockstep.models import SHAPES
 from lockstep.runners.base import RunInputs
 from lockstep.runners.pytorch import PyTorchRunner
 
-TINY = MODEL_SHAPES["gpt2-tiny"]
+TINY = SHAPES["gpt2-tiny"].config
 
 
 def case(name="c", steps=3, B=4, T=64, total=256, dp=1, dtype="float32") -> CaseSpec:

@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from lockstep.errors import FormatError
-from lockstep.formats import FileInfo, inspect_file, llmc_gpt2, llmc_llama
+from lockstep.formats.detect import FileInfo, inspect_file
 
 SCAN_CHUNK = 1 << 24  # values per step when scanning a payload: bounded memory for any file size
 
@@ -53,7 +53,7 @@ def add_parser(subparsers) -> None:
                     "token stream), show its header fields and derived sizes, and check it completely. Exit 0 "
                     "when valid, 1 with the reason when not.")
     p.add_argument("file", metavar="FILE", type=Path)
-    p.add_argument("--tensors", action="store_true", help="also show per-tensor statistics of a GPT-2 checkpoint")
+    p.add_argument("--tensors", action="store_true", help="also show per-tensor statistics of a checkpoint")
     p.add_argument("--json", action="store_true", help="print the result as JSON (also when the file is invalid)")
     p.set_defaults(handler=run)
 
@@ -63,28 +63,31 @@ def inspect_path(path: Path, tensor_stats: bool = False) -> Inspection:
     info = inspect_file(path)  # magic, version, header consistency, exact size, token ids
     notes: list[str] = []
     tensors: list[TensorSummary] = []
-    if info.format == "llmc-gpt2":
-        tensors = _check_gpt2_tensors(path, notes, tensor_stats)
-    elif info.format in ("llmc-llama3", "llmc-qwen3"):
-        _check_finite(path, np.memmap(path, dtype="<f4", mode="r", offset=llmc_llama.HEADER_BYTES), "the payload")
+    if info.kind == "checkpoint":
+        tensors = _check_tensors(path, notes, tensor_stats)
     return Inspection(info=info, file_bytes=path.stat().st_size, tensors=tensors, notes=notes)
 
 
-def _check_gpt2_tensors(path: Path, notes: list[str], tensor_stats: bool) -> list[TensorSummary]:
-    ckpt = llmc_gpt2.load_llmc_gpt2(path)
+def _check_tensors(path: Path, notes: list[str], tensor_stats: bool) -> list[TensorSummary]:
+    from lockstep.models import family_of_checkpoint
+
+    family = family_of_checkpoint(path)
+    ckpt = family.load(path)
+    padding = family.padding_rows(ckpt.config)  # e.g. GPT-2's wte rows V..Vp-1: may hold anything
     summaries = []
     for name, t in ckpt.tensors.items():
-        _check_finite(path, t, f"tensor {name}")
+        _check_finite(path, t[: padding[name]] if name in padding else t, f"tensor {name}")
         if tensor_stats:
             summaries.append(_summarize(name, t))
-    cfg = ckpt.config
-    if cfg.padded_vocab_size > cfg.vocab_size:
-        padding = ckpt.tensors["wte"][cfg.vocab_size:]
-        nonzero = int(np.count_nonzero(padding))
-        if nonzero:
-            # Not fatal: only the first V logits count, but llm.c writes these rows as zeros.
-            notes.append(f"wte padding rows {cfg.vocab_size}..{cfg.padded_vocab_size - 1} hold {nonzero} non-zero "
-                         f"values (llm.c writes zeros)")
+    for name, first in padding.items():
+        rows = ckpt.tensors[name][first:]
+        if rows.shape[0]:
+            nonzero, non_finite = int(np.count_nonzero(rows)), int(np.count_nonzero(~np.isfinite(rows)))
+            if nonzero:
+                # Not fatal: only the first V logits count, but llm.c writes these rows as zeros.
+                notes.append(f"{name} padding rows {first}..{first + rows.shape[0] - 1} hold {nonzero} non-zero "
+                             f"values" + (f", {non_finite} of them non-finite" if non_finite else "")
+                             + " (llm.c writes zeros; they never reach a logit)")
     return summaries
 
 

@@ -22,12 +22,15 @@ def add_parser(sub) -> None:
                        description="Run every case of a matrix on each framework with the same LLMC weights, "
                                    "token stream and hyper-parameters, then compare each framework step by step "
                                    "against the first one listed.")
-    p.add_argument("--matrix", default="gpt2", help="built-in matrix name (gpt2, gpt2_parallel) or a TOML file")
+    p.add_argument("--matrix", default="gpt2", help="built-in matrix name (gpt2, gpt2_parallel, llama3, qwen3, ...) "
+                                                     "or a TOML file")
     p.add_argument("--cases", help="comma-separated case names (default: every case of the matrix)")
     p.add_argument("--frameworks", help=f"comma-separated, baseline first: {', '.join(RUNNERS)} "
                                         "(default: pytorch, megatron when installed, infinitrain when "
                                         "LOCKSTEP_INFINITRAIN_BUILD is set)")
-    p.add_argument("--model", help="gpt2 (124M) or gpt2-tiny (default: gpt2 with a GPU, gpt2-tiny without)")
+    p.add_argument("--model", help="a registered model of the cases' family (e.g. gpt2-tiny, llama3-tiny, qwen3-1.7b) "
+                                   "for every case (default: each case's own; on a CPU-only machine its family's "
+                                   "tiny model)")
     p.add_argument("--llmc", help="LLMC checkpoint to start from (its header gives the shape)")
     p.add_argument("--data", help="llm.c token file to train on (default: Tiny Shakespeare train split)")
     p.add_argument("--text", help="text file to tokenize as the corpus instead of Tiny Shakespeare")
@@ -58,9 +61,9 @@ def run(args) -> int:
     prepare_out_dir(plan)
     for note in plan.notes:
         console.print(f"[dim]{note}[/dim]")
-    console.print(f"device {plan.device} | model L={plan.inputs.model.num_layers} NH={plan.inputs.model.num_heads} "
-                  f"C={plan.inputs.model.channels} | frameworks {', '.join(r.name for r in plan.runners)} "
-                  f"(baseline {plan.runners[0].name}) | out {plan.out_dir}")
+    models = "; ".join(f"{m.model_name} ({m.model.describe()}, {m.family.optimizer.kind})" for m in plan.models())
+    console.print(f"device {plan.device} | model {models} | frameworks {', '.join(r.name for r in plan.runners)} "
+                  f"(baseline {plan.runners[0].name}) | out {plan.out_dir}", highlight=False)
     outcomes = run_with_progress(plan, console)
     console.print(outcome_table(outcomes))
     failed_runs = [o for o in outcomes if o.record is not None and not o.record.ok]
@@ -94,10 +97,14 @@ def prepare_out_dir(plan: RunPlan) -> None:
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / "report_files", ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
+    models = [{"name": m.model_name, **m.model.to_dict(), "optimizer": m.family.optimizer.to_dict(),
+               "checkpoint": str(m.checkpoint), "checkpoint_sha256": m.checkpoint_sha256, "data": str(m.tokens),
+               "data_sha256": m.tokens_sha256, "corpus": m.corpus} for m in plan.models()]
+    first = plan.models()[0]
     manifest = {"cases": [c.to_dict() for c in plan.cases], "frameworks": [r.name for r in plan.runners],
-                "baseline": plan.runners[0].name, "device": plan.device, "model": plan.inputs.model.to_dict(),
-                "checkpoint": str(plan.inputs.checkpoint), "checkpoint_sha256": plan.inputs.checkpoint_sha256,
-                "data": str(plan.inputs.tokens), "data_sha256": plan.inputs.tokens_sha256, "corpus": plan.inputs.corpus}
+                "baseline": plan.runners[0].name, "device": plan.device, "model": models[0], "models": models,
+                "checkpoint": str(first.checkpoint), "checkpoint_sha256": first.checkpoint_sha256,
+                "data": str(first.tokens), "data_sha256": first.tokens_sha256, "corpus": first.corpus}
     with atomic_write(out / RUN_MANIFEST, "w") as f:
         json.dump(manifest, f, indent=2)
 

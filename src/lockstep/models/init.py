@@ -1,10 +1,11 @@
-"""llm.c's GPT-2 initialisation, seeded so that every machine writes the same bytes.
+"""llm.c's initialisation, seeded so that every machine writes the same bytes, for every family.
 
 Without a pretrained checkpoint every framework in a comparison must start from the same
-weights, so lockstep makes them (SPEC section 3): weights N(0, 0.02), the two projections
-back into the residual stream (attprojw, fcprojw) N(0, 0.02/sqrt(2L)), biases 0, LayerNorm
-weights 1, wte padding rows (V..Vp-1) 0. Only the first V rows of wte draw random numbers,
-as in llm.c's `gpt2_build_from_random`; the random tensors draw in LLMC file order.
+weights, so lockstep makes them (SPEC section 3). Each family states its rule (`InitRule`:
+which tensors draw N(0, std), which are 1, the rest 0); GPT-2's is llm.c's
+`gpt2_build_from_random` (weights N(0, 0.02), the two projections back into the residual
+stream N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1, only wte's first V rows drawn).
+The random tensors draw from one stream in LLMC file order.
 
 Why the raw bit stream and a hand-written transform: numpy promises only that a bit
 generator's raw output stays the same across versions; `Generator.standard_normal` and the
@@ -29,17 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from lockstep.formats.llmc_gpt2 import VERSION_FP32, write_llmc_gpt2
-from lockstep.models.configs import GPT2Config
-
-INIT_STD = 0.02
+from lockstep.models.family import InitRule, ModelFamily
 # Names the drawn values: bump it whenever a change here changes the bytes of a checkpoint, so
 # that caches keyed by it (lockstep run's seeded checkpoints) are not reused across the change.
 INIT_SCHEME = "pcg64-polar-v1"
-# Tensors that draw random numbers, in LLMC file order; every other tensor is a constant.
-RANDOM_TENSORS = ("wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw")
-RESIDUAL_PROJECTIONS = ("attprojw", "fcprojw")  # std scaled by 1/sqrt(2L), as in GPT-2
-LAYERNORM_WEIGHTS = ("ln1w", "ln2w", "lnfw")  # 1; biases and wte padding rows are 0
 
 # Candidate (u, v) pairs per block of the raw stream. Part of the definition of the values
 # (a block's first half gives u, its second half v): changing it changes every checkpoint.
@@ -214,36 +208,28 @@ class NormalStream:
         return out
 
 
-def init_stds(config: GPT2Config) -> dict[str, float]:
-    """The standard deviation of every random tensor (SPEC section 3)."""
-    residual = INIT_STD / math.sqrt(2 * config.num_layers)
-    return {name: residual if name in RESIDUAL_PROJECTIONS else INIT_STD for name in RANDOM_TENSORS}
+def init_tensors(config, rule: InitRule, seed: int, threads: int | None = None) -> dict[str, np.ndarray]:
+    """The init as fp32 arrays in LLMC order (views of one contiguous buffer).
 
-
-def init_llmc_gpt2(config: GPT2Config, seed: int, threads: int | None = None) -> dict[str, np.ndarray]:
-    """llm.c's GPT-2 init as fp32 arrays in LLMC order (views of one contiguous buffer).
-
-    The values depend on `config` and `seed` only, never on `threads` or the machine.
+    The values depend on `config`, `rule` and `seed` only, never on `threads` or the machine.
     """
-    flat = np.zeros(config.num_parameters(), dtype=np.float32)  # biases and wte padding stay 0
+    flat = np.zeros(config.num_parameters(), dtype=np.float32)  # biases and padding rows stay 0
     tensors, offset = {}, 0
     for name, shape in config.tensor_shapes():
         n = math.prod(shape)
         tensors[name] = flat[offset : offset + n].reshape(shape)
         offset += n
-    stds = init_stds(config)
     normals = NormalStream(seed, threads=threads)
     for name, _ in config.tensor_shapes():  # LLMC file order decides which draws go where
-        if name in LAYERNORM_WEIGHTS:
+        if name in rule.ones:
             tensors[name][...] = 1.0
-        elif name == "wte":
-            normals.fill_normal(tensors[name][: config.vocab_size], stds[name])
-        elif name in stds:
-            normals.fill_normal(tensors[name], stds[name])
+        elif name in rule.stds:
+            rows = rule.drawn_rows.get(name)
+            normals.fill_normal(tensors[name][:rows] if rows is not None else tensors[name], rule.stds[name])
     return tensors
 
 
-def write_initial_checkpoint(path: str | os.PathLike, config: GPT2Config, seed: int,
-                             version: int = VERSION_FP32) -> None:
-    """Write llm.c's init for `config` and `seed` as an LLMC checkpoint, atomically."""
-    write_llmc_gpt2(path, config, init_llmc_gpt2(config, seed), version=version)
+def write_initial_checkpoint(path: str | os.PathLike, family: ModelFamily, config, seed: int,
+                             bf16: bool = False) -> None:
+    """Write llm.c's init for `config` and `seed` as the family's LLMC checkpoint, atomically."""
+    family.write(path, config, init_tensors(config, family.init_rule(config), seed), bf16=bf16)

@@ -17,13 +17,14 @@ import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 from lockstep import __version__
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import LockstepError, RunError
 from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
-from lockstep.models.configs import GPT2Config
+from lockstep.models import family as model_family
+from lockstep.models.family import ModelFamily
 
 StepCallback = Callable[[StepRecord], None]
 
@@ -34,13 +35,18 @@ class RunInputs:
 
     checkpoint: Path  # LLMC checkpoint
     tokens: Path  # llm.c token stream (train split)
-    model: GPT2Config  # shape, from the checkpoint header
+    model: Any  # the family's config, from the checkpoint header
     device: str  # "cpu" | "cuda"
+    model_name: str = ""  # the registered shape (e.g. gpt2-tiny), or the checkpoint file's name
     checkpoint_sha256: str = ""
     tokens_sha256: str = ""
     corpus: str = ""  # e.g. "tiny_shakespeare", or the offline corpus's name
     timeout_s: float | None = None
     extra: dict = field(default_factory=dict)  # runner-specific options (e.g. infinitrain build dir)
+
+    @property
+    def family(self) -> ModelFamily:
+        return model_family(self.model.family)
 
 
 @dataclass
@@ -105,7 +111,8 @@ def base_meta(runner: FrameworkRunner, case: CaseSpec, inputs: RunInputs) -> dic
     return {
         "framework_version": _safe(runner.version),
         "case_spec": case.to_dict(),
-        "model": inputs.model.to_dict(),
+        "model": {"name": inputs.model_name, **inputs.model.to_dict()},
+        "optimizer": {**inputs.family.optimizer.to_dict(), "lr": case.lr},
         "checkpoint": str(inputs.checkpoint),
         "checkpoint_sha256": inputs.checkpoint_sha256,
         "data": str(inputs.tokens),

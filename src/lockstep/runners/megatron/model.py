@@ -2,17 +2,19 @@
 
 Everything megatron-core is asked to do is chosen here, explicitly, so that the contract of
 SPEC section 4 is visible in one place:
-- GPT-2 math: tanh GELU, LayerNorm eps 1e-5, biases everywhere, softmax in FP32 scaled by
-  1/sqrt(hd) (no query-key layer scaling), learned absolute positions, tied embeddings, no
-  dropout, no fused kernels (bias+GELU, masked softmax, bias+dropout+add, gradient
-  accumulation into main_grad) -- the local (non-Transformer-Engine) layer spec.
+- The family's math comes from its adapter (families/: norms, activation, biases, positions,
+  RoPE pairing, QK-norm, tied or untied output). What every family shares is set here: softmax
+  in FP32 scaled by 1/sqrt(hd) (no query-key layer scaling), no dropout, no fused kernels
+  (masked softmax, bias+dropout+add, RoPE fusion, gradient accumulation into main_grad) -- the
+  local (non-Transformer-Engine) layer spec.
 - Precision: FP32 parameters. BF16 cases set megatron's own `enable_autocast` (the pipeline
   schedules wrap each micro batch's forward in `torch.autocast("cuda", bf16)`), with FP32
   parameters, gradients and optimizer. `native_bf16` is the diagnostic alternative: megatron's
   `--bf16` (bf16 parameters in a Float16Module, FP32 main parameters in the optimizer).
 - Training: megatron's DistributedDataParallel (gradients averaged over DP in an FP32
-  buffer), `get_megatron_optimizer` with plain SGD (no momentum, no weight decay, no clipping),
-  and an OptimizerParamScheduler whose constant style keeps lr = case.lr as Megatron-LM would.
+  buffer), `get_megatron_optimizer` with the family's contract optimizer (plain SGD, or Adam
+  with the contract's betas and eps; no weight decay, no clipping), and an
+  OptimizerParamScheduler whose constant style keeps lr = case.lr as Megatron-LM would.
 """
 
 from __future__ import annotations
@@ -20,16 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.models.configs import GPT2Config
+from lockstep.models.family import OptimizerSpec
+from lockstep.runners.megatron.families.base import MegatronFamily
 from lockstep.runners.megatron.parallel import ParallelLayout, chunk_stages
-
-
-def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """GPT-2's GELU (tanh approximation), the same op the reference trainer calls."""
-    return F.gelu(x, approximate="tanh")
 
 
 @dataclass(frozen=True)
@@ -57,7 +54,7 @@ class Precision:
         return "fp32 (TF32 off)"
 
 
-def transformer_config(case: CaseSpec, model: GPT2Config, precision: Precision, on_cpu: bool):
+def transformer_config(case: CaseSpec, model, adapter: MegatronFamily, precision: Precision, on_cpu: bool):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     return TransformerConfig(
@@ -66,23 +63,19 @@ def transformer_config(case: CaseSpec, model: GPT2Config, precision: Precision, 
         hidden_size=model.channels,
         num_attention_heads=model.num_heads,
         kv_channels=model.head_dim,
-        ffn_hidden_size=4 * model.channels,
+        ffn_hidden_size=adapter.ffn_hidden(model),
         # parallelism
         tensor_model_parallel_size=case.tp,
         pipeline_model_parallel_size=case.pp,
         virtual_pipeline_model_parallel_size=case.vpp if case.vpp > 1 else None,
         sequence_parallel=case.sp,
-        # GPT-2 math
-        normalization="LayerNorm",
-        layernorm_epsilon=1e-5,
-        activation_func=gelu_tanh,
-        add_bias_linear=True,
+        # the family's math (norm, activation, biases, RoPE pairing, QK-norm)
+        **adapter.config_overrides(model),
         attention_softmax_in_fp32=True,
         apply_query_key_layer_scaling=False,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         # no fused kernels: the unfused ops are the ones every framework shares
-        bias_activation_fusion=False,
         masked_softmax_fusion=False,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
@@ -102,12 +95,11 @@ def transformer_config(case: CaseSpec, model: GPT2Config, precision: Precision, 
     )
 
 
-def build_model_chunks(config, model: GPT2Config, layout: ParallelLayout, vocab_rows: int) -> list:
+def build_model_chunks(config, model, adapter: MegatronFamily, layout: ParallelLayout, vocab_rows: int) -> list:
     """One GPTModel per virtual pipeline chunk of this rank (one chunk without VPP)."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    layer_spec = get_gpt_layer_local_spec()
+    layer_spec = adapter.layer_spec(model)
     chunks = []
     for chunk in range(layout.vpp):
         pre_process, post_process = chunk_stages(layout, chunk)
@@ -119,8 +111,7 @@ def build_model_chunks(config, model: GPT2Config, layout: ParallelLayout, vocab_
             pre_process=pre_process,
             post_process=post_process,
             parallel_output=True,  # logits stay split over TP ranks; the loss is vocab-parallel
-            share_embeddings_and_output_weights=True,
-            position_embedding_type="learned_absolute",
+            **adapter.gpt_model_kwargs(model),
         )
         if layout.vpp > 1:
             kwargs["vp_stage"] = chunk
@@ -151,17 +142,20 @@ def wrap_for_training(config, chunks: list, precision: Precision) -> list:
             for i, c in enumerate(chunks)]
 
 
-def build_optimizer(case: CaseSpec, chunks: list, precision: Precision):
-    """megatron's optimizer (plain SGD) and a constant-lr parameter scheduler."""
+def build_optimizer(case: CaseSpec, chunks: list, precision: Precision, spec: OptimizerSpec):
+    """megatron's optimizer (the family's contract optimizer) and a constant-lr parameter scheduler."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     opt_config = OptimizerConfig(
-        optimizer="sgd",
+        optimizer=spec.kind,  # "sgd" | "adam" (megatron's Adam is AdamW: decoupled decay, here 0)
         lr=case.lr,
         min_lr=case.lr,
-        weight_decay=0.0,
+        weight_decay=spec.weight_decay,
         sgd_momentum=0.0,
+        adam_beta1=spec.beta1,
+        adam_beta2=spec.beta2,
+        adam_eps=spec.eps,
         clip_grad=0.0,
         bf16=precision.native_bf16,
         params_dtype=precision.params_dtype,

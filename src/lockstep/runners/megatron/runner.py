@@ -25,7 +25,7 @@ from lockstep.errors import RunError
 from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback
 from lockstep.runners.launch import run_workers
-from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions, layout_problem
+from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions
 
 INSTALL_HINT = "pip install 'lockstep[megatron]'"
 
@@ -76,7 +76,9 @@ class MegatronRunner(FrameworkRunner):
             # The local layer spec's LayerNorm is Apex's FusedLayerNorm when Apex is installed (CUDA
             # only), else torch's, which megatron-core refuses to use with sequence parallelism.
             return "sequence parallel with megatron-core's local layer spec needs NVIDIA Apex's FusedLayerNorm (CUDA)"
-        problem = layout_problem(case, inputs.model)
+        from lockstep.runners.megatron.families import adapter_for
+
+        problem = adapter_for(inputs.model).layout_problem(case, inputs.model)
         if problem:
             return f"megatron-core cannot lay this model out: {problem}"
         return super().skip_reason(case, inputs)

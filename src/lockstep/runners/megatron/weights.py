@@ -1,75 +1,44 @@
-"""LLMC GPT-2 tensors -> the parameters of one megatron-core GPTModel chunk on one rank.
+"""Canonical LLMC tensors <-> the parameters of one megatron-core GPTModel chunk on one rank.
 
-The mapping (local, non-Transformer-Engine layer spec; names as megatron-core 0.16-0.19 use):
-
-    LLMC                 Megatron parameter                                TP split
-    wte[:Vm]             embedding.word_embeddings.weight  (first stage)   rows (vocab)
-    wte[:Vm]             output_layer.weight  (last stage, only if PP>1)   rows (vocab)
-    wpe                  embedding.position_embeddings.weight              replicated
-    ln1w/ln1b[l]         decoder.layers.i.input_layernorm.weight/bias      replicated
-    qkvw/qkvb[l]         decoder.layers.i.self_attention.linear_qkv.*      rows, after regrouping per head
-    attprojw[l]          decoder.layers.i.self_attention.linear_proj.weight columns (row-parallel)
-    attprojb[l]          decoder.layers.i.self_attention.linear_proj.bias   replicated
-    ln2w/ln2b[l]         decoder.layers.i.pre_mlp_layernorm.weight/bias    replicated
-    fcw/fcb[l]           decoder.layers.i.mlp.linear_fc1.weight/bias       rows (column-parallel)
-    fcprojw[l]           decoder.layers.i.mlp.linear_fc2.weight            columns (row-parallel)
-    fcprojb[l]           decoder.layers.i.mlp.linear_fc2.bias              replicated
-    lnfw/lnfb            decoder.final_layernorm.weight/bias  (last stage) replicated
-
-Megatron quirks this follows:
-- `linear_qkv` rows are grouped per head, `[h0: q,k,v; h1: q,k,v; ...]`, while LLMC stores
-  `[Q of all heads; K; V]`: `view(3, NH, hd, C).permute(1, 0, 2, 3)` (SPEC section 2). Column-
-  parallel TP then gives rank r the contiguous heads r*NH/TP .. (r+1)*NH/TP-1, whose attention
-  outputs meet exactly the columns r*C/TP.. of the row-parallel `linear_proj`.
-- Row-parallel layers add their bias once after the all-reduce, so the bias is whole on every
-  TP rank; column-parallel biases are split with their rows.
-- Tied embeddings: with PP=1 the output layer has no weight of its own (it reads the embedding);
-  with PP>1 the last stage keeps a copy, `output_layer.weight`, that Megatron all-reduces from
-  the first stage when the model is built and keeps equal by all-reducing the two gradients.
-  We load wte into both, so the copy equals wte from step 1 whatever the build left in it.
-- Megatron's vocab Vm is V at TP=1 and the padded Vp with TP>1 (`job.megatron_vocab_size`);
-  rows past the checkpoint's Vp (only when TP does not divide Vp) are zeros.
-
-`megatron_chunk_tensors` is numpy only (tested without megatron-core); `load_chunk` validates
-every name and shape and names the tensor and rank that disagree.
+The family adapters (families/) declare, per parameter, which canonical tensor it holds, how
+Megatron's layout differs (`to_megatron` / `from_megatron`) and how tensor parallelism shards
+it. This module applies those declarations: forward to load a chunk (`chunk_tensors`,
+`load_chunk`), backward to read a chunk's weights or gradients back under canonical names
+(`canonical_from_chunk`). The forward direction is numpy only (tested without megatron-core);
+`load_chunk` validates every name and shape and names the tensor and rank that disagree.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
 from lockstep.errors import LockstepError
-from lockstep.models.configs import GPT2Config
+from lockstep.runners.megatron.families.base import ChunkShard, MegatronFamily, identity
 
-
-@dataclass(frozen=True)
-class ChunkShard:
-    """Which part of the model one Megatron model chunk on one rank holds."""
-
-    rank: int  # global rank, for messages
-    tp_rank: int
-    tp_size: int
-    pre_process: bool  # holds the embeddings (first pipeline stage / first virtual chunk)
-    post_process: bool  # holds the final LayerNorm and the output layer
-    layers: tuple[int, ...]  # the global 0-based layer of each local layer, in local order
-    vocab_rows: int  # Megatron's vocabulary over all TP ranks (Vm)
-
-    @property
-    def holds_output_copy(self) -> bool:
-        """A last chunk without the embedding keeps its own copy of the tied output weight (PP > 1)."""
-        return self.post_process and not self.pre_process
+_ROW_OF = re.compile(r"^(.*\])\[(\d+)\]$")  # "qknormw[3][1]" -> ("qknormw[3]", 1)
 
 
 @dataclass(frozen=True)
 class MappedTensor:
     value: np.ndarray
-    source: str  # where it came from, e.g. "LLMC qkvw[layer 1], regrouped per head, TP rows 2/2"
+    source: str  # where it came from, e.g. "LLMC qkvw[1], TP rows 2/2"
 
 
-def _tp_split(arr: np.ndarray, axis: int, shard: ChunkShard, what: str) -> tuple[np.ndarray, str]:
+def resolve(canonical: dict[str, np.ndarray], name: str) -> np.ndarray:
+    if name in canonical:
+        return canonical[name]
+    row = _ROW_OF.match(name)
+    if row and row.group(1) in canonical:
+        return canonical[row.group(1)][int(row.group(2))]
+    raise LockstepError(f"the checkpoint has no tensor {name}")
+
+
+def tp_part(arr: np.ndarray, axis: int, shard: ChunkShard, what: str) -> tuple[np.ndarray, str]:
     if shard.tp_size == 1:
         return arr, ""
     n = arr.shape[axis]
@@ -79,77 +48,73 @@ def _tp_split(arr: np.ndarray, axis: int, shard: ChunkShard, what: str) -> tuple
     size = n // shard.tp_size
     index = [slice(None)] * arr.ndim
     index[axis] = slice(shard.tp_rank * size, (shard.tp_rank + 1) * size)
-    kind = "rows" if axis == 0 else "columns"
-    return arr[tuple(index)], f", TP {kind} {shard.tp_rank + 1}/{shard.tp_size}"
+    return arr[tuple(index)], f", TP {'rows' if axis == 0 else 'columns'} {shard.tp_rank + 1}/{shard.tp_size}"
 
 
-def qkv_rows_per_head(qkv: np.ndarray, num_heads: int) -> np.ndarray:
-    """LLMC `[Q; K; V]` rows (3C, ...) -> Megatron's per-head `[q0 k0 v0; q1 k1 v1; ...]` rows."""
-    three_c = qkv.shape[0]
-    head_dim = three_c // (3 * num_heads)
-    rest = qkv.shape[1:]
-    grouped = qkv.reshape(3, num_heads, head_dim, *rest)
-    order = (1, 0, 2, *range(3, grouped.ndim))
-    return np.ascontiguousarray(grouped.transpose(order)).reshape(three_c, *rest)
+def _layer_of(name: str) -> int | None:
+    m = re.search(r"\[(\d+)\]", name)
+    return int(m.group(1)) if m else None
 
 
-def vocab_rows(wte: np.ndarray, rows: int) -> np.ndarray:
-    """wte's first `rows` rows, zero-padded when Megatron's vocab is larger than the file's Vp."""
-    if rows <= wte.shape[0]:
-        return wte[:rows]
-    out = np.zeros((rows, wte.shape[1]), dtype=np.float32)
-    out[: wte.shape[0]] = wte
+def chunk_tensors(canonical: dict[str, np.ndarray], model, shard: ChunkShard,
+                  adapter: MegatronFamily) -> dict[str, MappedTensor]:
+    """The value (canonical layout -> Megatron layout, TP-sharded) of every parameter of the chunk."""
+    out: dict[str, MappedTensor] = {}
+    for m in adapter.weight_maps(model, shard):
+        names = m.canonical if isinstance(m.canonical, tuple) else (m.canonical,)
+        for name in names:
+            layer = _layer_of(name)
+            if layer is not None and layer >= model.num_layers:
+                raise LockstepError(f"rank {shard.rank}: {m.megatron} is layer {layer}, "
+                                    f"but the checkpoint has only {model.num_layers} layer(s)")
+        if m.tp_split == "glu_rows":
+            parts = [tp_part(resolve(canonical, n), 0, shard, n) for n in names]
+            value = np.concatenate([p for p, _ in parts], axis=0)
+            source = f"LLMC [{'; '.join(names)}] (gated linear unit: [gate; up]){parts[0][1]}"
+        else:
+            value = m.to_megatron(resolve(canonical, names[0]))
+            how = ""
+            if m.tp_split in ("rows", "columns"):
+                value, how = tp_part(value, 0 if m.tp_split == "rows" else 1, shard, names[0])
+            moved = ", in Megatron's layout" if m.to_megatron is not identity else ""
+            source = f"LLMC {names[0]}{moved}{how}" + (" (a second copy: tied output weight)" if m.copy else "")
+        out[m.megatron] = MappedTensor(value, source)
     return out
 
 
-def megatron_chunk_tensors(tensors: dict[str, np.ndarray], ckpt_config: GPT2Config,
-                           shard: ChunkShard) -> dict[str, MappedTensor]:
-    """The values (LLMC layout -> Megatron layout, TP-sharded) of every parameter of the chunk."""
-    out: dict[str, MappedTensor] = {}
+def canonical_from_chunk(params: dict[str, np.ndarray], model, shard: ChunkShard, adapter: MegatronFamily,
+                         gather_tp: Callable[[np.ndarray], list[np.ndarray]]) -> dict[str, np.ndarray]:
+    """Megatron parameters (or gradients) of one chunk -> canonical tensors, un-sharded.
 
-    def put(name: str, value: np.ndarray, source: str) -> None:
-        out[name] = MappedTensor(value, source)
-
-    if shard.pre_process or shard.holds_output_copy:
-        wte = vocab_rows(tensors["wte"], shard.vocab_rows)
-        wte_shard, how = _tp_split(wte, 0, shard, "wte")
-        source = f"LLMC wte rows 0..{shard.vocab_rows - 1}{how}"
-        if shard.pre_process:
-            put("embedding.word_embeddings.weight", wte_shard, source)
-        if shard.holds_output_copy:
-            put("output_layer.weight", wte_shard, source + " (tied output weight of the last stage)")
-    if shard.pre_process:
-        put("embedding.position_embeddings.weight", tensors["wpe"], "LLMC wpe")
-
-    num_layers = tensors["qkvw"].shape[0]
-    for local, layer in enumerate(shard.layers):
-        prefix = f"decoder.layers.{local}."
-        if layer >= num_layers:
-            raise LockstepError(f"rank {shard.rank}: {prefix.rstrip('.')} is layer {layer}, "
-                                f"but the checkpoint has only {num_layers} layer(s)")
-        at = f"[layer {layer}]"
-        put(prefix + "input_layernorm.weight", tensors["ln1w"][layer], f"LLMC ln1w{at}")
-        put(prefix + "input_layernorm.bias", tensors["ln1b"][layer], f"LLMC ln1b{at}")
-        qkvw, how = _tp_split(qkv_rows_per_head(tensors["qkvw"][layer], ckpt_config.num_heads), 0, shard, f"qkvw{at}")
-        put(prefix + "self_attention.linear_qkv.weight", qkvw, f"LLMC qkvw{at}, regrouped per head{how}")
-        qkvb, how = _tp_split(qkv_rows_per_head(tensors["qkvb"][layer], ckpt_config.num_heads), 0, shard, f"qkvb{at}")
-        put(prefix + "self_attention.linear_qkv.bias", qkvb, f"LLMC qkvb{at}, regrouped per head{how}")
-        projw, how = _tp_split(tensors["attprojw"][layer], 1, shard, f"attprojw{at}")
-        put(prefix + "self_attention.linear_proj.weight", projw, f"LLMC attprojw{at}{how}")
-        put(prefix + "self_attention.linear_proj.bias", tensors["attprojb"][layer], f"LLMC attprojb{at}")
-        put(prefix + "pre_mlp_layernorm.weight", tensors["ln2w"][layer], f"LLMC ln2w{at}")
-        put(prefix + "pre_mlp_layernorm.bias", tensors["ln2b"][layer], f"LLMC ln2b{at}")
-        fcw, how = _tp_split(tensors["fcw"][layer], 0, shard, f"fcw{at}")
-        put(prefix + "mlp.linear_fc1.weight", fcw, f"LLMC fcw{at}{how}")
-        fcb, how = _tp_split(tensors["fcb"][layer], 0, shard, f"fcb{at}")
-        put(prefix + "mlp.linear_fc1.bias", fcb, f"LLMC fcb{at}{how}")
-        fc2w, how = _tp_split(tensors["fcprojw"][layer], 1, shard, f"fcprojw{at}")
-        put(prefix + "mlp.linear_fc2.weight", fc2w, f"LLMC fcprojw{at}{how}")
-        put(prefix + "mlp.linear_fc2.bias", tensors["fcprojb"][layer], f"LLMC fcprojb{at}")
-
-    if shard.post_process:
-        put("decoder.final_layernorm.weight", tensors["lnfw"], "LLMC lnfw")
-        put("decoder.final_layernorm.bias", tensors["lnfb"], "LLMC lnfb")
+    `gather_tp(local)` returns the pieces of every TP rank in rank order (`[local]` at TP=1);
+    with TP > 1 every TP rank must call this with the same chunk, as it is a collective.
+    """
+    out: dict[str, np.ndarray] = {}
+    rows: dict[str, dict[int, np.ndarray]] = {}
+    for m in adapter.weight_maps(model, shard):
+        if m.copy:
+            continue
+        pieces = gather_tp(params[m.megatron])
+        if m.tp_split == "glu_rows":
+            halves = [np.split(p, 2, axis=0) for p in pieces]
+            gate, up = m.canonical
+            out[gate] = np.concatenate([h[0] for h in halves], axis=0)
+            out[up] = np.concatenate([h[1] for h in halves], axis=0)
+            continue
+        if m.tp_split == "rows":
+            full = np.concatenate(pieces, axis=0)
+        elif m.tp_split == "columns":
+            full = np.concatenate(pieces, axis=1)
+        else:
+            full = pieces[0]
+        value = m.from_megatron(full)
+        row = _ROW_OF.match(m.canonical)
+        if row and m.canonical not in out:
+            rows.setdefault(row.group(1), {})[int(row.group(2))] = value
+        else:
+            out[m.canonical] = value
+    for name, by_index in rows.items():
+        out[name] = np.stack([by_index[i] for i in sorted(by_index)])
     return out
 
 
@@ -164,7 +129,7 @@ def load_chunk(module: torch.nn.Module, mapped: dict[str, MappedTensor], rank: i
     missing = [n for n in params if n not in mapped]
     if missing:
         raise LockstepError(f"rank {rank}: megatron-core parameter {missing[0]} has no LLMC counterpart "
-                            f"(this megatron-core builds a different GPT layout than lockstep maps)")
+                            f"(this megatron-core builds a different layout than lockstep maps)")
     extra = [n for n in mapped if n not in params]
     if extra:
         raise LockstepError(f"rank {rank}: {mapped[extra[0]].source} maps to {extra[0]}, "

@@ -34,12 +34,11 @@ import torch
 import torch.distributed as dist
 
 from lockstep.errors import LockstepError
-from lockstep.formats.llmc_gpt2 import load_llmc_gpt2
 from lockstep.formats.logs import megatron_iteration_line, perf_step_line, perf_summary_line
 from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.launch import ResultsWriter
-from lockstep.runners.megatron.job import DATA_SEED, LOG_MARKER, MODEL_SEED, MegatronJob, megatron_vocab_size
+from lockstep.runners.megatron.job import DATA_SEED, LOG_MARKER, MODEL_SEED, MegatronJob
 from lockstep.runners.megatron.parallel import ParallelLayout
 
 
@@ -127,13 +126,19 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    from lockstep.models import family as model_family
+    from lockstep.models import load_checkpoint
+    from lockstep.models.family import split_canonical
     from lockstep.runners.megatron import dataset as mdata
     from lockstep.runners.megatron import model as mmodel
     from lockstep.runners.megatron import weights as mweights
     from lockstep.runners.megatron.cpu_shims import apply_cpu_shims
+    from lockstep.runners.megatron.families import adapter_for
     from lockstep.runners.megatron.parallel import init_parallel
 
     case = job.case
+    family = model_family(job.model.family)
+    adapter = adapter_for(job.model)
     on_cpu = job.device != "cuda"
     precision = mmodel.Precision.for_case(case, job.options.native_bf16)
     version = _megatron_version()
@@ -147,27 +152,30 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     shims = apply_cpu_shims() if on_cpu else []
     if not on_cpu:
         tensor_parallel.model_parallel_cuda_manual_seed(MODEL_SEED)
-    vocab_rows = megatron_vocab_size(job.model, case.tp)
+    vocab_rows = adapter.vocab_rows(job.model, case.tp)
     T, B = case.seq_len, case.micro_batch
     global_batch = case.total_batch // T  # sequences per step
 
-    _say(layout, f"config: num_layers={job.model.num_layers} hidden_size={job.model.channels} "
-                 f"num_attention_heads={job.model.num_heads} seq_length={T} "
+    _say(layout, f"config: family={family.name} num_layers={job.model.num_layers} hidden_size={job.model.channels} "
+                 f"num_attention_heads={job.model.num_heads} num_query_groups={job.model.num_kv_heads} "
+                 f"ffn_hidden_size={adapter.ffn_hidden(job.model)} seq_length={T} "
                  f"max_position_embeddings={job.model.max_seq_len} micro_batch_size={B} global_batch_size={global_batch} "
                  f"num_microbatches={case.accum} data_parallel_size={case.dp} tensor_model_parallel_size={case.tp} "
                  f"pipeline_model_parallel_size={case.pp} virtual_pipeline_model_parallel_size={case.vpp} "
                  f"sequence_parallel={case.sp} vocab_size={job.model.vocab_size} padded_vocab_size={vocab_rows} "
-                 f"optimizer=sgd lr={case.lr:.6E} weight_decay=0.0 clip_grad=0.0 train_iters={case.steps}")
+                 f"optimizer={family.optimizer.kind} lr={case.lr:.6E} weight_decay=0.0 clip_grad=0.0 "
+                 f"train_iters={case.steps}")
     if shims:
         _say(layout, "cpu shims (no CUDA): " + "; ".join(shims))
 
     # Weights: every rank maps its own shard straight from the memory-mapped LLMC file.
-    ckpt = load_llmc_gpt2(job.checkpoint)
+    ckpt = load_checkpoint(job.checkpoint)
+    canonical = split_canonical(ckpt.tensors, ckpt.config)
     # Never let GPTDataset wrap into a second epoch: the contract reads each token window once.
     case.check(max_seq_len=job.model.max_seq_len,
                available_tokens=len(read_token_stream(job.tokens, check_ids=False)))
-    config = mmodel.transformer_config(case, job.model, precision, on_cpu)
-    chunks = mmodel.build_model_chunks(config, job.model, layout, vocab_rows)
+    config = mmodel.transformer_config(case, job.model, adapter, precision, on_cpu)
+    chunks = mmodel.build_model_chunks(config, job.model, adapter, layout, vocab_rows)
     loaded = 0
     for chunk in chunks:
         if not on_cpu:
@@ -177,15 +185,16 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
         shard = mweights.ChunkShard(rank=layout.rank, tp_rank=layout.tp_rank, tp_size=layout.tp,
                                     pre_process=chunk.pre_process, post_process=chunk.post_process,
                                     layers=mmodel.chunk_layers(chunk), vocab_rows=vocab_rows)
-        loaded += mweights.load_chunk(chunk, mweights.megatron_chunk_tensors(ckpt.tensors, ckpt.config, shard), layout.rank)
+        loaded += mweights.load_chunk(chunk, mweights.chunk_tensors(canonical, ckpt.config, shard, adapter),
+                                      layout.rank)
     # What no tensor shape reveals (the head count; V when TP>1 loads Vp rows) must agree too.
     differing = [f"{k} {v} (planned {getattr(job.model, k)})" for k, v in vars(ckpt.config).items()
-                 if getattr(job.model, k) != v]
+                 if getattr(job.model, k) != v] if ckpt.family == job.model.family else [f"family {ckpt.family}"]
     if differing:
         raise LockstepError(f"rank {layout.rank}: the checkpoint header disagrees with the planned model: "
                             + ", ".join(differing))
     chunks = mmodel.wrap_for_training(config, chunks, precision)
-    optimizer, scheduler = mmodel.build_optimizer(case, chunks, precision)
+    optimizer, scheduler = mmodel.build_optimizer(case, chunks, precision, family.optimizer)
     # As Megatron-LM's training loop wires them: the schedule calls these.
     config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
     config.finalize_model_grads_func = finalize_model_grads
@@ -274,7 +283,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
         "megatron_vocab_size": vocab_rows,
         "megatron_dataset": indexed.prefix,
         "cpu_shims": shims,
-        "layer_spec": "local (get_gpt_layer_local_spec)",
+        "layer_spec": f"local (get_gpt_layer_local_spec), {family.title} adapter",
         "torch_threads": torch.get_num_threads(),
     }
 

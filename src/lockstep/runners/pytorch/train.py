@@ -1,9 +1,10 @@
 """The reference training loop, run in-process (one device) or per rank under torchrun.
 
 Follows the training contract of SPEC section 4 line by line: the contract's data order,
-mean CE / accum summed over micro steps and averaged over DP ranks, plain SGD with a
-constant lr, FP32 with TF32 off or bf16 autocast around the forward with FP32 parameters,
-and a step time measured between two device synchronizations (slowest rank).
+mean CE / accum summed over micro steps and averaged over DP ranks, the family's optimizer
+(SGD for GPT-2, Adam for Llama 3 / Qwen3) at a constant lr, FP32 with TF32 off or bf16
+autocast around the forward with FP32 parameters, and a step time measured between two device
+synchronizations (slowest rank). The model is the family's reference module (models/<family>/).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import torch.nn.functional as F
 
 from lockstep.cases.spec import CaseSpec
 from lockstep.data.loader import TokenBatches
-from lockstep.formats.llmc_gpt2 import load_llmc_gpt2
 from lockstep.formats.logs import llmc_step_line, perf_summary_line
 from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
-from lockstep.models.gpt2 import gpt2_from_llmc
+from lockstep.models import family as model_family
+from lockstep.models import load_checkpoint
+from lockstep.models.family import OptimizerSpec
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,16 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def build_optimizer(spec: OptimizerSpec, params, lr: float) -> torch.optim.Optimizer:
+    """The family's contract optimizer in torch: SGD without momentum, or bias-corrected Adam."""
+    if spec.kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.0, weight_decay=spec.weight_decay)
+    if spec.kind == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=(spec.beta1, spec.beta2), eps=spec.eps,
+                                weight_decay=spec.weight_decay)
+    raise ValueError(f"unknown optimizer kind {spec.kind!r}")
+
+
 def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, pg: ProcessGroupInfo,
                emit: Callable[[StepRecord], None], log: TextIO) -> dict:
     """Train `case.steps` steps; rank 0 calls `emit` per step and writes llm.c-style log lines."""
@@ -70,21 +82,23 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    ckpt = load_llmc_gpt2(checkpoint)
+    ckpt = load_checkpoint(checkpoint)
+    family = model_family(ckpt.family)
     stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
     case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
-    model = gpt2_from_llmc(ckpt.tensors, ckpt.config).to(device)
+    model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config).to(device)
     dp_rank = pg.rank
     ddp = None
     if pg.world > 1:
         # DDP averages gradients over ranks: the contract's "averaged over DP ranks".
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     train_model = ddp or model
-    optimizer = torch.optim.SGD(model.parameters(), lr=case.lr, momentum=0.0, weight_decay=0.0)
+    optimizer = build_optimizer(family.optimizer, model.parameters(), case.lr)
     batches = TokenBatches(stream.tokens, case, dp_rank=dp_rank)
     if pg.rank == 0:
         print(f"lockstep pytorch runner | case {case.name} | {case.parallel_label} | dtype {case.dtype} | "
               f"B={case.micro_batch} T={case.seq_len} tokens/step={case.total_batch} accum={case.accum} | "
+              f"{family.title} {ckpt.config.describe()} | {family.optimizer.label} lr {case.lr:g} | "
               f"device {device} | torch {torch.__version__}", file=log, flush=True)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -1,4 +1,4 @@
-"""`infinitrain` runner: an external InfiniTrain build's `gpt2` / `llama3` executable as a subprocess.
+"""`infinitrain` runner: an external InfiniTrain build's `gpt2` / `llama3` / `qwen3` executable as a subprocess.
 
 The user points lockstep at a build directory (`--infinitrain-build DIR`, or the environment
 variable `LOCKSTEP_INFINITRAIN_BUILD`). The executable gets the case as gflags, the same way
@@ -27,15 +27,13 @@ import subprocess
 import time
 from pathlib import Path
 
-import numpy as np
-
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import CaseError, FormatError, LockstepError, RunError
-from lockstep.formats.llmc_gpt2 import GPT2_MAGIC
 from lockstep.formats.logs import parse_infinitrain_log
 from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback
+from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.launch import kill_process_group, worker_env
 
 BUILD_ENV_VAR = "LOCKSTEP_INFINITRAIN_BUILD"
@@ -43,12 +41,6 @@ DEFAULT_TIMEOUT_S = 1800.0
 # A file a build script may leave next to the executables naming the source commit, for builds
 # made from a copy of the source without its .git (e.g. the CUDA build on a GPU host).
 COMMIT_FILE = "INFINITRAIN_COMMIT"
-# The model family of a case -> the InfiniTrain example executable that trains it.
-EXECUTABLES = {"gpt2": "gpt2", "llama3": "llama3"}
-# InfiniTrain's GPT-2 LLMC loader never sets n_kv_head, which keeps the default 12, and then
-# checks n_kv_head == n_head (SPEC section 9).
-GPT2_LOADER_HEADS = 12
-GPT2_LOADER_VERSION = 3  # it CHECKs version 3 (FP32 tensors) and rejects bf16 files (version 5)
 # InfiniTrain reads its multi-process layout from these; a stray value inherited from the
 # user's shell would silently change the world size, so the runner never passes them on.
 INFINITRAIN_PROCESS_ENV = ("NNODES", "NPROC_PER_NODE", "PROC_WORLD_SIZE", "GLOBAL_PROC_RANK", "LOCAL_PROC_RANK")
@@ -68,19 +60,21 @@ class InfiniTrainRunner(FrameworkRunner):
     def executable(self, family: str = "gpt2") -> Path:
         if self.build_dir is None:
             raise LockstepError(f"no InfiniTrain build given: pass --infinitrain-build DIR or set {BUILD_ENV_VAR}")
-        if family not in EXECUTABLES:
-            raise LockstepError(f"InfiniTrain has no example executable for model family {family!r}")
-        return self.build_dir / EXECUTABLES[family]
+        return self.build_dir / adapter_for(family).executable
 
     def preflight(self, inputs: RunInputs) -> None:
-        exe = self.executable(getattr(inputs.model, "family", "gpt2"))
+        adapter = adapter_for(inputs.model.family)
+        exe = self.executable(inputs.model.family)
         build = exe.parent
         if not build.is_dir():
             raise LockstepError(f"InfiniTrain build directory {build} does not exist")
         if not exe.is_file():
+            if adapter.optional:
+                return  # the family's cases are skipped with the reason (skip_reason)
             raise LockstepError(f"InfiniTrain executable {exe} does not exist (build the {exe.name} target in {build})")
         if not os.access(exe, os.X_OK):
             raise LockstepError(f"InfiniTrain executable {exe} is not executable (chmod +x it or rebuild)")
+        adapter.preflight(inputs.model, inputs.checkpoint, inputs.family.optimizer)
 
     def version(self) -> str:
         if self.build_dir is None:
@@ -94,15 +88,12 @@ class InfiniTrainRunner(FrameworkRunner):
         if inputs.device == "cpu" and case.world_size > 1:
             return (f"InfiniTrain runs every thread of a parallel run ({case.parallel_label}) on a CUDA device, "
                     "so parallel cases need --device cuda")
-        if case.model == "gpt2":
-            if inputs.model.num_heads != GPT2_LOADER_HEADS:
-                return (f"InfiniTrain's GPT-2 LLMC loader accepts only {GPT2_LOADER_HEADS} heads, "
-                        f"the model has {inputs.model.num_heads}")
-            version = _checkpoint_version(inputs.checkpoint)
-            if version is not None and version != GPT2_LOADER_VERSION:
-                return (f"InfiniTrain's GPT-2 LLMC loader reads only version {GPT2_LOADER_VERSION} (FP32) checkpoints, "
-                        f"{inputs.checkpoint} is version {version}")
-        return super().skip_reason(case, inputs)
+        adapter = adapter_for(inputs.model.family)
+        if adapter.optional and self.build_dir is not None and not (self.build_dir / adapter.executable).is_file():
+            return (f"this InfiniTrain build has no {adapter.executable} executable ({adapter.missing_note})"
+                    if adapter.missing_note else f"this InfiniTrain build has no {adapter.executable} executable")
+        reason = adapter.skip_reason(case, inputs.model, inputs.checkpoint)
+        return reason or super().skip_reason(case, inputs)
 
     # ------------------------------------------------------------------ running
 
@@ -112,7 +103,7 @@ class InfiniTrainRunner(FrameworkRunner):
         Paths are absolute: the executable runs in the log's directory, not the caller's.
         """
         args = [
-            str(_absolute(self.executable(case.model))),
+            str(_absolute(self.executable(inputs.model.family))),
             "--input_bin", str(_absolute(inputs.tokens)),
             "--llmc_filepath", str(_absolute(inputs.checkpoint)),
             "--device", inputs.device,
@@ -124,6 +115,7 @@ class InfiniTrainRunner(FrameworkRunner):
             "--learning_rate", repr(float(case.lr)),
             # The whole world size: InfiniTrain derives DP = nthread / (TP * PP).
             "--nthread_per_process", str(case.world_size),
+            *adapter_for(inputs.model.family).flags,
         ]
         if case.tp > 1:
             args += ["--tensor_parallel", str(case.tp)]
@@ -276,18 +268,6 @@ def _git_commit(directory: Path) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-
-
-def _checkpoint_version(path: Path) -> int | None:
-    """The version field of a GPT-2 LLMC header, or None when the file is no GPT-2 checkpoint
-    (the run itself then reports what is wrong with it)."""
-    try:
-        header = np.fromfile(path, dtype="<i4", count=2)
-    except OSError:
-        return None
-    if header.shape[0] < 2 or int(header[0]) != GPT2_MAGIC:
-        return None
-    return int(header[1])
 
 
 def _parse_steps(text: str, source: str) -> list[StepRecord]:

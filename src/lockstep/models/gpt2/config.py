@@ -1,20 +1,14 @@
-"""Model shapes, registered in one small table.
-
-A shape is the header of an LLMC checkpoint: when the user gives `--llmc FILE`, the shape
-comes from that file's header instead of this table.
-"""
+"""GPT-2's shape, exactly as its LLMC header stores it (SPEC section 2)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
-
-from lockstep.errors import LockstepError
+from typing import ClassVar
 
 
 @dataclass(frozen=True)
 class GPT2Config:
-    """GPT-2 hyper-parameters exactly as the LLMC header stores them."""
-
     max_seq_len: int = 1024  # maxT
     vocab_size: int = 50257  # V
     num_layers: int = 12  # L
@@ -22,11 +16,22 @@ class GPT2Config:
     channels: int = 768  # C
     padded_vocab_size: int = 50304  # Vp: wte rows V..Vp-1 are padding
 
-    family = "gpt2"
+    family: ClassVar[str] = "gpt2"
+    # Tensors stacked over layers in the file (canonical names split them as `qkvw[3]`).
+    PER_LAYER: ClassVar[tuple[str, ...]] = ("ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b",
+                                            "fcw", "fcb", "fcprojw", "fcprojb")
 
     @property
     def head_dim(self) -> int:
         return self.channels // self.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.num_heads
+
+    @property
+    def ffn_hidden(self) -> int:
+        return 4 * self.channels
 
     def problems(self) -> list[str]:
         """Reasons this shape is inconsistent; empty when it is fine."""
@@ -43,7 +48,7 @@ class GPT2Config:
         return out
 
     def tensor_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        """LLMC tensor order: grouped by kind across layers (SPEC section 2)."""
+        """LLMC tensor order: grouped by kind across layers."""
         L, C, Vp, maxT = self.num_layers, self.channels, self.padded_vocab_size, self.max_seq_len
         return [
             ("wte", (Vp, C)),
@@ -65,28 +70,19 @@ class GPT2Config:
         ]
 
     def num_parameters(self) -> int:
-        total = 0
-        for _, shape in self.tensor_shapes():
-            n = 1
-            for d in shape:
-                n *= d
-            total += n
-        return total
+        return sum(math.prod(shape) for _, shape in self.tensor_shapes())
+
+    def describe(self) -> str:
+        return f"L={self.num_layers} NH={self.num_heads} C={self.channels} V={self.vocab_size} Vp={self.padded_vocab_size}"
+
+    def header_fields(self) -> dict:
+        """The header words under the names llm.c gives them (for `lockstep inspect`)."""
+        return {"maxT": self.max_seq_len, "V": self.vocab_size, "L": self.num_layers, "NH": self.num_heads,
+                "C": self.channels, "Vp": self.padded_vocab_size}
 
     def to_dict(self) -> dict:
         return {"family": self.family, **asdict(self)}
 
-
-# Registered shapes. gpt2-tiny keeps NH=12: InfiniTrain's GPT-2 loader rejects any other
-# head count (SPEC section 9), and C=96 keeps a CPU step well under a second.
-MODEL_SHAPES: dict[str, GPT2Config] = {
-    "gpt2": GPT2Config(max_seq_len=1024, vocab_size=50257, num_layers=12, num_heads=12, channels=768, padded_vocab_size=50304),
-    "gpt2-tiny": GPT2Config(max_seq_len=1024, vocab_size=50257, num_layers=2, num_heads=12, channels=96, padded_vocab_size=50304),
-}
-
-
-def model_shape(name: str) -> GPT2Config:
-    try:
-        return MODEL_SHAPES[name]
-    except KeyError:
-        raise LockstepError(f"unknown model {name!r}; known models: {', '.join(MODEL_SHAPES)}") from None
+    @classmethod
+    def from_dict(cls, d: dict) -> "GPT2Config":
+        return cls(**{k: v for k, v in d.items() if k != "family"})

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lockstep.models.configs import GPT2Config
+from lockstep.models.reference import load_llmc
+from lockstep.models.gpt2.config import GPT2Config
 
 LN_EPS = 1e-5
 
@@ -88,24 +88,19 @@ class GPT2(nn.Module):
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
 
+    def llmc_parameters(self) -> dict[str, nn.Parameter]:
+        """Every parameter under its canonical LLMC name (`qkvw[3]`): the map both ways."""
+        out = {"wte": self.wte.weight, "wpe": self.wpe.weight}
+        for i, blk in enumerate(self.h):
+            out |= {f"ln1w[{i}]": blk.ln_1.weight, f"ln1b[{i}]": blk.ln_1.bias,
+                    f"qkvw[{i}]": blk.attn.c_attn.weight, f"qkvb[{i}]": blk.attn.c_attn.bias,
+                    f"attprojw[{i}]": blk.attn.c_proj.weight, f"attprojb[{i}]": blk.attn.c_proj.bias,
+                    f"ln2w[{i}]": blk.ln_2.weight, f"ln2b[{i}]": blk.ln_2.bias,
+                    f"fcw[{i}]": blk.mlp.c_fc.weight, f"fcb[{i}]": blk.mlp.c_fc.bias,
+                    f"fcprojw[{i}]": blk.mlp.c_proj.weight, f"fcprojb[{i}]": blk.mlp.c_proj.bias}
+        return out | {"lnfw": self.ln_f.weight, "lnfb": self.ln_f.bias}
 
-def gpt2_from_llmc(tensors: dict[str, np.ndarray], cfg: GPT2Config) -> GPT2:
-    """Build the model with the LLMC checkpoint's weights (fp32)."""
-    model = GPT2(cfg)
-
-    def t(name: str, layer: int | None = None) -> torch.Tensor:
-        a = tensors[name] if layer is None else tensors[name][layer]
-        return torch.from_numpy(np.array(a, dtype=np.float32, copy=True))
-
-    with torch.no_grad():
-        model.wte.weight.copy_(t("wte"))
-        model.wpe.weight.copy_(t("wpe"))
-        for i, blk in enumerate(model.h):
-            blk.ln_1.weight.copy_(t("ln1w", i)); blk.ln_1.bias.copy_(t("ln1b", i))
-            blk.attn.c_attn.weight.copy_(t("qkvw", i)); blk.attn.c_attn.bias.copy_(t("qkvb", i))
-            blk.attn.c_proj.weight.copy_(t("attprojw", i)); blk.attn.c_proj.bias.copy_(t("attprojb", i))
-            blk.ln_2.weight.copy_(t("ln2w", i)); blk.ln_2.bias.copy_(t("ln2b", i))
-            blk.mlp.c_fc.weight.copy_(t("fcw", i)); blk.mlp.c_fc.bias.copy_(t("fcb", i))
-            blk.mlp.c_proj.weight.copy_(t("fcprojw", i)); blk.mlp.c_proj.bias.copy_(t("fcprojb", i))
-        model.ln_f.weight.copy_(t("lnfw")); model.ln_f.bias.copy_(t("lnfb"))
-    return model
+    @classmethod
+    def from_llmc(cls, tensors: dict, cfg: GPT2Config) -> "GPT2":
+        """Build the model with the LLMC checkpoint's weights (fp32)."""
+        return load_llmc(cls(cfg), tensors, cfg)

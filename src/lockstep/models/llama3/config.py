@@ -1,0 +1,98 @@
+"""Llama 3's shape, exactly as its LLMC header stores it (SPEC section 2)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import ClassVar
+
+
+def llama3_ffn_hidden(channels: int, ffn_dim_multiplier: float, multiple_of: int) -> int:
+    """round_up(llround(multiplier * int(2*4C/3)), multiple_of): int() first, then llround
+    (halves away from zero; Python's round() would send halves to even), as llm.c and
+    InfiniTrain compute it."""
+    hidden = int(2 * 4 * channels / 3)
+    hidden = int(math.floor(ffn_dim_multiplier * hidden + 0.5))
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+@dataclass(frozen=True)
+class Llama3Config:
+    max_seq_len: int = 8192
+    vocab_size: int = 128256  # V (no padded vocab: the file holds V rows)
+    num_layers: int = 16
+    num_heads: int = 32
+    num_kv_heads: int = 8
+    channels: int = 2048
+    ffn_dim_multiplier: float = 1.5  # stored as float32 bits
+    multiple_of: int = 256
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    use_scaled_rope: bool = False  # the contract trains without RoPE scaling
+    max_gen_batch_size: int = 4
+    version_major: int = 3
+    version_minor: int = 2
+
+    family: ClassVar[str] = "llama3"
+    PER_LAYER: ClassVar[tuple[str, ...]] = ("ln1w", "qkvw", "attprojw", "ln2w", "fcw", "fcw2", "fcprojw")
+
+    @property
+    def head_dim(self) -> int:
+        return self.channels // self.num_heads
+
+    @property
+    def ffn_hidden(self) -> int:
+        return llama3_ffn_hidden(self.channels, self.ffn_dim_multiplier, self.multiple_of)
+
+    @property
+    def qkv_rows(self) -> int:
+        return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+
+    def problems(self) -> list[str]:
+        out = [f"{n} is {getattr(self, n)}, must be positive"
+               for n in ("max_seq_len", "vocab_size", "num_layers", "num_heads", "num_kv_heads", "channels",
+                         "multiple_of") if getattr(self, n) <= 0]
+        if out:
+            return out
+        if self.channels % self.num_heads:
+            out.append(f"channels C={self.channels} is not divisible by heads NH={self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            out.append(f"heads NH={self.num_heads} is not divisible by kv heads {self.num_kv_heads}")
+        if self.head_dim % 2:
+            out.append(f"head dim {self.head_dim} is odd; RoPE rotates pairs")
+        if not self.ffn_dim_multiplier > 0:
+            out.append(f"ffn_dim_multiplier is {self.ffn_dim_multiplier}, must be positive")
+        return out
+
+    def tensor_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """LLMC order (llm.c's train_llama3.py): c_fc is "up", c_fc2 is "gate", then the down projection."""
+        L, C, V, F = self.num_layers, self.channels, self.vocab_size, self.ffn_hidden
+        return [
+            ("wte", (V, C)),
+            ("ln1w", (L, C)),
+            ("qkvw", (L, self.qkv_rows, C)),  # [Q of all heads; K of all kv heads; V]
+            ("attprojw", (L, C, C)),
+            ("ln2w", (L, C)),
+            ("fcw", (L, F, C)),  # up
+            ("fcw2", (L, F, C)),  # gate
+            ("fcprojw", (L, C, F)),  # down
+            ("lnfw", (C,)),
+            ("lm_head", (V, C)),
+        ]
+
+    def num_parameters(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.tensor_shapes())
+
+    def describe(self) -> str:
+        return (f"L={self.num_layers} NH={self.num_heads} kv={self.num_kv_heads} C={self.channels} "
+                f"FFN={self.ffn_hidden} V={self.vocab_size}")
+
+    def header_fields(self) -> dict:
+        return self.to_dict()
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, **asdict(self), "ffn_hidden": self.ffn_hidden}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Llama3Config":
+        return cls(**{k: v for k, v in d.items() if k not in ("family", "ffn_hidden")})

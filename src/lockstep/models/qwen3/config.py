@@ -1,0 +1,83 @@
+"""Qwen3's shape, exactly as its LLMC v4 header stores it (SPEC section 2, InfiniTrain PR #208)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class Qwen3Config:
+    max_seq_len: int = 40960
+    vocab_size: int = 151936
+    num_layers: int = 28
+    num_heads: int = 16
+    num_kv_heads: int = 8
+    channels: int = 2048
+    intermediate_size: int = 6144  # I, from the header (no multiplier rule)
+    norm_eps: float = 1e-6  # every RMSNorm, QK-norm included
+    rope_theta: float = 1000000.0
+
+    family: ClassVar[str] = "qwen3"
+    PER_LAYER: ClassVar[tuple[str, ...]] = ("ln1w", "qknormw", "qkvw", "attprojw", "ln2w", "fcw2", "fcw", "fcprojw")
+
+    @property
+    def head_dim(self) -> int:
+        return self.channels // self.num_heads  # SPEC: head_dim = C/NH in the v4 layout
+
+    @property
+    def ffn_hidden(self) -> int:
+        return self.intermediate_size
+
+    @property
+    def qkv_rows(self) -> int:
+        return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+
+    def problems(self) -> list[str]:
+        out = [f"{n} is {getattr(self, n)}, must be positive"
+               for n in ("max_seq_len", "vocab_size", "num_layers", "num_heads", "num_kv_heads", "channels",
+                         "intermediate_size") if getattr(self, n) <= 0]
+        if out:
+            return out
+        if self.channels % self.num_heads:
+            out.append(f"channels C={self.channels} is not divisible by heads NH={self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            out.append(f"heads NH={self.num_heads} is not divisible by kv heads {self.num_kv_heads}")
+        if self.head_dim % 2:
+            out.append(f"head dim {self.head_dim} is odd; RoPE rotates pairs")
+        return out
+
+    def tensor_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """v4 order: q_norm/k_norm per layer before qkv; gate before up; untied lm_head last."""
+        L, C, V, I, hd = self.num_layers, self.channels, self.vocab_size, self.intermediate_size, self.head_dim
+        return [
+            ("wte", (V, C)),
+            ("ln1w", (L, C)),
+            ("qknormw", (L, 2, hd)),  # [q_norm; k_norm] of each layer
+            ("qkvw", (L, self.qkv_rows, C)),  # [Q; K; V]
+            ("attprojw", (L, C, self.num_heads * hd)),  # o_proj
+            ("ln2w", (L, C)),  # post_attention_layernorm
+            ("fcw2", (L, I, C)),  # gate
+            ("fcw", (L, I, C)),  # up
+            ("fcprojw", (L, C, I)),  # down
+            ("lnfw", (C,)),
+            ("lm_head", (V, C)),
+        ]
+
+    def num_parameters(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.tensor_shapes())
+
+    def describe(self) -> str:
+        return (f"L={self.num_layers} NH={self.num_heads} kv={self.num_kv_heads} C={self.channels} "
+                f"I={self.intermediate_size} V={self.vocab_size}")
+
+    def header_fields(self) -> dict:
+        return self.to_dict()
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Qwen3Config":
+        return cls(**{k: v for k, v in d.items() if k != "family"})

@@ -1,0 +1,89 @@
+"""InfiniTrain per model family: which executable trains it, and what that executable accepts.
+
+Facts of InfiniTrain b24d92f (SPEC section 9) that a case must meet before it is launched;
+each is a skip or a refusal with the reason, never a crash of the executable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.errors import LockstepError
+from lockstep.models.family import OptimizerSpec
+
+# Its GPT-2 LLMC loader never sets n_kv_head, which keeps the default 12, and then checks
+# n_kv_head == n_head; it CHECKs version 3 (FP32 tensors) and rejects bf16 files (version 5).
+GPT2_LOADER_HEADS = 12
+GPT2_LOADER_VERSION = 3
+# Its llama3 example hard-codes the vocabulary-sized buffers of Llama 3 and its optimizer.
+LLAMA3_MIN_VOCAB = 128_256
+LLAMA3_HARD_CODED_ADAM = OptimizerSpec("adam", beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
+
+
+@dataclass(frozen=True)
+class InfiniTrainFamily:
+    family: str
+    executable: str
+    # False: a build without this executable cannot run the family at all (the run is refused);
+    # True: only some builds have it, and cases of the family are skipped with the reason.
+    optional: bool = False
+    missing_note: str = ""
+    flags: tuple[str, ...] = ()  # what the executable needs besides the training flags
+
+    def preflight(self, model, checkpoint: Path, optimizer: OptimizerSpec) -> None:
+        """Raise LockstepError when the executable can never train this model."""
+
+    def skip_reason(self, case: CaseSpec, model, checkpoint: Path) -> str | None:
+        return None
+
+
+@dataclass(frozen=True)
+class GPT2Family(InfiniTrainFamily):
+    def skip_reason(self, case: CaseSpec, model, checkpoint: Path) -> str | None:
+        if model.num_heads != GPT2_LOADER_HEADS:
+            return (f"InfiniTrain's GPT-2 LLMC loader accepts only {GPT2_LOADER_HEADS} heads, "
+                    f"the model has {model.num_heads}")
+        version = _header_word(checkpoint, 1)
+        if version is not None and version != GPT2_LOADER_VERSION:
+            return (f"InfiniTrain's GPT-2 LLMC loader reads only version {GPT2_LOADER_VERSION} (FP32) checkpoints, "
+                    f"{checkpoint} is version {version}")
+        return None
+
+
+@dataclass(frozen=True)
+class Llama3Family(InfiniTrainFamily):
+    def preflight(self, model, checkpoint: Path, optimizer: OptimizerSpec) -> None:
+        if model.vocab_size < LLAMA3_MIN_VOCAB:
+            raise LockstepError(f"InfiniTrain's {self.executable} hard-codes buffers for a vocabulary of at least "
+                                f"{LLAMA3_MIN_VOCAB:,} tokens, but {checkpoint} has V={model.vocab_size:,}; "
+                                "keep the real vocabulary in small Llama 3 shapes (e.g. llama3-tiny)")
+        if optimizer != LLAMA3_HARD_CODED_ADAM:
+            raise LockstepError(f"InfiniTrain's {self.executable} hard-codes {LLAMA3_HARD_CODED_ADAM.label}, "
+                                f"the contract asks for {optimizer.label}")
+
+
+ADAPTERS: dict[str, InfiniTrainFamily] = {
+    "gpt2": GPT2Family("gpt2", "gpt2"),
+    "llama3": Llama3Family("llama3", "llama3", flags=("--model", "llama3")),
+    "qwen3": Llama3Family("qwen3", "qwen3", optional=True,
+                          missing_note="InfiniTrain b24d92f has none; its PR #208 adds one reading the v4 layout"),
+}
+
+
+def adapter_for(family: str) -> InfiniTrainFamily:
+    try:
+        return ADAPTERS[family]
+    except KeyError:
+        raise LockstepError(f"InfiniTrain has no example executable for model family {family!r}") from None
+
+
+def _header_word(path: Path, index: int) -> int | None:
+    try:
+        header = np.fromfile(path, dtype="<i4", count=index + 1)
+    except OSError:
+        return None
+    return int(header[index]) if header.shape[0] > index else None

@@ -71,9 +71,9 @@ def test_token_streams(tmp_path):
     assert info.fields == {"magic": 20240520, "version": 1, "count": 3}
     assert info.derived == {"dtype": "uint16", "vocab_limit": 50257, "max_id": 50256, "bytes": 1030}
     info = inspect_file(llama)
-    assert (info.format, info.kind) == ("tokens-llama3", "token stream")
+    assert (info.format, info.kind) == ("tokens-uint32", "token stream")
     assert info.fields == {"magic": 20240801, "version": 7, "count": 2}
-    assert info.derived == {"dtype": "uint32", "vocab_limit": 128256, "max_id": 128000, "bytes": 1032}
+    assert info.derived == {"dtype": "uint32", "vocab_limit": 151936, "max_id": 128000, "bytes": 1032}
 
 
 def test_llama3_checkpoint_is_recognised(tmp_path):

@@ -53,14 +53,49 @@ def test_gpt2_stream_header_size_and_round_trip(stream, tmp_path):
 def test_llama3_stream_is_uint32(tmp_path):
     path = tmp_path / "llama.bin"
     ids = [128000, 0, 128255, 70000]
-    write_token_stream(path, ids, kind="llama3")
+    write_token_stream(path, ids, kind="llama3")  # the family's name still selects the uint32 kind
     assert path.stat().st_size == 1024 + 4 * 4
     assert np.fromfile(path, dtype="<i4", count=3).tolist() == [20240801, 7, 4]
     ts = read_token_stream(path)
-    assert ts.kind.name == "llama3" and ts.tokens.dtype == np.dtype("<u4") and ts.tokens.tolist() == ids
+    assert ts.kind.name == "uint32" and ts.tokens.dtype == np.dtype("<u4") and ts.tokens.tolist() == ids
+    assert ts.kind.families == ("llama3", "qwen3")
 
 
-@pytest.mark.parametrize("model_desc,kind", [("gpt-2", "gpt2"), ("llama-3", "llama3")])
+def test_qwen3_ids_fit_the_uint32_kind(tmp_path):
+    # Qwen3's model vocabulary is 151,936 rows: its top id is 151,935, above Llama 3's 128,256.
+    by_name, by_family = tmp_path / "uint32.bin", tmp_path / "qwen3.bin"
+    ids = [151643, 5338, 46217, 510, 151935]
+    write_token_stream(by_name, ids, kind="uint32")
+    write_token_stream(by_family, ids, kind="qwen3")
+    assert by_name.read_bytes() == by_family.read_bytes()
+    assert by_name.read_bytes()[:12] == struct.pack("<3i", 20240801, 7, 5)
+    assert by_name.read_bytes()[HEADER_BYTES:] == struct.pack("<5I", *ids)
+    assert read_token_stream(by_name).tokens.tolist() == ids
+    with pytest.raises(FormatError, match=r"token ids must lie in \[0, 151936\) for a uint32 stream"):
+        write_token_stream(tmp_path / "x.bin", [151936], kind="qwen3")
+
+
+def test_uint32_reader_checks_the_callers_vocabulary(tmp_path):
+    path = tmp_path / "qwen3.bin"
+    write_token_stream(path, [151643, 1, 2], kind="uint32")
+    assert read_token_stream(path, vocab_size=151936).count == 3  # a Qwen3 model reads it
+    with pytest.raises(FormatError, match="token id 151643 at position 0 is outside the vocabulary of 128256"):
+        read_token_stream(path, vocab_size=128256)  # a Llama 3 model must not
+    with pytest.raises(FormatError, match=r"token ids must lie in \[0, 128256\) for a uint32 stream"):
+        write_token_stream(tmp_path / "x.bin", [151643], kind="llama3", vocab_size=128256)
+
+
+def test_writer_never_wraps_an_id_past_the_kinds_width(tmp_path):
+    with pytest.raises(FormatError, match=r"token ids must lie in \[0, 65536\) for a gpt2 stream"):
+        write_token_stream(tmp_path / "x.bin", [65536], kind="gpt2", vocab_size=100_000)
+
+
+def test_unknown_kind_is_named():
+    with pytest.raises(ValueError, match="unknown token stream kind 'llama2'"):
+        write_token_stream("unused.bin", [1], kind="llama2")
+
+
+@pytest.mark.parametrize("model_desc,kind", [("gpt-2", "gpt2"), ("llama-3", "llama3"), ("llama-3", "uint32")])
 def test_identical_to_llm_c_write_datafile(tmp_path, model_desc, kind):
     theirs, ours = tmp_path / "theirs.bin", tmp_path / "ours.bin"
     llm_c_write_datafile(theirs, TOKENS, model_desc)
@@ -114,7 +149,7 @@ def _poke_token(position: int, value: int):
 
 BAD_STREAMS = {
     "wrong magic": (lambda p: set_header_int(p, 0, 20240326),
-                    "wrong magic number 20240326 for a token stream (known: 20240520 (gpt2), 20240801 (llama3))"),
+                    "wrong magic number 20240326 for a token stream (known: 20240520 (gpt2), 20240801 (uint32))"),
     "unsupported version": (lambda p: set_header_int(p, 1, 2), "unsupported gpt2 token stream version 2 (expected 1)"),
     "count too big": (lambda p: set_header_int(p, 2, 16),
                       "header says 16 tokens but the file holds 15 (30 payload bytes of 2-byte tokens)"),
@@ -144,10 +179,13 @@ def test_bad_stream_gives_format_error_naming_it(stream, case):
     assert "\n" not in str(info.value)
 
 
-def test_llama3_id_outside_vocabulary(tmp_path):
+def test_uint32_id_outside_vocabulary(tmp_path):
     path = tmp_path / "llama_bad.bin"
     llm_c_write_datafile(path, [1, 2, 128256], "llama-3")  # llm.c's writer does not check ids
     with pytest.raises(FormatError, match="token id 128256 at position 2 is outside the vocabulary of 128256"):
+        read_token_stream(path, vocab_size=128256)
+    llm_c_write_datafile(path, [1, 151936, 2], "llama-3")  # above every uint32 family's vocabulary
+    with pytest.raises(FormatError, match="token id 151936 at position 1 is outside the vocabulary of 151936"):
         read_token_stream(path)
 
 

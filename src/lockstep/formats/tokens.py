@@ -1,8 +1,13 @@
 """llm.c token streams (`tiny_shakespeare_train.bin`): 256 int32 header, then the tokens.
 
-`[0]` magic, `[1]` version, `[2]` token count. GPT-2 streams are 20240520 / v1 / uint16,
-Llama 3 streams 20240801 / v7 / uint32 (SPEC section 2). The payload must hold exactly
-`count` tokens: llm.c and InfiniTrain trust the count, so a lying count misreads silently.
+`[0]` magic, `[1]` version, `[2]` token count. GPT-2 streams are 20240520 / v1 / uint16
+(kind "gpt2"); Llama 3 and Qwen3 streams share 20240801 / v7 / uint32 (kind "uint32": llm.c
+named it for Llama 3, Qwen3 reuses it for its 151,936-entry vocabulary), SPEC section 2. The
+payload must hold exactly `count` tokens: llm.c and InfiniTrain trust the count, so a lying
+count misreads silently.
+
+Which ids are valid depends on the model, not the file: readers pass the model's
+`vocab_size`; without it, the kind's limit admits every family that writes the kind.
 """
 
 from __future__ import annotations
@@ -26,14 +31,20 @@ class TokenStreamKind:
     magic: int
     version: int
     dtype: str
-    vocab_size: int  # ids must be below this
+    vocab_size: int  # ids must be below this when the caller names no model vocabulary
+    families: tuple[str, ...]  # the tokenizers that write this kind
 
+
+# Qwen3's model vocabulary (151,936 rows, ids up to 151,935) is the largest that uses uint32.
+UINT32_ID_LIMIT = 151_936
 
 TOKEN_STREAM_KINDS: dict[int, TokenStreamKind] = {
-    20240520: TokenStreamKind("gpt2", 20240520, 1, "<u2", 50257),
-    20240801: TokenStreamKind("llama3", 20240801, 7, "<u4", 128256),
+    20240520: TokenStreamKind("gpt2", 20240520, 1, "<u2", 50257, ("gpt2",)),
+    20240801: TokenStreamKind("uint32", 20240801, 7, "<u4", UINT32_ID_LIMIT, ("llama3", "qwen3")),
 }
 KIND_BY_NAME = {k.name: k for k in TOKEN_STREAM_KINDS.values()}
+# The family names of the uint32 kind still select it (`kind="llama3"` predates Qwen3).
+KIND_BY_NAME.update({family: k for k in TOKEN_STREAM_KINDS.values() for family in k.families})
 
 
 @dataclass
@@ -89,12 +100,25 @@ def read_token_stream(path: str | os.PathLike, vocab_size: int | None = None, ch
     return TokenStream(path=str(path), kind=kind, tokens=tokens)
 
 
-def write_token_stream(path: str | os.PathLike, tokens, kind: str = "gpt2") -> None:
-    """Write a token file atomically, byte for byte as llm.c's `write_datafile` does."""
-    k = KIND_BY_NAME[kind]
+def token_stream_kind(name: str) -> TokenStreamKind:
+    """The kind called `name` ("gpt2", "uint32", or a family that writes uint32: "llama3", "qwen3")."""
+    try:
+        return KIND_BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"unknown token stream kind {name!r} (known: {', '.join(sorted(KIND_BY_NAME))})") from None
+
+
+def write_token_stream(path: str | os.PathLike, tokens, kind: str = "gpt2", vocab_size: int | None = None) -> None:
+    """Write a token file atomically, byte for byte as llm.c's `write_datafile` does.
+
+    Ids must lie below `vocab_size` (the tokenizer's or model's) when given, else below the kind's limit.
+    """
+    k = token_stream_kind(kind)
+    # Never above what the kind's integer width holds: a wider id would wrap silently.
+    limit = min(vocab_size if vocab_size is not None else k.vocab_size, int(np.iinfo(k.dtype).max) + 1)
     arr = np.asarray(tokens)
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= k.vocab_size):
-        raise FormatError(path, f"token ids must lie in [0, {k.vocab_size}) for a {kind} stream")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= limit):
+        raise FormatError(path, f"token ids must lie in [0, {limit}) for a {k.name} stream")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = [k.magic, k.version, arr.size]
     with atomic_write(path) as f:

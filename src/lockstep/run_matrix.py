@@ -260,8 +260,6 @@ def plan_run(req: RunRequest) -> RunPlan:
 def prepare_tokens(cache: Path, text: str | None, tokenizer: str):
     from lockstep.data.prepare import ensure_prepared
 
-    if tokenizer == "gpt2":
-        return ensure_prepared(cache_dir=cache, text_path=text)
     return ensure_prepared(cache_dir=cache, text_path=text, tokenizer=tokenizer)
 
 

@@ -111,6 +111,11 @@ def float_bits(value: float) -> int:
     return int(np.array([value], dtype="<f4").view("<i4")[0])
 
 
+def float32(value: float) -> float:
+    """`value` rounded to the nearest float32, as a Python float."""
+    return float(np.float32(value))
+
+
 def bits_float(bits: int) -> float:
     return float(np.array([bits], dtype="<i4").view("<f4")[0])
 

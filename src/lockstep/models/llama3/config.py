@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
+from lockstep.formats.llmc import float32
+
 
 def llama3_ffn_hidden(channels: int, ffn_dim_multiplier: float, multiple_of: int) -> int:
     """round_up(llround(multiplier * int(2*4C/3)), multiple_of): int() first, then llround
@@ -35,6 +37,11 @@ class Llama3Config:
 
     family: ClassVar[str] = "llama3"
     PER_LAYER: ClassVar[tuple[str, ...]] = ("ln1w", "qkvw", "attprojw", "ln2w", "fcw", "fcw2", "fcprojw")
+
+    def __post_init__(self):
+        # The header stores these as float32 bits: hold exactly what a file read back holds.
+        for name in ('ffn_dim_multiplier', 'norm_eps', 'rope_theta'):
+            object.__setattr__(self, name, float32(getattr(self, name)))
 
     @property
     def head_dim(self) -> int:

@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
+from lockstep.formats.llmc import float32
+
 
 @dataclass(frozen=True)
 class Qwen3Config:
@@ -21,6 +23,11 @@ class Qwen3Config:
 
     family: ClassVar[str] = "qwen3"
     PER_LAYER: ClassVar[tuple[str, ...]] = ("ln1w", "qknormw", "qkvw", "attprojw", "ln2w", "fcw2", "fcw", "fcprojw")
+
+    def __post_init__(self):
+        # The header stores these as float32 bits: hold exactly what a file read back holds.
+        for name in ('norm_eps', 'rope_theta'):
+            object.__setattr__(self, name, float32(getattr(self, name)))
 
     @property
     def head_dim(self) -> int:

@@ -172,7 +172,7 @@ class NormalStream:
 
     def __init__(self, seed: int, threads: int | None = None):
         self.bit_generator = np.random.PCG64(seed)
-        self.threads = threads or min(4, os.cpu_count() or 1)
+        self.threads = threads or min(16, os.cpu_count() or 1)
         self._pending: deque[np.ndarray] = deque()
 
     def _refill(self, needed: int, pool: ThreadPoolExecutor | None) -> None:

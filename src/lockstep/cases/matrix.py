@@ -1,4 +1,9 @@
-"""Case matrices as TOML: the built-in ones ship in `matrices/`, users pass their own file."""
+"""Case matrices as TOML: the built-in ones ship in `matrices/`, users pass their own file.
+
+A matrix holds `[defaults]` (a table) and `[[case]]` (an array of tables) and nothing else;
+every other key, a value of the wrong type and a model lockstep has no shape for are errors
+naming the file and the key, so a typo never silently falls back to a default.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,19 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
-from lockstep.cases.spec import CaseSpec
+from lockstep.cases.spec import FIELD_TYPES, CaseSpec
 from lockstep.errors import CaseError, LockstepError
+from lockstep.fsutil import read_text
+
+TOP_LEVEL_KEYS = ("defaults", "case")
+
+
+def registered_model_shapes() -> set[str]:
+    """The `model` values a case may name: the registered model shapes (one place to change
+    should the registry move)."""
+    from lockstep.models import SHAPES
+
+    return set(SHAPES)
 
 
 def builtin_matrices() -> dict[str, str]:
@@ -25,9 +41,14 @@ def load_matrix(name_or_path: str) -> list[CaseSpec]:
     if name_or_path in builtins:
         return parse_matrix(builtins[name_or_path], source=f"built-in matrix {name_or_path}")
     path = Path(name_or_path)
-    if not path.is_file():
+    if not path.exists():
         raise LockstepError(f"{name_or_path}: no such matrix (built-in: {', '.join(sorted(builtins))}; or a .toml file)")
-    return parse_matrix(path.read_text(), source=str(path))
+    return parse_matrix(read_text(path, "case matrix (TOML)"), source=str(path))
+
+
+def _type(value) -> str:
+    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number"}.get(type(value), type(value).__name__)
 
 
 def parse_matrix(text: str, source: str) -> list[CaseSpec]:
@@ -35,17 +56,36 @@ def parse_matrix(text: str, source: str) -> list[CaseSpec]:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise LockstepError(f"{source}: not valid TOML ({e})") from None
+    unknown = [k for k in doc if k not in TOP_LEVEL_KEYS]
+    if unknown:
+        raise CaseError(f"{source}: unknown top-level key(s) {', '.join(map(repr, unknown))}; "
+                        "a matrix holds only [defaults] and [[case]] tables")
     defaults = doc.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise CaseError(f"{source}: defaults is {_type(defaults)}, but it must be a table ([defaults])")
+    stray = sorted(set(defaults) - set(FIELD_TYPES))
+    if stray:
+        raise CaseError(f"{source}: unknown key(s) {', '.join(map(repr, stray))} in [defaults] "
+                        f"(known: {', '.join(sorted(FIELD_TYPES))})")
     raw_cases = doc.get("case", [])
+    if not isinstance(raw_cases, list) or not all(isinstance(c, dict) for c in raw_cases):
+        what = _type(raw_cases) if not isinstance(raw_cases, list) else "an array holding non-tables"
+        raise CaseError(f"{source}: case is {what}, but it must be an array of tables ([[case]])")
     if not raw_cases:
         raise LockstepError(f"{source}: holds no [[case]] tables")
+    shapes = registered_model_shapes()
     cases, seen = [], set()
-    for raw in raw_cases:
+    for i, raw in enumerate(raw_cases, start=1):
         d = {**defaults, **raw}
         try:
             case = CaseSpec.from_dict(d).check()
         except CaseError as e:
-            raise CaseError(f"{source}: {e}") from None
+            msg = str(e)
+            msg = f"[[case]] #{i}{msg[len('a case'):]}" if msg.startswith("a case") else msg
+            raise CaseError(f"{source}: {msg}") from None
+        if case.model not in shapes:
+            raise CaseError(f"{source}: case {case.name}: model {case.model!r} is not a registered model "
+                            f"(known: {', '.join(sorted(shapes))})")
         if case.name in seen:
             raise CaseError(f"{source}: case {case.name} is defined twice")
         seen.add(case.name)

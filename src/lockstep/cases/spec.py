@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 
 from lockstep.errors import CaseError
 
@@ -90,14 +90,48 @@ class CaseSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CaseSpec":
+        """Build a case from a matrix table, checking every key and type (CaseError naming the key)."""
+        name = d.get("name", "?")
+        label = f"case {name}" if isinstance(name, str) else "a case"
         known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
+        unknown = sorted(set(d) - known)
         if unknown:
-            raise CaseError(f"case {d.get('name', '?')}: unknown field(s) {', '.join(sorted(unknown))}")
-        try:
-            return cls(**d)
-        except TypeError as e:
-            raise CaseError(f"case {d.get('name', '?')}: {e}") from None
+            raise CaseError(f"{label}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        required = [f.name for f in fields(cls) if f.default is MISSING]
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise CaseError(f"{label}: missing field(s) {', '.join(missing)}")
+        for key, value in d.items():
+            want = FIELD_TYPES[key]
+            if not _has_type(value, want):
+                raise CaseError(f"{label}: {key} = {value!r:.40} is {_toml_type(value)}, "
+                                f"but {key} must be {_toml_type_name(want)}")
+        return cls(**{k: (float(v) if FIELD_TYPES[k] is float else v) for k, v in d.items()})
+
+
+# The TOML type of each CaseSpec field (lr may be written as an integer, e.g. `lr = 1`).
+FIELD_TYPES: dict[str, type] = {"name": str, "model": str, "dtype": str, "micro_batch": int, "seq_len": int,
+                                "total_batch": int, "steps": int, "lr": float, "dp": int, "tp": int, "pp": int,
+                                "vpp": int, "sp": bool}
+
+
+def _has_type(value, want: type) -> bool:
+    if want is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False  # bool is an int in Python, never in a matrix
+    if want is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, want)
+
+
+def _toml_type_name(t: type) -> str:
+    return {str: "a string", int: "an integer", float: "a number", bool: "a boolean (true/false)",
+            dict: "a table", list: "an array"}.get(t, t.__name__)
+
+
+def _toml_type(value) -> str:
+    return _toml_type_name(type(value)) if isinstance(value, (str, bool, int, float, dict, list)) else type(value).__name__
 
 
 def threshold_for(case_name: str, dtype: str | None = None) -> float:

@@ -15,6 +15,7 @@ import numpy as np
 
 from lockstep.errors import FormatError
 from lockstep.formats import llmc, tokens
+from lockstep.fsutil import read_head
 
 
 @dataclass
@@ -38,17 +39,7 @@ def known_magics() -> dict[int, str]:
 def detect(path: str | os.PathLike) -> str:
     """The format name of the file, from its magic number."""
     path = Path(path)
-    if not path.exists():
-        raise FormatError(path, "no such file")
-    if path.is_dir():
-        raise FormatError(path, "is a directory, not a checkpoint or token file")
-    if not path.is_file():
-        raise FormatError(path, "is not a regular file")
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError as e:
-        raise FormatError(path, f"cannot be read ({e.strerror or e})") from None
+    head = read_head(path, 4, "checkpoint or token file")
     if len(head) < 4:
         raise FormatError(path, f"truncated: {len(head)} bytes, too short to hold a magic number")
     magic = int(np.frombuffer(head, dtype="<i4")[0])

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from lockstep.errors import FormatError
-from lockstep.fsutil import atomic_write
+from lockstep.fsutil import atomic_write, read_head, regular_file_size
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -60,10 +60,7 @@ def read_header(path: str | os.PathLike) -> tuple[np.ndarray, int]:
     size = file_size(path)
     if size < HEADER_BYTES:
         raise FormatError(path, f"truncated: {size} bytes is shorter than the {HEADER_BYTES}-byte header")
-    try:
-        header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
-    except OSError as e:
-        raise FormatError(path, f"cannot be read ({e.strerror or e})") from None
+    header = np.frombuffer(read_head(path, HEADER_BYTES, "checkpoint file"), dtype="<i4")
     return header, size
 
 
@@ -141,14 +138,7 @@ def fp32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 def file_size(path: Path) -> int:
-    if path.is_dir():  # np.fromfile would raise IsADirectoryError, a traceback instead of a sentence
-        raise FormatError(path, "is a directory, not a checkpoint file")
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        raise FormatError(path, "no such file") from None
-    except OSError as e:
-        raise FormatError(path, f"cannot be read ({e.strerror})") from None
+    return regular_file_size(path, "checkpoint file")  # a directory, FIFO or device: one sentence
 
 
 def non_finite_tensors(tensors: dict[str, np.ndarray], skip_rows: dict[str, int] | None = None,

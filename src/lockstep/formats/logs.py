@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lockstep.errors import FormatError
+from lockstep.fsutil import read_text
 from lockstep.formats.run_record import RunRecord, StepRecord, read_run_record
 
 # Origins of records read from native logs (RunRecord.origin).
@@ -371,12 +372,9 @@ def parse_log_file(path: str | os.PathLike, seq_length: int | None = None) -> Ru
     """Read a native log, detecting its format. Raises FormatError naming the file when the file
     is missing, its format is unknown, or it holds no step records."""
     path = Path(path)
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        raise FormatError(path, "no such file") from None
-    except IsADirectoryError:
-        raise FormatError(path, "is a directory, not a log file") from None
+    # A native log holds whatever a (possibly crashing) process printed: bytes that are not UTF-8
+    # become U+FFFD rather than an error, since the step lines themselves are ASCII.
+    text = read_text(path, "log file", errors="replace")
     fmt = detect_log_format(text)
     source = str(path)
     if fmt == ORIGIN_INFINITRAIN:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from lockstep.errors import FormatError
-from lockstep.fsutil import atomic_write
+from lockstep.fsutil import atomic_write, read_head, regular_file_size
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -65,15 +65,10 @@ class TokenStream:
 
 def read_token_stream(path: str | os.PathLike, vocab_size: int | None = None, check_ids: bool = True) -> TokenStream:
     path = Path(path)
-    if path.is_dir():
-        raise FormatError(path, "is a directory, not a token file")
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise FormatError(path, "no such file") from None
+    size = regular_file_size(path, "token file")
     if size < HEADER_BYTES:
         raise FormatError(path, f"truncated: {size} bytes is shorter than the {HEADER_BYTES}-byte header")
-    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    header = np.frombuffer(read_head(path, HEADER_BYTES, "token file"), dtype="<i4")
     magic, version, count = int(header[0]), int(header[1]), int(header[2])
     kind = TOKEN_STREAM_KINDS.get(magic)
     if kind is None:

@@ -27,7 +27,8 @@ def test_skipped_pair_is_not_missing(tmp_path):
     assert comp["skipped"] == [{"case": "gpt2_1_bfloat16", "reason": "needs CUDA"}]
     _, md = write_report(tmp_path, "pytorch")
     text = md.read_text()
-    assert "**PASS: 1 passed" in text and "gpt2_1_bfloat16 not compared, skipped (needs CUDA)" in text
+    assert "**PASS: 1 passed" in text and "megatron / gpt2_1_bfloat16: skipped (needs CUDA)" in text
+    assert "## Problems" not in text
 
 
 def test_without_run_json_an_absent_case_is_missing(tmp_path):

@@ -18,7 +18,7 @@ from rich.table import Table
 from lockstep.compare import CompareOptions, ComparisonReport, compare_paths
 from lockstep.compare.options import STEP2_MODES
 from lockstep.compare.verdict import CaseVerdict
-from lockstep.fsutil import atomic_write
+from lockstep.fsutil import atomic_write, check_writable_target
 
 
 def _positive_float(text: str) -> float:
@@ -101,13 +101,16 @@ def run(args: argparse.Namespace) -> int:
         if not path.exists():
             print(f"lockstep compare: error: {what} {path} does not exist", file=sys.stderr)
             return 2
+    if args.json is not None:
+        check_writable_target(args.json, "JSON report")  # before the work, not after it
     report = compare_paths(args.baseline, args.test, options_from_args(args))
     console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
     print_report(console, report)
+    # Errors go to stderr once, each one sentence; the summary line on stdout counts them.
     for err in report.errors:
         print(f"lockstep: error: {err.message}", file=sys.stderr)
     if args.json is not None:
-        with atomic_write(args.json, "w") as f:
+        with atomic_write(args.json, "w", what="JSON report") as f:
             json.dump(report.to_json(), f, indent=2, allow_nan=True)
             f.write("\n")
     return 0 if report.passed else 1
@@ -153,11 +156,25 @@ def loss_table(report: ComparisonReport) -> Table:
     return t
 
 
+# Above this many steps the terminal gets a summary of a failing case, not every step (the JSON
+# and the report keep the full series).
+MAX_TABLE_STEPS = 50
+
+
 def step_series_table(c: CaseVerdict) -> Table:
-    t = Table(title=escape(f"{c.case}: per-step loss (first failing step {c.first_failing_step})"), title_justify="left")
+    """Every step of a short run; for a long one, the first failing and the worst steps only."""
+    failing = c.failing_steps
+    if len(c.diffs) <= MAX_TABLE_STEPS:
+        rows, title = c.diffs, f"{c.case}: per-step loss (first failing step {c.first_failing_step})"
+    else:
+        first, worst = c.first_failing_step, c.max_diff_step
+        rows = [d for d in c.diffs if d.step in (first, worst)]
+        title = (f"{c.case}: {failing:,} of {len(c.diffs):,} steps fail; first failing step {first}, "
+                 f"worst step {worst} (every step: --json)")
+    t = Table(title=escape(title), title_justify="left")
     for col in ("step", "baseline", "test", "|Δloss|", "allowed", ""):
         t.add_column(col, justify="right")
-    for d in c.diffs:
+    for d in rows:
         mark = "" if d.within else "[red]✗[/]"
         style = None if d.within else "red"
         t.add_row(str(d.step), f"{d.baseline:.6f}", f"{d.test:.6f}", _fmt_diff(d.abs_diff), f"{d.allowed:.1e}", mark,
@@ -198,8 +215,7 @@ def print_report(console: Console, report: ComparisonReport) -> None:
             console.print(throughput_table(report))
     for m in report.missing:
         console.print(f"[yellow]missing:[/] {escape(m.message)}")
-    for e in report.errors:
-        console.print(f"[yellow]error:[/] {escape(e.message)}")
-    n = report.counts
+    for case, reason in sorted(report.skipped.items()):
+        console.print(f"[dim]skipped: {escape(case)} ({escape(reason)})[/]")
     style = "bold green" if report.passed else "bold red"
-    console.print(f"[{style}]{n['passed']} passed, {n['failed']} failed, {n['missing']} missing, {n['errors']} errors[/]")
+    console.print(f"[{style}]{escape(report.summary_line())}[/]")

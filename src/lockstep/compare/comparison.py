@@ -8,7 +8,9 @@ from pathlib import Path
 
 from lockstep.compare.loading import load_side
 from lockstep.compare.options import CompareOptions
-from lockstep.compare.pairing import CasePair, CaseTree, collect_cases, pair_single_files
+from lockstep.compare.pairing import (CasePair, CaseTree, bare_case_name, collect_cases, pair_single_files,
+                                      skipped_cases)
+from lockstep.errors import LockstepError
 from lockstep.compare.verdict import CaseVerdict, judge_case
 
 
@@ -64,11 +66,13 @@ class ComparisonReport:
         return {"passed": sum(c.passed for c in self.cases),
                 "failed": sum(c.error is None and not c.passed for c in self.cases),
                 "missing": len(self.missing),
-                "errors": len(self.errors)}
+                "errors": len(self.errors),
+                "skipped": len(self.skipped)}
 
     def summary_line(self) -> str:
         n = self.counts
-        return f"{n['passed']} passed, {n['failed']} failed, {n['missing']} missing, {n['errors']} errors"
+        line = f"{n['passed']} passed, {n['failed']} failed, {n['missing']} missing, {n['errors']} errors"
+        return line + (f", {n['skipped']} skipped" if n["skipped"] else "")
 
     def to_json(self) -> dict:
         return {"passed": self.passed, "baseline": self.baseline, "test": self.test, "counts": self.counts,
@@ -79,28 +83,62 @@ class ComparisonReport:
                 "skipped": [{"case": c, "reason": r} for c, r in sorted(self.skipped.items())]}
 
 
+def _check_include_cases(names: set[str], baseline: Path, test: Path, options: CompareOptions,
+                         report: ComparisonReport) -> None:
+    """A name given to --include-cases that neither side has is a typo, never a silent pass."""
+    for name in options.include_cases:
+        if name not in names:
+            report.errors.append(ComparisonError(f"case {name} (--include-cases) is in neither {baseline} nor {test}",
+                                                 case=name))
+
+
+def _is_single_file(path: Path) -> bool:
+    return path.exists() and not path.is_dir()
+
+
 def _pairs(baseline: Path, test: Path, options: CompareOptions, report: ComparisonReport) -> list[CasePair]:
-    if baseline.is_file() and test.is_file():
-        return [pair_single_files(baseline, test)]
+    if _is_single_file(baseline) and _is_single_file(test):
+        _check_include_cases({baseline.stem, test.stem}, baseline, test, options, report)
+        return [] if report.errors else [pair_single_files(baseline, test)]
     b_tree, t_tree = collect_cases(baseline), collect_cases(test)
+    for tree in (b_tree, t_tree):
+        report.errors += [ComparisonError(msg) for msg in tree.unreadable]
+    if b_tree.is_run_dir != t_tree.is_run_dir:
+        run, other = (b_tree, t_tree) if b_tree.is_run_dir else (t_tree, b_tree)
+        fws = sorted({c.split("/", 1)[0] for c in run.cases})
+        report.errors.append(ComparisonError(
+            f"{run.root} is a lockstep run directory (frameworks: {', '.join(fws) or 'none'}) but {other.root} is not; "
+            f"compare two run directories, or one framework directory ({run.root}/{fws[0] if fws else '<framework>'}) "
+            f"with {other.root}"))
+        return []
+    skipped: dict[str, str] = {}
+    for tree in (b_tree, t_tree):
+        try:
+            skipped.update(skipped_cases(tree))
+        except LockstepError as e:
+            report.errors.append(ComparisonError(str(e)))
     # A single file against a tree: the user asked about that one case only.
-    only = {baseline.stem} if baseline.is_file() else {test.stem} if test.is_file() else None
+    only = {baseline.stem} if _is_single_file(baseline) else {test.stem} if _is_single_file(test) else None
     for side, tree in (("baseline", b_tree), ("test", t_tree)):
-        if not tree.cases:
+        if not tree.cases and not skipped:
             report.errors.append(ComparisonError(
                 f"{tree.root}: no case files (<case>.jsonl or <case>.log) found for the {side}"))
     if report.errors:
         return []
-    wanted = sorted(c for c in b_tree.cases | t_tree.cases
-                    if options.includes(c) and (only is None or c in only))
-    for name in options.include_cases:
-        if name not in b_tree.cases | t_tree.cases:
-            report.errors.append(ComparisonError(f"case {name} (--include-cases) is in neither "
-                                                 f"{baseline} nor {test}", case=name))
-    if not wanted and not report.errors:
+
+    def wanted(case: str) -> bool:
+        return options.includes(bare_case_name(case)) and (only is None or case in only)
+
+    present = b_tree.cases | t_tree.cases
+    _check_include_cases({bare_case_name(c) for c in present | set(skipped)}, baseline, test, options, report)
+    # Cases `lockstep run` skipped are reported with the reason, whether one side or both lack them.
+    report.skipped = {c: r for c, r in skipped.items()
+                      if wanted(c) and not (c in b_tree.cases and c in t_tree.cases)}
+    compared = sorted(c for c in present if wanted(c) and c not in report.skipped)
+    if not compared and not report.skipped and not report.errors:
         report.errors.append(ComparisonError(f"no case of {baseline} or {test} matches the case filters"))
     pairs = []
-    for case in wanted:
+    for case in compared:
         if _conflict(case, b_tree, report) | _conflict(case, t_tree, report):
             continue
         b, t = b_tree.files.get(case), t_tree.files.get(case)

@@ -5,18 +5,25 @@ Rules (SPEC section 6): in one directory `<case>.jsonl` (lockstep's record) wins
 `<case>.log` (the native log it came with); files named `build*`, `ctest_*`, `*_profile.log`,
 `run_metadata.log` are not case logs; two case files of the same name elsewhere in one tree
 are an error, since it cannot be known which one the user meant.
+
+A lockstep run directory (it holds `run.json`) is read framework by framework: its cases are
+named `<framework>/<case>`, so `compare RUN_A RUN_B` pairs each framework's case with the same
+framework's case of the other run (the same case under `pytorch/` and `megatron/` is no conflict).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.errors import FormatError
+from lockstep.fsutil import os_problem, read_text
 
 CASE_SUFFIXES = (".jsonl", ".log")
+RUN_MANIFEST = "run.json"  # what `lockstep run` writes at the top of its output directory
 # Names that are never case files (build logs, CTest logs, profiler output, run metadata, our own output).
 IGNORED_FILE_PATTERNS = ("build*", "ctest_*", "*_profile.log", "run_metadata.*", ".*")
 IGNORED_DIR_PATTERNS = ("build*", "report_files", ".*", "__pycache__")
@@ -39,6 +46,8 @@ class CaseTree:
     root: Path
     files: dict[str, CaseFile] = field(default_factory=dict)
     conflicts: dict[str, list[Path]] = field(default_factory=dict)
+    is_run_dir: bool = False  # case names are then `<framework>/<case>`
+    unreadable: list[str] = field(default_factory=list)  # directories that could not be listed
 
     @property
     def cases(self) -> set[str]:
@@ -49,18 +58,46 @@ def is_case_file_name(name: str) -> bool:
     return name.endswith(CASE_SUFFIXES) and not any(fnmatch.fnmatch(name, p) for p in IGNORED_FILE_PATTERNS)
 
 
+def is_run_dir(path: str | os.PathLike) -> bool:
+    return (Path(path) / RUN_MANIFEST).is_file()
+
+
+def bare_case_name(case: str) -> str:
+    """`megatron/gpt2_1` (a case of a run directory) -> `gpt2_1`."""
+    return case.rsplit("/", 1)[-1]
+
+
 def collect_cases(path: str | os.PathLike) -> CaseTree:
-    """Every case file under `path` (a file, a framework dir, or a tree of them)."""
+    """Every case file under `path` (a file, a framework dir, a run dir, or a tree of them)."""
     root = Path(path)
-    if root.is_file():
-        # A single file named by the user is read whatever its name: they chose it.
+    if root.exists() and not root.is_dir():
+        # A single file named by the user is read whatever its name: they chose it. (Reading it
+        # says what is wrong when it is no regular file.)
         return CaseTree(root, {root.stem: CaseFile(root.stem, root)})
     if not root.is_dir():
         raise FormatError(root, "no such file or directory")
-    tree = CaseTree(root)
+    if is_run_dir(root):
+        tree = CaseTree(root, is_run_dir=True)
+        for fw_dir in sorted(p for p in root.iterdir() if p.is_dir() and not _ignored_dir(p.name)):
+            sub = _walk(fw_dir, CaseTree(fw_dir))
+            tree.files.update({f"{fw_dir.name}/{c}": CaseFile(f"{fw_dir.name}/{c}", f.path) for c, f in sub.files.items()})
+            tree.conflicts.update({f"{fw_dir.name}/{c}": paths for c, paths in sub.conflicts.items()})
+            tree.unreadable += sub.unreadable
+        return tree
+    return _walk(root, CaseTree(root))
+
+
+def _ignored_dir(name: str) -> bool:
+    return any(fnmatch.fnmatch(name, p) for p in IGNORED_DIR_PATTERNS)
+
+
+def _walk(root: Path, tree: CaseTree) -> CaseTree:
     found: dict[str, list[Path]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not any(fnmatch.fnmatch(d, p) for p in IGNORED_DIR_PATTERNS))
+    def unreadable(e: OSError) -> None:
+        tree.unreadable.append(f"{e.filename}: cannot list the directory: {os_problem(e)}")
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
+        dirnames[:] = sorted(d for d in dirnames if not _ignored_dir(d))
         names = [n for n in sorted(filenames) if is_case_file_name(n)]
         stems = {n.rsplit(".", 1)[0] for n in names}
         for stem in sorted(stems):
@@ -73,6 +110,36 @@ def collect_cases(path: str | os.PathLike) -> CaseTree:
         else:
             tree.conflicts[case] = paths
     return tree
+
+
+def skipped_pairs(run_dir: str | os.PathLike) -> dict[str, dict[str, str]]:
+    """framework -> {case: reason} for the pairs `lockstep run` skipped (from run.json's `skipped`;
+    empty when there is no run.json). Raises FormatError naming run.json when it is unreadable."""
+    manifest = Path(run_dir) / RUN_MANIFEST
+    if not manifest.is_file():
+        return {}
+    try:
+        doc = json.loads(read_text(manifest, "run manifest"))
+    except ValueError as e:
+        raise FormatError(manifest, f"is not valid JSON ({e})") from None
+    entries = doc.get("skipped", []) if isinstance(doc, dict) else None
+    out: dict[str, dict[str, str]] = {}
+    for e in entries if isinstance(entries, list) else [None]:
+        if not (isinstance(e, dict) and all(isinstance(e.get(k), str) for k in ("framework", "case", "reason"))):
+            raise FormatError(manifest, "`skipped` must be a list of {framework, case, reason} strings")
+        out.setdefault(e["framework"], {})[e["case"]] = e["reason"]
+    return out
+
+
+def skipped_cases(tree: CaseTree) -> dict[str, str]:
+    """Case (named as `tree` names it) -> reason, for the pairs `lockstep run` skipped: from the
+    run dir's own run.json, or for a framework dir from its parent's."""
+    if tree.is_run_dir:
+        return {f"{fw}/{case}": reason for fw, cases in skipped_pairs(tree.root).items()
+                for case, reason in cases.items()}
+    if tree.root.is_dir() and is_run_dir(tree.root.parent):
+        return skipped_pairs(tree.root.parent).get(tree.root.name, {})
+    return {}
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def compare_run_dir(run_dir: str | os.PathLike, baseline_framework: str = "pytor
         verdicts = [c["passed"] for c in summary["comparisons"] if c["passed"] is not None]
         if verdicts:
             summary["passed"] = all(verdicts)
-    with atomic_write(run_dir / SUMMARY_NAME, "w") as f:
+    with atomic_write(run_dir / SUMMARY_NAME, "w", what="run summary") as f:
         json.dump(summary, f, indent=2, allow_nan=True)
         f.write("\n")
     return summary
@@ -53,25 +53,6 @@ def compare_frameworks_in_run(run_dir: str | os.PathLike, baseline_framework: st
                               options: CompareOptions) -> ComparisonReport:
     """One framework of a run against the baseline. A case that `lockstep run` skipped on either
     side (listed with its reason in run.json) is reported as skipped, not missing: the run said
-    so before it started."""
+    so before it started (compare_paths reads run.json beside framework directories)."""
     run_dir = Path(run_dir)
-    report = compare_paths(run_dir / baseline_framework, run_dir / test_framework, options)
-    skipped = skipped_pairs(run_dir)
-    report.skipped = {**skipped.get(baseline_framework, {}), **skipped.get(test_framework, {})}
-    report.missing = [m for m in report.missing if m.case not in report.skipped]
-    return report
-
-
-def skipped_pairs(run_dir: Path) -> dict[str, dict[str, str]]:
-    """framework -> {case: reason} for the pairs `lockstep run` skipped (from run.json)."""
-    manifest = run_dir / "run.json"
-    if not manifest.is_file():
-        return {}
-    try:
-        entries = json.loads(manifest.read_text()).get("skipped", [])
-    except (OSError, ValueError):
-        return {}
-    out: dict[str, dict[str, str]] = {}
-    for e in entries:
-        out.setdefault(e["framework"], {})[e["case"]] = e["reason"]
-    return out
+    return compare_paths(run_dir / baseline_framework, run_dir / test_framework, options)

@@ -40,11 +40,15 @@ class SideSummary:
     step_ms_mean: float | None = None
     throughput_steps: list[int] = field(default_factory=list)  # the steps the mean is over
     step2_corrected: bool = False
+    # A native log prints rounded losses: the unit of its last printed digit (1e-6 for "%.6f");
+    # None for records, which hold the full float.
+    loss_quantum: float | None = None
 
     def to_json(self) -> dict:
         return {"file": self.file, "framework": self.framework, "origin": self.origin, "losses": self.losses,
                 "steps": self.steps, "tokens_per_s_mean": self.tokens_per_s_mean, "step_ms_mean": self.step_ms_mean,
-                "throughput_steps": self.throughput_steps, "megatron_step2_corrected": self.step2_corrected}
+                "throughput_steps": self.throughput_steps, "megatron_step2_corrected": self.step2_corrected,
+                "loss_quantum": self.loss_quantum}
 
 
 @dataclass
@@ -83,12 +87,37 @@ class CaseVerdict:
     def passed(self) -> bool:
         return self.error is None and self.loss_passed and self.throughput_passed is not False
 
+    @property
+    def failing_steps(self) -> int:
+        return sum(not d.within for d in self.diffs)
+
+    @property
+    def resolution(self) -> float | None:
+        """How far |Δloss| may be from the true difference because a side is a log that prints
+        rounded losses: half a unit in the last printed digit, per side. None for two records."""
+        qb, qt = self.baseline.loss_quantum, self.test.loss_quantum
+        if qb is None and qt is None:
+            return None
+        return ((qb or 0.0) + (qt or 0.0)) / 2
+
+    def resolution_note(self) -> str | None:
+        """Which side's printed precision limits the comparison, in one sentence."""
+        res = self.resolution
+        if res is None:
+            return None
+        sides = [f"{name} ({s.file}) prints losses to {s.loss_quantum:.0e}"
+                 for name, s in (("baseline", self.baseline), ("test", self.test)) if s.loss_quantum is not None]
+        limit = (f", within 10x of the threshold {self.threshold:.0e}: the log's precision limits this comparison"
+                 if self.threshold is not None and res * 10 >= self.threshold * (1 - 1e-9) else "")
+        return f"loss precision: {' and '.join(sides)}: |Δloss| is known only to ±{res:.1e}{limit}"
+
     def to_json(self) -> dict:
         return {
             "case": self.case, "dtype": self.dtype, "threshold": self.threshold,
             "threshold_source": self.threshold_source, "rtol": self.rtol,
             "max_abs_diff": self.max_abs_diff, "max_diff_step": self.max_diff_step,
-            "first_failing_step": self.first_failing_step,
+            "first_failing_step": self.first_failing_step, "failing_steps": self.failing_steps,
+            "resolution": self.resolution,
             "passed": self.passed, "loss_passed": self.loss_passed if self.error is None else False,
             "steps": len(self.diffs),
             "abs_diffs": [d.abs_diff for d in self.diffs],
@@ -104,6 +133,8 @@ def _summarise(side: LoadedSide, warmup_steps: int) -> SideSummary:
     rec = side.record
     if rec is None:
         return summary
+    quantum = rec.meta.get("loss_quantum")
+    summary.loss_quantum = float(quantum) if isinstance(quantum, (int, float)) and quantum > 0 else None
     ordered = sorted(rec.steps, key=lambda s: s.step)
     summary.framework, summary.origin = rec.framework, rec.origin
     summary.losses = [s.loss for s in ordered]
@@ -216,6 +247,9 @@ def judge_case(case: str, baseline: LoadedSide, test: LoadedSide, options: Compa
         verdict.error = str(e)
         return verdict
     verdict.loss_passed = all(d.within for d in verdict.diffs)
+    note = verdict.resolution_note()
+    if note:
+        verdict.notes.append(note)
     bt, tt = verdict.baseline.tokens_per_s_mean, verdict.test.tokens_per_s_mean
     if bt and tt is not None and math.isfinite(bt) and bt > 0:
         verdict.throughput_ratio = tt / bt

@@ -29,6 +29,7 @@ own records or logs.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -149,12 +150,39 @@ def _number(text: str, source: str, lineno: int, what: str) -> float:
         raise FormatError(source, f"line {lineno}: {what} {text!r} is not a number") from None
 
 
+DECIMAL_RE = re.compile(r"^[+-]?\d*(?:\.(?P<frac>\d*))?(?:[eE](?P<exp>[+-]?\d+))?$")
+
+
+def printed_quantum(text: str) -> float | None:
+    """The unit in the last printed digit of a number: "5.356193" -> 1e-6, "1.082745E+01" -> 1e-5.
+    A log's loss is only known to half of it; None for nan/inf or text that is not a decimal."""
+    m = DECIMAL_RE.match(text)
+    if not m or len(text) > 64:
+        return None
+    power = int(m["exp"] or 0) - len(m["frac"] or "")
+    return 10.0 ** power if abs(power) < 300 else None
+
+
+def _note_quantum(extra: dict, text: str) -> None:
+    q = printed_quantum(text)
+    if q is not None and q > extra.get("loss_quantum", 0.0):
+        extra["loss_quantum"] = q
+
+
+def _count(text: str, source: str, lineno: int, what: str) -> int:
+    """A step number or count as printed; absurdly long digit strings are an error, not a
+    ValueError from Python's integer-conversion limit."""
+    if len(text) > 12:
+        raise FormatError(source, f"line {lineno}: {what} {text[:20]}... has {len(text)} digits")
+    return int(text)
+
+
 def _perf_steps(lines: list[str], source: str) -> dict[int, _PerfStep]:
     perf: dict[int, _PerfStep] = {}
     for lineno, line in enumerate(lines, start=1):
-        m = PERF_STEP_RE.search(line)
+        m = PERF_STEP_RE.search(line) if "PERF step" in line else None  # the `in` test is 10x cheaper
         if m:
-            perf[int(m["step"])] = _PerfStep(_number(m["ms"], source, lineno, "step time"),
+            perf[_count(m["step"], source, lineno, "step")] = _PerfStep(_number(m["ms"], source, lineno, "step time"),
                                              _number(m["tps"], source, lineno, "tok/s"))
     return perf
 
@@ -167,9 +195,9 @@ def _common_meta(lines: list[str], source: str, log_format: str) -> dict:
             meta["command"] = m["command"]
             break
     for lineno, line in enumerate(lines, start=1):
-        m = PERF_SUMMARY_RE.search(line)
+        m = PERF_SUMMARY_RE.search(line) if "PERF summary" in line else None
         if m:
-            meta["perf_summary"] = {"measured_steps": int(m["n"]),
+            meta["perf_summary"] = {"measured_steps": _count(m["n"], source, lineno, "measured steps"),
                                     "avg_step_ms": _number(m["ms"], source, lineno, "step time"),
                                     "avg_tokens_per_s": _number(m["tps"], source, lineno, "tok/s")}
     return meta
@@ -184,7 +212,7 @@ def _parse_parallel(text: str | None) -> dict:
     out = {}
     for part in (text or "").split(","):
         key, _, value = part.strip().partition("=")
-        if key and value.strip().isdigit():
+        if key and value.strip().isdigit() and len(value.strip()) <= 12:
             out[key.lower()] = int(value)
     return out
 
@@ -193,7 +221,10 @@ def _llmc_steps(lines: list[str], source: str, glog: bool) -> tuple[list[StepRec
     """Step lines with (InfiniTrain) or without (llm.c) a glog prefix; other lines are ignored."""
     steps: list[StepRecord] = []
     extra: dict = {}
+    parallel_text = None
     for lineno, line in enumerate(lines, start=1):
+        if "train loss" not in line:  # cheap filter before the regular expressions (100k-step logs)
+            continue
         if glog:
             prefix = GLOG_PREFIX_RE.match(line)
             if not prefix:
@@ -204,16 +235,18 @@ def _llmc_steps(lines: list[str], source: str, glog: bool) -> tuple[list[StepRec
         if not m:
             continue
         steps.append(StepRecord(
-            step=int(m["step"]), loss=_number(m["loss"], source, lineno, "loss"),
+            step=_count(m["step"], source, lineno, "step"), loss=_number(m["loss"], source, lineno, "loss"),
             step_ms=_number(m["ms"], source, lineno, "step time"),
             tokens_per_s=_number(m["tps"], source, lineno, "tok/s"),
             lr=_number(m["lr"], source, lineno, "learning rate"),
             peak_mem_mb=float(m["peak_used"]) if m["peak_used"] else None))
-        extra["steps_planned"] = int(m["steps"])
+        _note_quantum(extra, m["loss"])
+        extra["steps_planned"] = max(extra.get("steps_planned", 0), _count(m["steps"], source, lineno, "planned steps"))
         if m["peak_reserved"]:
             extra["peak_reserved_mb"] = max(extra.get("peak_reserved_mb", 0.0), float(m["peak_reserved"]))
-        if m["parallel"]:
-            extra["parallel"] = _parse_parallel(m["parallel"])
+        if m["parallel"] and m["parallel"] != parallel_text:
+            parallel_text = m["parallel"]
+            extra["parallel"] = _parse_parallel(parallel_text)
     return steps, extra
 
 
@@ -275,25 +308,31 @@ def parse_megatron_log(text: str, source: str, seq_length: int | None = None) ->
     lines = text.splitlines()
     lockstep_written = is_lockstep_megatron_log(text)
     origin = ORIGIN_LOCKSTEP_MEGATRON if lockstep_written else ORIGIN_MEGATRON_LM
-    log_seq = next((int(m["seq"]) for line in lines if (m := SEQ_LENGTH_RE.search(line))), None)
+    log_seq = next((_count(m["seq"], source, 0, "sequence length") for line in lines
+                    if "seq" in line and (m := SEQ_LENGTH_RE.search(line))), None)
     seq = log_seq if log_seq is not None else seq_length
     perf = _perf_steps(lines, source)
     steps: list[StepRecord] = []
     meta = _common_meta(lines, source, origin)
     for lineno, line in enumerate(lines, start=1):
-        m = MEGATRON_ITERATION_RE.search(line)
+        m = MEGATRON_ITERATION_RE.search(line) if "iteration" in line else None
         if not m:
             continue
         fields = _megatron_fields(m["fields"])
         if "lm loss" not in fields:
             continue  # e.g. a validation or skipped-iteration line
-        step = int(m["step"])
+        step = _count(m["step"], source, lineno, "step")
         loss = _number(fields["lm loss"], source, lineno, "lm loss")
         lr = _number(fields["learning rate"], source, lineno, "learning rate") if "learning rate" in fields else None
         elapsed = fields.get("elapsed time per iteration (ms)")
         step_ms = _number(elapsed, source, lineno, "elapsed time") if elapsed is not None else None
         gbs = fields.get("global batch size")
-        global_batch = int(_number(gbs, source, lineno, "global batch size")) if gbs is not None else None
+        global_batch = None
+        if gbs is not None:
+            gbs_value = _number(gbs, source, lineno, "global batch size")
+            if not (math.isfinite(gbs_value) and 0 < gbs_value < 1e12):
+                raise FormatError(source, f"line {lineno}: global batch size {gbs!r:.30} is not a positive count")
+            global_batch = int(gbs_value)
         tokens_per_s = None
         if step_ms is not None and global_batch is not None and seq is not None and step_ms > 0:
             tokens_per_s = global_batch * seq / (step_ms / 1000.0)
@@ -302,7 +341,8 @@ def parse_megatron_log(text: str, source: str, seq_length: int | None = None) ->
         if step in perf:
             step_ms, tokens_per_s = perf[step].step_ms, perf[step].tokens_per_s
         steps.append(StepRecord(step=step, loss=loss, step_ms=step_ms, tokens_per_s=tokens_per_s, lr=lr))
-        meta["steps_planned"] = int(m["steps"])
+        _note_quantum(meta, fields["lm loss"])
+        meta["steps_planned"] = max(meta.get("steps_planned", 0), _count(m["steps"], source, lineno, "planned steps"))
         if global_batch is not None:
             meta["global_batch_size"] = global_batch
     if not steps:
@@ -350,11 +390,13 @@ def correct_megatron_step2(record: RunRecord) -> RunRecord:
 def detect_log_format(text: str) -> str | None:
     """The origin a log would get, or None when it holds no step lines lockstep knows."""
     lines = text.splitlines()
-    if any(MEGATRON_ITERATION_RE.search(line) and "lm loss" in line for line in lines):
+    if any("lm loss" in line and MEGATRON_ITERATION_RE.search(line) for line in lines):
         return ORIGIN_LOCKSTEP_MEGATRON if is_lockstep_megatron_log(text) else ORIGIN_MEGATRON_LM
     glog_step = False
     plain_step = False
     for line in lines:
+        if "train loss" not in line:
+            continue
         prefix = GLOG_PREFIX_RE.match(line)
         if prefix and LLMC_STEP_RE.match(line, prefix.end()):
             glog_step = True

@@ -218,3 +218,21 @@ def check_steps(record: RunRecord) -> None:
         seen.add(s.step)
         if not (isinstance(s.loss, (int, float)) and math.isfinite(s.loss)):
             raise FormatError(src, f"step {s.step} has a non-finite loss ({s.loss})")
+    planned, said = planned_steps(record)
+    last = max(s.step for s in record.steps)
+    if planned is not None and last < planned:
+        raise FormatError(src, f"is incomplete: {said} {planned} steps but it ends at step {last} "
+                               "(did the run crash or get killed?)")
+
+
+def planned_steps(record: RunRecord) -> tuple[int | None, str]:
+    """How many steps the run meant to make, and where that is said: a log's `N/M` step lines,
+    or the case spec of a lockstep record."""
+    planned = record.meta.get("steps_planned")
+    if isinstance(planned, int) and not isinstance(planned, bool):
+        return planned, "its step lines (N/M) plan"
+    spec = record.meta.get("case_spec") or {}
+    steps = spec.get("steps") if isinstance(spec, dict) else None
+    if record.origin == "lockstep" and isinstance(steps, int) and not isinstance(steps, bool):
+        return steps, "its case spec plans"
+    return None, ""

@@ -35,13 +35,13 @@ def write_report(run_dir: str | os.PathLike, baseline_framework: str = "pytorch"
     image_paths = {}
     for case, png in images.items():
         rel = f"{IMAGES_DIR}/{_file_name(case)}"
-        with atomic_write(run_dir / rel, "wb") as f:
+        with atomic_write(run_dir / rel, "wb", what="report plot") as f:
             f.write(png)
         image_paths[case] = rel
     html_path, md_path = run_dir / HTML_NAME, run_dir / MARKDOWN_NAME
-    with atomic_write(html_path, "w") as f:
+    with atomic_write(html_path, "w", what="HTML report") as f:
         f.write(render_html(data, images))
-    with atomic_write(md_path, "w") as f:
+    with atomic_write(md_path, "w", what="Markdown report") as f:
         f.write(render_markdown(data, image_paths))
     return html_path, md_path
 

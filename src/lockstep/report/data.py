@@ -8,10 +8,10 @@ from pathlib import Path
 
 from lockstep.compare import CompareOptions, ComparisonReport, collect_run_metadata, framework_dirs
 from lockstep.compare.loading import load_side
-from lockstep.compare.pairing import collect_cases
+from lockstep.compare.pairing import collect_cases, skipped_pairs
 from lockstep.compare.run_dir import compare_frameworks_in_run
 from lockstep.compare.verdict import CaseVerdict
-from lockstep.errors import FormatError
+from lockstep.errors import FormatError, LockstepError
 from lockstep.formats.run_record import RunRecord
 
 
@@ -25,10 +25,26 @@ class ReportData:
     comparisons: dict[str, ComparisonReport] = field(default_factory=dict)  # test framework -> report
     metadata: dict = field(default_factory=dict)
     options: CompareOptions = field(default_factory=CompareOptions)
+    skipped: dict[str, dict[str, str]] = field(default_factory=dict)  # framework -> case -> reason (run.json)
+    problems: list[str] = field(default_factory=list)  # run-level problems (e.g. an unreadable run.json)
 
     @property
     def cases(self) -> list[str]:
-        return sorted(set(self.records) | set(self.unreadable))
+        skipped = {c for by_case in self.skipped.values() for c in by_case}
+        return sorted(set(self.records) | set(self.unreadable) | skipped)
+
+    def skip_reasons(self, case: str) -> dict[str, str]:
+        """framework -> why `lockstep run` skipped this case on it."""
+        return {fw: by_case[case] for fw, by_case in self.skipped.items() if case in by_case}
+
+    def not_compared_reason(self, case: str) -> str:
+        """Why no framework was compared with the baseline on this case, in a few words."""
+        reasons = [f"{fw} skipped ({why})" for fw, why in self.skip_reasons(case).items()]
+        reasons += [f"{fw} unreadable" for fw in self.unreadable.get(case, {})]
+        if not reasons:
+            ran = sorted(self.records.get(case, {}))
+            reasons = [f"only {', '.join(ran)} ran it" if ran else "no framework ran it"]
+        return "; ".join(reasons)
 
     def verdicts(self, case: str) -> dict[str, CaseVerdict]:
         """Test framework -> verdict on this case against the baseline."""
@@ -62,6 +78,10 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
     frameworks = [baseline_framework] + [f for f in present if f != baseline_framework]
     data = ReportData(run_dir, baseline_framework, frameworks, metadata=collect_run_metadata(run_dir),
                       options=options)
+    try:
+        data.skipped = skipped_pairs(run_dir)
+    except LockstepError as e:
+        data.problems.append(str(e))
     for fw in frameworks:
         tree = collect_cases(run_dir / fw)
         for case, case_file in tree.files.items():

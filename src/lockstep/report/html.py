@@ -16,6 +16,7 @@ th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
 th { background: #f2f2f2; }
 td.PASS { color: #107010; font-weight: bold; }
 td.FAIL, td.ERROR { color: #b00000; font-weight: bold; }
+td.SKIPPED { color: #777; }
 img { max-width: 100%; }
 .overall-pass { color: #107010; } .overall-fail { color: #b00000; }
 """
@@ -47,6 +48,10 @@ def render_html(data: ReportData, images: dict[str, bytes]) -> str:
     problems = tables.problem_lines(data)
     if problems:
         parts += ["<h2>Problems</h2>", "<ul>"] + [f"<li>{html.escape(p)}</li>" for p in problems] + ["</ul>"]
+    skipped = tables.skipped_lines(data)
+    if skipped:
+        parts += ["<h2>Skipped (expected, with the reason)</h2>", "<ul>"]
+        parts += [f"<li>{html.escape(line)}</li>" for line in skipped] + ["</ul>"]
     parts.append("<h2>Cases</h2>")
     for case in data.cases:
         parts.append(f"<h3>{html.escape(case)}</h3>")
@@ -54,6 +59,8 @@ def render_html(data: ReportData, images: dict[str, bytes]) -> str:
         if png is not None:
             b64 = base64.b64encode(png).decode("ascii")
             parts.append(f'<img alt="{html.escape(case)}: loss, |Δloss| and tok/s" src="data:image/png;base64,{b64}">')
+        else:
+            parts.append(f"<p>not run: {html.escape(data.not_compared_reason(case))}</p>")
     parts += ["<h2>Run metadata</h2>", _table(tables.METADATA_HEADER, tables.metadata_rows(data)),
               _table(tables.FRAMEWORK_HEADER, tables.framework_rows(data)), "</body></html>"]
     return "\n".join(parts) + "\n"

@@ -23,11 +23,16 @@ def render_markdown(data: ReportData, image_paths: dict[str, str]) -> str:
     problems = tables.problem_lines(data)
     if problems:
         parts += ["## Problems", ""] + [f"- {p}" for p in problems] + [""]
+    skipped = tables.skipped_lines(data)
+    if skipped:
+        parts += ["## Skipped (expected, with the reason)", ""] + [f"- {line}" for line in skipped] + [""]
     parts += ["## Cases", ""]
     for case in data.cases:
         parts += [f"### {case}", ""]
         if case in image_paths:
             parts += [f"![{case}: loss, |Δloss| and tok/s]({image_paths[case]})", ""]
+        else:
+            parts += [f"not run: {data.not_compared_reason(case)}", ""]
     parts += ["## Run metadata", "", _table(tables.METADATA_HEADER, tables.metadata_rows(data)), "",
               _table(tables.FRAMEWORK_HEADER, tables.framework_rows(data)), ""]
     return "\n".join(parts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -14,11 +15,19 @@ from lockstep.report.data import ReportData
 
 # A log axis cannot show an exact match (|Δloss| = 0); such steps are drawn at this floor and said so.
 ZERO_FLOOR = 1e-12
+# Beyond this many steps markers would only blur the line (and slow the drawing).
+MAX_MARKED_STEPS = 200
 
 
 def framework_color(data: ReportData, framework: str) -> str:
     """One colour per framework in every panel, so a line and its bar are read as the same run."""
     return f"C{data.frameworks.index(framework)}"
+
+
+def _not_shown(ax, message: str) -> None:
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, textwrap.fill(message, 45), ha="center", va="center", transform=ax.transAxes,
+            fontsize="medium", color="0.35")
 
 
 def case_figure_png(data: ReportData, case: str) -> bytes:
@@ -35,12 +44,21 @@ def case_figure_png(data: ReportData, case: str) -> bytes:
         if rec is None:
             continue
         steps = sorted(rec.steps, key=lambda s: s.step)
-        ax_loss.plot([s.step for s in steps], [s.loss for s in steps], marker="o", markersize=3,
-                     color=framework_color(data, fw), label=fw + (" (baseline)" if fw == data.baseline else ""))
+        marker = {"marker": "o", "markersize": 3} if len(steps) <= MAX_MARKED_STEPS else {}
+        if fw == data.baseline:
+            # Wide and pale underneath: when a test run matches it exactly, it still shows around the test line.
+            style = {"linewidth": 5, "alpha": 0.45, "zorder": 1, "solid_capstyle": "round"}
+        else:
+            style = {"linewidth": 1.5, "linestyle": "--", "zorder": 2 + data.frameworks.index(fw), **marker}
+        ax_loss.plot([s.step for s in steps], [s.loss for s in steps], color=framework_color(data, fw),
+                     label=fw + (" (baseline)" if fw == data.baseline else ""), **style)
     ax_loss.set_title("loss")
     ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("train loss (mean cross-entropy)")
     if records:
         ax_loss.legend(fontsize="small")
+    else:
+        _not_shown(ax_loss, f"not run: {data.not_compared_reason(case)}")
 
     thresholds = set()
     floored = False
@@ -49,19 +67,22 @@ def case_figure_png(data: ReportData, case: str) -> bytes:
             continue
         ys = [d.abs_diff if d.abs_diff > 0 else ZERO_FLOOR for d in verdict.diffs]
         floored |= any(d.abs_diff == 0 for d in verdict.diffs)
-        ax_diff.plot([d.step for d in verdict.diffs], ys, marker="o", markersize=3, color=framework_color(data, fw),
-                     label=f"{fw} vs {data.baseline}")
+        marker = {"marker": "o", "markersize": 3} if len(ys) <= MAX_MARKED_STEPS else {}
+        ax_diff.plot([d.step for d in verdict.diffs], ys, color=framework_color(data, fw),
+                     label=f"{fw} vs {data.baseline}", **marker)
         if verdict.threshold is not None:
             thresholds.add(verdict.threshold)
-    for th in sorted(thresholds):
-        ax_diff.axhline(th, color="red", linestyle="--", linewidth=1, label=f"threshold {th:.0e}")
-    ax_diff.set_yscale("log")
     ax_diff.set_title("|Δloss| vs baseline" + (f" (0 drawn at {ZERO_FLOOR:.0e})" if floored else ""))
-    ax_diff.set_xlabel("step")
     if ax_diff.lines:
+        for th in sorted(thresholds):
+            ax_diff.axhline(th, color="red", linestyle="--", linewidth=1, label=f"threshold {th:.0e}")
+        ax_diff.set_yscale("log")
+        ax_diff.set_xlabel("step")
+        ax_diff.set_ylabel("|Δloss|")
         ax_diff.legend(fontsize="small")
     else:
-        ax_diff.text(0.5, 0.5, "no comparison", ha="center", va="center", transform=ax_diff.transAxes)
+        # No empty 0-1 axes pretending to be a plot: say why there is nothing to draw.
+        _not_shown(ax_diff, f"not compared: {data.not_compared_reason(case)}")
 
     names, values = [], []
     for fw in data.frameworks:
@@ -73,8 +94,9 @@ def case_figure_png(data: ReportData, case: str) -> bytes:
     if values:
         bars = ax_tps.bar(names, values, color=[framework_color(data, n) for n in names])
         ax_tps.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize="small")
+        ax_tps.set_ylabel("tokens/s")
     else:
-        ax_tps.text(0.5, 0.5, "no tok/s", ha="center", va="center", transform=ax_tps.transAxes)
+        _not_shown(ax_tps, "no tok/s recorded")
     ax_tps.set_title(f"tok/s (mean after step {data.options.warmup_steps})")
 
     buf = io.BytesIO()

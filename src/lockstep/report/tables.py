@@ -3,6 +3,8 @@ writers so both show the same numbers."""
 
 from __future__ import annotations
 
+from lockstep.cases.spec import dtype_of_case_name
+from lockstep.compare.metadata import model_label
 from lockstep.report.data import ReportData
 
 
@@ -24,16 +26,24 @@ def verdict_rows(data: ReportData) -> list[list[str]]:
                          _num(c.max_abs_diff, ".3e"), _num(c.max_diff_step, "d"), _num(c.threshold, ".0e"), verdict,
                          _num(c.baseline.tokens_per_s_mean, ",.0f"), _num(c.test.tokens_per_s_mean, ",.0f"),
                          _num(c.throughput_ratio, ".3f"), notes])
+        for case, reason in sorted(report.skipped.items()):
+            rows.append([fw, case, dtype_of_case_name(case), "-", "-", "-", "-", "-", "SKIPPED", "-", "-", "-", reason])
     return rows
 
 
+def skipped_lines(data: ReportData) -> list[str]:
+    """The pairs `lockstep run` skipped on purpose, with the reason: expected, not problems."""
+    return [f"{fw} / {case}: skipped ({reason})"
+            for fw in data.frameworks + sorted(set(data.skipped) - set(data.frameworks))
+            for case, reason in sorted(data.skipped.get(fw, {}).items())]
+
+
 def problem_lines(data: ReportData) -> list[str]:
-    """Missing cases and unreadable files, one sentence each."""
-    lines = []
+    """Missing cases and unreadable files, one sentence each (skipped pairs are not problems)."""
+    lines = list(data.problems)
     for fw, report in data.comparisons.items():
         lines += [f"{fw}: {m.message}" for m in report.missing]
         lines += [f"{fw}: {e.message}" for e in report.errors if e.case is None]
-        lines += [f"{fw}: {case} not compared, skipped ({reason})" for case, reason in sorted(report.skipped.items())]
     for case, by_fw in sorted(data.unreadable.items()):
         lines += [f"{fw}/{case}: {err}" for fw, err in by_fw.items()]
     return lines
@@ -43,7 +53,7 @@ METADATA_HEADER = ["key", "value"]
 
 
 def metadata_rows(data: ReportData) -> list[list[str]]:
-    return [[k, str(v)] for k, v in data.metadata.items() if k != "frameworks"]
+    return [[k, model_label(v) if k == "model" else str(v)] for k, v in data.metadata.items() if k != "frameworks"]
 
 
 FRAMEWORK_HEADER = ["framework", "version", "device", "torch", "started", "finished"]
@@ -62,10 +72,11 @@ def framework_rows(data: ReportData) -> list[list[str]]:
 def overall_line(data: ReportData) -> str:
     if data.passed is None:
         return f"Nothing ran on both {data.baseline} and another framework: nothing to compare."
-    counts = {"passed": 0, "failed": 0, "missing": 0, "errors": 0}
+    counts = {"passed": 0, "failed": 0, "missing": 0, "errors": 0, "skipped": 0}
     for report in data.comparisons.values():
         for k, v in report.counts.items():
             counts[k] += v
     word = "PASS" if data.passed else "FAIL"
+    skipped = f", {counts['skipped']} skipped" if counts["skipped"] else ""
     return (f"{word}: {counts['passed']} passed, {counts['failed']} failed, {counts['missing']} missing, "
-            f"{counts['errors']} errors (against baseline {data.baseline})")
+            f"{counts['errors']} errors{skipped} (against baseline {data.baseline})")

@@ -9,6 +9,7 @@ import sys
 from lockstep import __version__
 from lockstep.commands import COMMAND_MODULES
 from lockstep.errors import LockstepError
+from lockstep.fsutil import os_problem
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +36,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except LockstepError as e:
         print(f"lockstep: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        # Reads and writes go through fsutil, which names the file; this is the net for any
+        # other I/O failure, so that it is still one sentence naming the file, not a traceback.
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"lockstep: error: {where}{os_problem(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("lockstep: interrupted", file=sys.stderr)

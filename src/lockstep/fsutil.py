@@ -104,6 +104,19 @@ def check_writable_target(path: str | os.PathLike, what: str = "file") -> Path:
     return path
 
 
+def prepare_output_file(path: str | os.PathLike, what: str = "file") -> Path:
+    """Check an output path before the work that fills it, and make its directory: a path that
+    can never be written fails now, with one sentence, instead of after minutes of work."""
+    path = check_writable_target(path, what)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FormatError(path, f"cannot write the {what}: {os_problem(e)}") from None
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise FormatError(path, f"cannot write the {what}: {path.parent} is not writable")
+    return path
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", what: str = "file") -> Iterator[IO]:
     """Write to a temporary file beside `path` and rename it into place only on success.

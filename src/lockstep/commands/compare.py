@@ -18,7 +18,7 @@ from rich.table import Table
 from lockstep.compare import CompareOptions, ComparisonReport, compare_paths
 from lockstep.compare.options import STEP2_MODES
 from lockstep.compare.verdict import CaseVerdict
-from lockstep.fsutil import atomic_write, check_writable_target
+from lockstep.fsutil import atomic_write, prepare_output_file
 
 
 def _positive_float(text: str) -> float:
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"lockstep compare: error: {what} {path} does not exist", file=sys.stderr)
             return 2
     if args.json is not None:
-        check_writable_target(args.json, "JSON report")  # before the work, not after it
+        prepare_output_file(args.json, "JSON report")  # before the work, not after it
     report = compare_paths(args.baseline, args.test, options_from_args(args))
     console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
     print_report(console, report)

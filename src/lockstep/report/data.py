@@ -35,7 +35,8 @@ class ReportData:
 
     def skip_reasons(self, case: str) -> dict[str, str]:
         """framework -> why `lockstep run` skipped this case on it."""
-        return {fw: by_case[case] for fw, by_case in self.skipped.items() if case in by_case}
+        order = self.frameworks + sorted(set(self.skipped) - set(self.frameworks))
+        return {fw: self.skipped[fw][case] for fw in order if case in self.skipped.get(fw, {})}
 
     def not_compared_reason(self, case: str) -> str:
         """Why no framework was compared with the baseline on this case, in a few words."""

@@ -1,0 +1,96 @@
+"""What the report says: verdict cells per framework and case, expected skips apart from
+problems, why a case was not compared, run-wide start/finish, and the model shape that ran."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from lockstep.compare.metadata import collect_run_metadata, model_label
+from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
+from lockstep.report import gather, write_report
+from lockstep.report import tables
+
+LOSSES = [5.3 - 0.05 * i for i in range(6)]
+TINY = {"family": "gpt2", "max_seq_len": 1024, "vocab_size": 50257, "num_layers": 2, "num_heads": 12,
+        "channels": 96, "padded_vocab_size": 50304}
+
+
+def put(run: Path, fw: str, case: str, losses: list[float], started: str, finished: str, dtype: str = "float32"):
+    spec = {"name": case, "model": "gpt2", "dtype": dtype, "micro_batch": 4, "seq_len": 64, "total_batch": 256,
+            "steps": len(losses), "lr": 1e-4}
+    write_run_record(run / fw / f"{case}.jsonl", RunRecord(
+        fw, case, [StepRecord(i + 1, x, 256.0, 1000.0) for i, x in enumerate(losses)],
+        meta={"case_spec": spec, "model": TINY, "started_at": started, "finished_at": finished}))
+
+
+def make_run(run: Path, manifest_model: dict | None) -> Path:
+    put(run, "pytorch", "gpt2_1", LOSSES, "2026-11-30T05:00:10+00:00", "2026-11-30T05:00:20+00:00")
+    put(run, "pytorch", "gpt2_1_bfloat16", LOSSES, "2026-11-30T05:00:20+00:00", "2026-11-30T05:00:30+00:00",
+        "bfloat16")
+    put(run, "pytorch", "gpt2_2", LOSSES, "2026-11-30T05:00:30+00:00", "2026-11-30T05:00:40+00:00")
+    put(run, "megatron", "gpt2_1", LOSSES, "2026-11-30T05:00:05+00:00", "2026-11-30T05:01:00+00:00")
+    put(run, "megatron", "gpt2_2", [x + (1e-3 if i == 2 else 0) for i, x in enumerate(LOSSES)],
+        "2026-11-30T05:01:00+00:00", "2026-11-30T05:02:00+00:00")
+    manifest = {"frameworks": ["pytorch", "megatron"], "skipped": [
+        {"case": "gpt2_1_bfloat16", "framework": "megatron", "reason": "megatron-core's bf16 needs CUDA"},
+        {"case": "gpt2_8", "framework": "pytorch", "reason": "needs 8 devices"},
+        {"case": "gpt2_8", "framework": "megatron", "reason": "needs 8 devices"}]}
+    if manifest_model is not None:
+        manifest["model"] = manifest_model
+    (run / "run.json").write_text(json.dumps(manifest))
+    return run
+
+
+def test_verdict_cells_per_framework_and_case(tmp_path):
+    data = gather(make_run(tmp_path / "run", {"name": "gpt2-tiny", **TINY}))
+    col = tables.VERDICT_HEADER.index("verdict")
+    cells = {(row[0], row[1]): row[col] for row in tables.verdict_rows(data)}
+    assert cells == {("megatron", "gpt2_1"): "PASS", ("megatron", "gpt2_2"): "FAIL",
+                     ("megatron", "gpt2_1_bfloat16"): "SKIPPED", ("megatron", "gpt2_8"): "SKIPPED"}
+    assert tables.overall_line(data).startswith("FAIL: 1 passed, 1 failed, 0 missing, 0 errors, 2 skipped")
+
+
+def test_skips_are_listed_apart_from_problems_with_their_reason(tmp_path):
+    run = make_run(tmp_path / "run", {"name": "gpt2-tiny", **TINY})
+    data = gather(run)
+    assert tables.problem_lines(data) == []
+    assert tables.skipped_lines(data) == ["pytorch / gpt2_8: skipped (needs 8 devices)",
+                                          "megatron / gpt2_1_bfloat16: skipped (megatron-core's bf16 needs CUDA)",
+                                          "megatron / gpt2_8: skipped (needs 8 devices)"]
+    assert data.not_compared_reason("gpt2_1_bfloat16") == "megatron skipped (megatron-core's bf16 needs CUDA)"
+    html_path, md_path = write_report(run)
+    md = md_path.read_text()
+    assert "## Problems" not in md and "## Skipped (expected, with the reason)" in md
+    assert "- megatron / gpt2_1_bfloat16: skipped (megatron-core's bf16 needs CUDA)" in md
+    # gpt2_8 ran nowhere: no figure, the reason instead.
+    assert "### gpt2_8\n\nnot run: pytorch skipped (needs 8 devices); megatron skipped (needs 8 devices)" in md
+    assert "report_files/gpt2_8.png" not in md and (run / "report_files" / "gpt2_1_bfloat16.png").is_file()
+    html = html_path.read_text()
+    assert "<h2>Problems</h2>" not in html
+    # The rendered cells, row by row: framework, case ... verdict.
+    rows = re.findall(r"<tr><td>(\w+)</td><td>(\w+)</td>.*?<td class=\"(\w+)\">(\w+)</td>", html)
+    assert {(fw, case): (cls, text) for fw, case, cls, text in rows} == {
+        ("megatron", "gpt2_1"): ("PASS", "PASS"), ("megatron", "gpt2_2"): ("FAIL", "FAIL"),
+        ("megatron", "gpt2_1_bfloat16"): ("SKIPPED", "SKIPPED"), ("megatron", "gpt2_8"): ("SKIPPED", "SKIPPED")}
+
+
+def test_start_and_finish_span_all_records_and_the_model_shape_is_named(tmp_path):
+    run = make_run(tmp_path / "run", {"name": "gpt2-tiny", **TINY})
+    meta = collect_run_metadata(run)
+    assert meta["started_at"] == "2026-11-30T05:00:05+00:00" and meta["finished_at"] == "2026-11-30T05:02:00+00:00"
+    assert meta["frameworks"]["pytorch"]["started_at"] == "2026-11-30T05:00:10+00:00"
+    assert meta["frameworks"]["pytorch"]["finished_at"] == "2026-11-30T05:00:40+00:00"
+    assert meta["frameworks"]["megatron"]["finished_at"] == "2026-11-30T05:02:00+00:00"
+    rows = dict(tables.metadata_rows(gather(run)))
+    assert rows["model"] == "gpt2-tiny (gpt2: L=2 NH=12 C=96 V=50257 maxT=1024)"
+
+
+def test_model_shape_from_an_older_run_json_or_the_records(tmp_path):
+    # run.json of an older lockstep: the shape without its name.
+    assert model_label(collect_run_metadata(make_run(tmp_path / "a", TINY))["model"]) == \
+        "gpt2: L=2 NH=12 C=96 V=50257 maxT=1024"
+    # No model in run.json: the records' shape.
+    assert model_label(collect_run_metadata(make_run(tmp_path / "b", None))["model"]) == \
+        "gpt2: L=2 NH=12 C=96 V=50257 maxT=1024"

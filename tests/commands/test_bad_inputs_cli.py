@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from lockstep.cli import main
-from lockstep.formats.llmc_gpt2 import write_llmc_gpt2
 from lockstep.formats.logs import llmc_step_line
 from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
 from lockstep.formats.tokens import write_token_stream
-from lockstep.models.configs import GPT2Config
+from lockstep.models.gpt2 import FAMILY as GPT2_FAMILY
+from lockstep.models.gpt2.config import GPT2Config
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 TINY = GPT2Config(max_seq_len=8, vocab_size=16, num_layers=1, num_heads=2, channels=4, padded_vocab_size=16)
@@ -28,7 +28,7 @@ def make_input(kind: str, directory: Path) -> tuple[Path, list[str]]:
     directory.mkdir(parents=True, exist_ok=True)
     if kind == "checkpoint":
         path = directory / "model.bin"
-        write_llmc_gpt2(path, TINY, {n: np.zeros(shape, "float32") for n, shape in TINY.tensor_shapes()})
+        GPT2_FAMILY.write(path, TINY, {n: np.zeros(shape, "float32") for n, shape in TINY.tensor_shapes()})
         return path, ["inspect", "{}"]
     if kind == "token file":
         path = directory / "tokens.bin"

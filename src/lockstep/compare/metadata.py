@@ -98,9 +98,12 @@ def collect_run_metadata(run_dir: str | os.PathLike) -> dict:
                 _span(run_times, k, rec.meta.get(k))
                 _span(fw_times.setdefault(fw_dir.name, {}), k, rec.meta.get(k))
         frameworks.setdefault(fw_dir.name, {})
-    manifest_model = run_manifest(run_dir).get("model")
-    if isinstance(manifest_model, dict):
-        values["model"] = [manifest_model]  # what the run was asked to train: names the shape
+    manifest = run_manifest(run_dir)
+    models = manifest.get("models")
+    if isinstance(models, list) and models and all(isinstance(m, dict) for m in models):
+        values["model"] = models  # what the run was asked to train: names the shapes
+    elif isinstance(manifest.get("model"), dict):
+        values["model"] = [manifest["model"]]
     run = {k: (v[0] if len(v) == 1 else v) for k, v in values.items() if v}
     run.update({k: _pick(k, texts) for k, texts in run_times.items()})
     for name, times in fw_times.items():
@@ -111,11 +114,13 @@ def collect_run_metadata(run_dir: str | os.PathLike) -> dict:
 def model_label(model) -> str:
     """`gpt2-tiny (gpt2: L=2 NH=12 C=96 V=50257 maxT=1024)` from run.json's or a record's `model`
     (older run.json files hold the shape without its `name`)."""
+    if isinstance(model, list):
+        return "; ".join(model_label(m) for m in model)
     if not isinstance(model, dict):
         return str(model)
     dims = " ".join(f"{label}={model[key]}" for key, label in (
-        ("num_layers", "L"), ("num_heads", "NH"), ("channels", "C"), ("vocab_size", "V"), ("max_seq_len", "maxT"))
-        if key in model)
+        ("num_layers", "L"), ("num_heads", "NH"), ("num_kv_heads", "kv"), ("channels", "C"), ("vocab_size", "V"),
+        ("max_seq_len", "maxT")) if key in model)
     family = model.get("family")
     inner = ": ".join(str(x) for x in (family, dims) if x)
     name = model.get("name")

@@ -25,6 +25,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def private_history(tmp_path, monkeypatch):
+    """Every `lockstep run` / `compare` appends to the run history: in tests, to a file of the
+    test's own, never to the user's data dir."""
+    monkeypatch.setenv("LOCKSTEP_HISTORY", str(tmp_path / "history.sqlite"))
+    return tmp_path / "history.sqlite"
+
+
 @pytest.fixture(scope="session")
 def shared_text() -> Path:
     if not TINY_SHAKESPEARE_TXT.is_file():

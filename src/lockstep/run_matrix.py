@@ -297,7 +297,11 @@ def ensure_initial_checkpoint(cache: Path, model_name: str, fam, config, seed: i
 
 def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None = None,
                  on_step: Callable[[StepRecord], None] | None = None,
-                 on_end: Callable[[CaseOutcome], None] | None = None) -> list[CaseOutcome]:
+                 on_end: Callable[[CaseOutcome], None] | None = None, repeat: int = 1) -> list[CaseOutcome]:
+    """Run every pair `repeat` times; repeat 1's record is the outcome's (and where compare reads
+    it), repeats 2..N go under `<out>/repeats/<k>/` for the determinism check."""
+    from lockstep.determinism import repeat_dir
+
     outcomes = []
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     for case in plan.cases:
@@ -307,9 +311,14 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
             if reason:
                 outcome = CaseOutcome(case, runner.name, skipped=reason)
             else:
-                if on_start:
-                    on_start(case, runner.name)
-                outcome = CaseOutcome(case, runner.name, record=runner.run(case, inputs, plan.out_dir, on_step))
+                records = []
+                for k in range(1, repeat + 1):
+                    if on_start:
+                        on_start(case, runner.name)
+                    records.append(runner.run(case, inputs, repeat_dir(plan.out_dir, k), on_step))
+                    if not records[-1].ok:
+                        break  # a failed run has no losses to repeat
+                outcome = CaseOutcome(case, runner.name, record=records[0])
             outcomes.append(outcome)
             if on_end:
                 on_end(outcome)

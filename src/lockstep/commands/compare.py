@@ -17,6 +17,7 @@ from rich.table import Table
 
 from lockstep.compare import CompareOptions, ComparisonReport, compare_paths
 from lockstep.compare.options import STEP2_MODES
+from lockstep.commands.ci_options import add_history_arguments, add_junit_argument, append_history
 from lockstep.compare.verdict import CaseVerdict
 from lockstep.fsutil import atomic_write, prepare_output_file
 
@@ -86,6 +87,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seq-length", type=_int_at_least(1), default=None, metavar="N",
                    help="sequence length for Megatron-LM logs that state none (for tok/s)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
+    add_junit_argument(p)
+    add_history_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -113,7 +116,28 @@ def run(args: argparse.Namespace) -> int:
         with atomic_write(args.json, "w", what="JSON report") as f:
             json.dump(report.to_json(), f, indent=2, allow_nan=True)
             f.write("\n")
+    report_json = report.to_json()
+    base_fw, test_fw = framework_names(report)
+    if args.junit is not None:
+        from lockstep.report.junit import cases_from_comparisons, write_junit
+
+        write_junit(args.junit, cases_from_comparisons(
+            [{"baseline_framework": base_fw, "test_framework": test_fw, **report_json}]))
+    from lockstep.history import run_from_comparison
+
+    append_history(args, run_from_comparison(report_json, base_fw, test_fw))
     return 0 if report.passed else 1
+
+
+def framework_names(report: ComparisonReport) -> tuple[str, str]:
+    """The frameworks as the records or logs name them, else the paths' names."""
+    def name(side: str) -> str:
+        found = {getattr(c, side).framework for c in report.cases if getattr(c, side).framework}
+        return found.pop() if len(found) == 1 else Path(getattr(report, side)).stem or side
+    base, test = name("baseline"), name("test")
+    if base == test:  # e.g. pytorch DP=1 against pytorch DP=2: keep them apart in the history
+        test = f"{test}@{Path(report.test).name}"
+    return base, test
 
 
 # ----------------------------------------------------------------------------------------------

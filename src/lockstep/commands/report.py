@@ -18,6 +18,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="output directory of `lockstep run`")
     p.add_argument("--baseline", default="pytorch", metavar="FRAMEWORK",
                    help="framework the others are compared with (default pytorch)")
+    p.add_argument("--history", type=Path, default=None, metavar="FILE",
+                   help="history database whose trends of the run's cases report.html shows (default: "
+                        "$LOCKSTEP_HISTORY, else the user's data dir); --no-history leaves them out")
+    p.add_argument("--no-history", action="store_true", help="no history section")
     p.set_defaults(handler=run)
 
 
@@ -25,7 +29,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.run_dir.is_dir():
         print(f"lockstep report: error: RUN_DIR {args.run_dir} is not a directory", file=sys.stderr)
         return 2
-    html_path, md_path = write_report(args.run_dir, args.baseline)
+    from lockstep.commands.ci_options import history_path
+
+    html_path, md_path = write_report(args.run_dir, args.baseline, history_path=history_path(args))
     print(f"wrote {html_path}")
     print(f"wrote {md_path}")
     return 0

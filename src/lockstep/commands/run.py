@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from lockstep.commands.ci_options import add_history_arguments, add_junit_argument, append_history, history_path
+from lockstep.determinism import REPEATS_DIR
 from lockstep.errors import LockstepError
 from lockstep.fsutil import atomic_write
 from lockstep.run_matrix import CaseOutcome, RunPlan, RunRequest, execute_plan, plan_run
@@ -43,6 +45,10 @@ def add_parser(sub) -> None:
     p.add_argument("--megatron-native-bf16", action="store_true",
                    help="diagnostic: Megatron's native bf16 parameters instead of autocast")
     p.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run each (case, framework) N times and report whether the losses are bitwise identical")
+    add_junit_argument(p)
+    add_history_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -57,6 +63,8 @@ def run(args) -> int:
                      model=args.model, llmc=args.llmc, data=args.data, text=args.text, steps=args.steps,
                      device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
                      infinitrain_build=args.infinitrain_build, megatron_native_bf16=args.megatron_native_bf16)
+    if args.repeat < 1:
+        raise LockstepError(f"--repeat must be at least 1, not {args.repeat}")
     plan = plan_run(req)
     prepare_out_dir(plan)
     for note in plan.notes:
@@ -64,7 +72,7 @@ def run(args) -> int:
     models = "; ".join(f"{m.model_name} ({m.model.describe()}, {m.family.optimizer.kind})" for m in plan.models())
     console.print(f"device {plan.device} | model {models} | frameworks {', '.join(r.name for r in plan.runners)} "
                   f"(baseline {plan.runners[0].name}) | out {plan.out_dir}", highlight=False)
-    outcomes = run_with_progress(plan, console)
+    outcomes = run_with_progress(plan, console, repeat=args.repeat)
     console.print(outcome_table(outcomes))
     failed_runs = [o for o in outcomes if o.record is not None and not o.record.ok]
     for o in failed_runs:
@@ -74,13 +82,61 @@ def run(args) -> int:
 
     summary = compare_run_dir(plan.out_dir, baseline_framework=plan.runners[0].name)
     print_comparison(console, summary)
+    if args.repeat > 1:
+        summary = report_determinism(console, plan, outcomes, args.repeat)
+    history_error = record_in_history(console, args, summary, plan)
+    if args.junit is not None:
+        from lockstep.report.junit import cases_from_comparisons, write_junit
+
+        write_junit(args.junit, cases_from_comparisons(summary.get("comparisons", [])))
+        console.print(f"junit: {args.junit}")
     if not args.no_report:
         from lockstep.report import write_report
 
-        html, md = write_report(plan.out_dir, baseline_framework=plan.runners[0].name)
+        html, md = write_report(plan.out_dir, baseline_framework=plan.runners[0].name,
+                                history_path=None if history_error else history_path(args))
         console.print(f"report: {html} and {md}")
     console.print(f"summary: {plan.out_dir / 'summary.json'}")
-    return 1 if failed_runs or summary.get("passed") is False else 0
+    if history_error:
+        console.print(f"[red]history not written:[/red] {history_error}", highlight=False)
+    return 1 if failed_runs or summary.get("passed") is False or history_error else 0
+
+
+def report_determinism(console: Console, plan: RunPlan, outcomes: list[CaseOutcome], repeat: int) -> dict:
+    """Bitwise identical repeats per framework and case, into summary.json and the terminal."""
+    from lockstep.compare.run_dir import SUMMARY_NAME
+    from lockstep.determinism import add_to_summary, analyse_repeats
+
+    report = analyse_repeats(plan.out_dir, [(o.framework, o.case.name) for o in outcomes if not o.skipped],
+                             repeat, baseline=plan.runners[0].name)
+    t = Table(title=f"determinism over {repeat} repeats")
+    for col in ("framework", "case", "repeats", "bitwise identical", "max |Δloss| between repeats", "at step"):
+        t.add_column(col)
+    for p in report.pairs:
+        same = "[green]yes[/green]" if p.bitwise_identical else "[red]no[/red]"
+        t.add_row(p.framework, p.case, str(p.repeats), same, f"{p.max_abs_diff:.3e}",
+                  "-" if p.max_diff_step is None else str(p.max_diff_step))
+    console.print(t)
+    for p in report.pairs:
+        for problem in p.problems:
+            console.print(f"[yellow]{p.framework}/{p.case}:[/yellow] {problem}", highlight=False)
+    for w in report.warnings():
+        console.print(f"[bold yellow]warning:[/bold yellow] {w}", highlight=False)
+    return add_to_summary(plan.out_dir / SUMMARY_NAME, report)
+
+
+def record_in_history(console: Console, args, summary: dict, plan: RunPlan) -> str | None:
+    """Append the run to the history; a history that cannot be written is said once, at the end,
+    and fails the exit code, but never loses the run's own outputs."""
+    from lockstep.history import run_from_summary
+
+    try:
+        path = append_history(args, run_from_summary(summary, plan.out_dir))
+    except LockstepError as e:
+        return str(e)
+    if path is not None:
+        console.print(f"history: {path}")
+    return None
 
 
 def prepare_out_dir(plan: RunPlan) -> None:
@@ -91,7 +147,7 @@ def prepare_out_dir(plan: RunPlan) -> None:
         raise LockstepError(f"{out}: output directory exists and was not written by lockstep run; "
                             "choose another --out or empty it")
     if out.exists():
-        for name in RUNNERS:
+        for name in [*RUNNERS, REPEATS_DIR]:
             shutil.rmtree(out / name, ignore_errors=True)
         for name in ("summary.json", "report.html", "report.md"):
             (out / name).unlink(missing_ok=True)
@@ -109,7 +165,7 @@ def prepare_out_dir(plan: RunPlan) -> None:
         json.dump(manifest, f, indent=2)
 
 
-def run_with_progress(plan: RunPlan, console: Console) -> list[CaseOutcome]:
+def run_with_progress(plan: RunPlan, console: Console, repeat: int = 1) -> list[CaseOutcome]:
     # Live bars only on a terminal; in CI logs and files each case gets one line when it ends.
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                         TimeElapsedColumn(), console=console, transient=False, disable=not console.is_terminal)
@@ -134,7 +190,7 @@ def run_with_progress(plan: RunPlan, console: Console) -> list[CaseOutcome]:
                           + (f", {tps:,.0f} tok/s" if tps else ""), highlight=False)
 
     with progress:
-        outcomes = execute_plan(plan, on_start=on_start, on_step=on_step, on_end=on_end)
+        outcomes = execute_plan(plan, on_start=on_start, on_step=on_step, on_end=on_end, repeat=repeat)
     manifest_path = plan.out_dir / RUN_MANIFEST
     manifest = json.loads(manifest_path.read_text())
     manifest["skipped"] = [{"case": o.case.name, "framework": o.framework, "reason": o.skipped}

@@ -26,7 +26,8 @@ def framework_dirs(run_dir: str | os.PathLike) -> list[Path]:
     run_dir = Path(run_dir)
     out = []
     for d in sorted(p for p in run_dir.iterdir() if p.is_dir()):
-        if d.name.startswith((".", "build")) or d.name == "report_files":
+        # repeats/: `lockstep run --repeat`'s extra runs, which only the determinism check reads.
+        if d.name.startswith((".", "build")) or d.name in ("report_files", "repeats"):
             continue
         try:
             tree = collect_cases(d)

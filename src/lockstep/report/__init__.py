@@ -15,6 +15,7 @@ from lockstep.fsutil import atomic_write
 from lockstep.report.data import ReportData, gather
 from lockstep.report.html import render_html
 from lockstep.report.markdown import render_markdown
+from lockstep.report.history import history_trends
 from lockstep.report.plots import case_figure_png
 
 HTML_NAME = "report.html"
@@ -27,8 +28,10 @@ def _file_name(case: str) -> str:
 
 
 def write_report(run_dir: str | os.PathLike, baseline_framework: str = "pytorch",
-                 options: CompareOptions | None = None) -> tuple[Path, Path]:
-    """Write `<run_dir>/report.html` and `<run_dir>/report.md`; return their paths."""
+                 options: CompareOptions | None = None,
+                 history_path: str | os.PathLike | None = None) -> tuple[Path, Path]:
+    """Write `<run_dir>/report.html` and `<run_dir>/report.md`; return their paths. With a history
+    database that holds earlier runs of the run's cases, report.html also shows their trend."""
     data = gather(run_dir, baseline_framework, options)
     run_dir = Path(run_dir)
     images = {case: case_figure_png(data, case) for case in data.cases if data.records.get(case)}
@@ -40,7 +43,7 @@ def write_report(run_dir: str | os.PathLike, baseline_framework: str = "pytorch"
         image_paths[case] = rel
     html_path, md_path = run_dir / HTML_NAME, run_dir / MARKDOWN_NAME
     with atomic_write(html_path, "w", what="HTML report") as f:
-        f.write(render_html(data, images))
+        f.write(render_html(data, images, history_trends(data, history_path)))
     with atomic_write(md_path, "w", what="Markdown report") as f:
         f.write(render_markdown(data, image_paths))
     return html_path, md_path

@@ -34,7 +34,7 @@ def _table(header: list[str], rows: list[list[str]], verdict_col: int | None = N
     return "\n".join(out)
 
 
-def render_html(data: ReportData, images: dict[str, bytes]) -> str:
+def render_html(data: ReportData, images: dict[str, bytes], trends: dict[str, bytes] | None = None) -> str:
     title = f"lockstep report: {data.run_dir.name}"
     overall_cls = "overall-pass" if data.passed else "overall-fail"
     parts = [
@@ -61,6 +61,13 @@ def render_html(data: ReportData, images: dict[str, bytes]) -> str:
             parts.append(f'<img alt="{html.escape(case)}: loss, |Δloss| and tok/s" src="data:image/png;base64,{b64}">')
         else:
             parts.append(f"<p>not run: {html.escape(data.not_compared_reason(case))}</p>")
+    if trends:
+        parts.append("<h2>History</h2>")
+        for label, png in trends.items():
+            b64 = base64.b64encode(png).decode("ascii")
+            parts += [f"<h3>{html.escape(label)}</h3>",
+                      f'<img alt="{html.escape(label)}: max |Δloss| and tok/s across commits" '
+                      f'src="data:image/png;base64,{b64}">']
     parts += ["<h2>Run metadata</h2>", _table(tables.METADATA_HEADER, tables.metadata_rows(data)),
               _table(tables.FRAMEWORK_HEADER, tables.framework_rows(data)), "</body></html>"]
     return "\n".join(parts) + "\n"

@@ -1,0 +1,99 @@
+"""JUnit XML for CI systems: one testcase per (case, framework), the usual
+testsuites/testsuite/testcase layout with failure, error and skipped children. summary.json stays
+the machine-readable truth; this is what a CI page shows."""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+
+from lockstep.fsutil import atomic_write
+
+
+@dataclass
+class JUnitCase:
+    suite: str  # e.g. "infinitrain vs pytorch", "golden"
+    classname: str  # e.g. "lockstep.infinitrain"
+    name: str  # the case
+    outcome: str  # "passed" | "failure" | "error" | "skipped"
+    message: str = ""
+    details: str = ""
+    properties: dict[str, str] = field(default_factory=dict)
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.3e}"
+
+
+def cases_from_comparisons(comparisons: list[dict]) -> list[JUnitCase]:
+    """From summary.json's comparisons (or one ComparisonReport.to_json() with the framework names
+    added): PASS -> passed, FAIL -> failure with max |Δloss| and step, ERROR and missing -> error,
+    skipped pairs -> skipped."""
+    out = []
+    for comp in comparisons:
+        base, test = comp["baseline_framework"], comp["test_framework"]
+        suite, cls = f"{test} vs {base}", f"lockstep.{test}"
+        for c in comp.get("cases", []):
+            props = {"dtype": str(c.get("dtype")), "max_abs_diff": _fmt(c.get("max_abs_diff")),
+                     "max_diff_step": str(c.get("max_diff_step")), "threshold": _fmt(c.get("threshold")),
+                     "throughput_ratio": "-" if c.get("throughput_ratio") is None else f"{c['throughput_ratio']:.3f}"}
+            if c.get("error"):
+                out.append(JUnitCase(suite, cls, c["case"], "error", c["error"], properties=props))
+            elif not c.get("loss_passed", c.get("passed")):
+                msg = (f"max |Δloss| {_fmt(c.get('max_abs_diff'))} at step {c.get('max_diff_step')} exceeds "
+                       f"{_fmt(c.get('threshold'))} (first failing step {c.get('first_failing_step')})")
+                details = "\n".join(f"step {s}: |Δloss| {d:.3e}" for s, d in
+                                    zip((c.get("test") or {}).get("steps") or [], c.get("abs_diffs") or []))
+                out.append(JUnitCase(suite, cls, c["case"], "failure", msg, details, props))
+            elif c.get("throughput_passed") is False:
+                out.append(JUnitCase(suite, cls, c["case"], "failure",
+                                     f"tok/s ratio {props['throughput_ratio']} (test / baseline) is below "
+                                     f"{c.get('min_tps_ratio')}", properties=props))
+            else:
+                out.append(JUnitCase(suite, cls, c["case"], "passed",
+                                     f"max |Δloss| {_fmt(c.get('max_abs_diff'))} at step {c.get('max_diff_step')}",
+                                     properties=props))
+        for m in comp.get("missing", []):
+            out.append(JUnitCase(suite, cls, m["case"], "error", m.get("message", "missing")))
+        for e in comp.get("errors", []):
+            if not e.get("case"):
+                out.append(JUnitCase(suite, cls, "(comparison)", "error", e.get("message", "")))
+        for s in comp.get("skipped", []):
+            out.append(JUnitCase(suite, cls, s["case"], "skipped", s.get("reason", "")))
+    return out
+
+
+def to_xml(cases: list[JUnitCase], name: str = "lockstep") -> ET.Element:
+    def counts(cs: list[JUnitCase]) -> dict[str, str]:
+        return {"tests": str(len(cs)), "failures": str(sum(c.outcome == "failure" for c in cs)),
+                "errors": str(sum(c.outcome == "error" for c in cs)),
+                "skipped": str(sum(c.outcome == "skipped" for c in cs)), "time": "0"}
+
+    root = ET.Element("testsuites", {"name": name, **counts(cases)})
+    suites: dict[str, list[JUnitCase]] = {}
+    for c in cases:
+        suites.setdefault(c.suite, []).append(c)
+    for suite_name, members in suites.items():
+        suite = ET.SubElement(root, "testsuite", {"name": suite_name, **counts(members)})
+        for c in members:
+            tc = ET.SubElement(suite, "testcase", {"classname": c.classname, "name": c.name, "time": "0"})
+            if c.properties:
+                props = ET.SubElement(tc, "properties")
+                for k, v in c.properties.items():
+                    ET.SubElement(props, "property", {"name": k, "value": v})
+            if c.outcome in ("failure", "error"):
+                el = ET.SubElement(tc, c.outcome, {"message": c.message, "type": c.outcome})
+                el.text = c.details or c.message
+            elif c.outcome == "skipped":
+                ET.SubElement(tc, "skipped", {"message": c.message})
+            elif c.message:
+                ET.SubElement(tc, "system-out").text = c.message
+    return root
+
+
+def write_junit(path: str | os.PathLike, cases: list[JUnitCase], name: str = "lockstep") -> None:
+    tree = ET.ElementTree(to_xml(cases, name))
+    ET.indent(tree)
+    with atomic_write(path, "wb") as f:
+        tree.write(f, encoding="utf-8", xml_declaration=True)

@@ -42,7 +42,7 @@ CREATE TABLE IF NOT EXISTS results (
     role TEXT NOT NULL,               -- "baseline" | "test"
     verdict TEXT,                     -- PASS | FAIL | ERROR | SKIPPED | NULL (baseline, or not compared)
     reason TEXT,                      -- the error or skip reason
-    framework_commit TEXT,            -- InfiniTrain build commit; lockstep's commit for pytorch/megatron
+    framework_commit TEXT,            -- InfiniTrain build commit, else lockstep's commit for pytorch/megatron
     framework_version TEXT,
     framework_build TEXT,             -- InfiniTrain build dir
     torch_version TEXT,

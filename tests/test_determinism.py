@@ -1,18 +1,12 @@
-"""`lockstep run --repeat N`: the bitwise determinism check, on injected records and on a real
-gpt2-tiny pytorch run."""
+"""`lockstep run --repeat N`'s bitwise determinism check on injected records (the real run is in
+tests/commands/test_run_repeat.py)."""
 
 from __future__ import annotations
 
-import json
 import math
 
-import numpy as np
-
-from lockstep.cli import main
 from lockstep.determinism import analyse_repeats, repeat_dir
-from lockstep.formats.run_record import RunRecord, StepRecord, read_run_record, write_run_record
-from lockstep.formats.tokens import write_token_stream
-from lockstep.history import HistoryStore
+from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
 
 
 def write(out, k, fw, case, losses):
@@ -44,29 +38,3 @@ def test_injected_non_determinism_is_found(tmp_path):
     assert len(warnings) == 2 and warnings[0].startswith("baseline pytorch is not deterministic on gpt2_1: its own "
                                                          "repeats differ by up to 1.776e-15 (step 2)")
     assert report.to_json()["bitwise_identical"] is False
-
-
-def test_gpt2_tiny_pytorch_repeat_2_is_bitwise_identical(tmp_path, capsys, tiny_checkpoint, private_history):
-    tokens = tmp_path / "tokens.bin"
-    write_token_stream(tokens, np.random.default_rng(0).integers(0, 50257, size=4000).tolist())
-    out = tmp_path / "out"
-    junit = tmp_path / "run.xml"
-    rc = main(["run", "--frameworks", "pytorch", "--cases", "gpt2_1", "--steps", "3", "--repeat", "2",
-               "--llmc", str(tiny_checkpoint), "--data", str(tokens), "--device", "cpu", "--out", str(out),
-               "--no-report", "--junit", str(junit)])
-    stdout, err = capsys.readouterr()
-    assert rc == 0, err
-    first, second = read_run_record(out / "pytorch" / "gpt2_1.jsonl"), read_run_record(out / "repeats" / "2" /
-                                                                                        "pytorch" / "gpt2_1.jsonl")
-    assert len(first.steps) == 3 and first.losses() == second.losses()
-    det = json.loads((out / "summary.json").read_text())["determinism"]
-    assert det["repeats"] == 2 and det["bitwise_identical"] is True and det["warnings"] == []
-    assert det["pairs"] == [{"framework": "pytorch", "case": "gpt2_1", "repeats": 2, "bitwise_identical": True,
-                             "max_abs_diff": 0.0, "max_diff_step": None, "max_diff_repeat": None, "problems": []}]
-    assert "determinism over 2 repeats" in stdout
-    assert json.loads((out / "summary.json").read_text())["frameworks"] == ["pytorch"]  # repeats/ is no framework
-    (run,) = HistoryStore(private_history).runs()
-    (row,) = run.results
-    assert (row.case, row.framework, row.role, row.losses) == ("gpt2_1", "pytorch", "baseline", first.losses())
-    assert row.tps_median is not None and row.tps_min <= row.tps_median <= row.tps_max
-    assert junit.is_file()

@@ -23,7 +23,7 @@ import datetime as _dt
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from lockstep.cases.spec import THRESHOLDS, dtype_of_case_name
@@ -72,23 +72,6 @@ def reference_records(run_dir: str | os.PathLike, framework: str | None) -> tupl
     if not records:
         raise FormatError(run_dir / framework, f"holds no completed {framework} records to record golden values from")
     return framework, records
-
-
-@dataclass
-class GoldenStep:
-    step: int
-    mean: float
-    spread: float
-    tolerance: float
-    n: int
-
-
-@dataclass
-class GoldenCase:
-    case: str
-    dtype: str
-    threshold: float
-    steps: list[GoldenStep] = field(default_factory=list)
 
 
 def record_golden(run_dirs: list[str | os.PathLike], framework: str | None = None, k: float = GOLDEN_K) -> dict:

@@ -68,18 +68,19 @@ def trend_png(points: list[TrendPoint], title: str) -> bytes:
     else:
         ax_diff.text(0.5, 0.5, "no comparison (baseline or not compared)", ha="center", va="center",
                      transform=ax_diff.transAxes)
-    ax_diff.set_ylabel("max |Δloss| vs baseline (0 at 1e-12)")
+    ax_diff.set_title("max |Δloss| vs baseline (0 drawn at 1e-12)", fontsize="medium")
     tps = [(x, p) for x, p in zip(xs, points) if p.tps_median is not None]
     if tps:
         med = [p.tps_median for _, p in tps]
         lo = [p.tps_median - (p.tps_min if p.tps_min is not None else p.tps_median) for _, p in tps]
         hi = [(p.tps_max if p.tps_max is not None else p.tps_median) - p.tps_median for _, p in tps]
         ax_tps.errorbar([x for x, _ in tps], med, yerr=[lo, hi], marker="o", capsize=3)
-    ax_tps.set_ylabel("tok/s (median, min-max over steps 2..N)")
+    ax_tps.set_title("tok/s: median, bar from min to max over steps 2..N", fontsize="medium")
     ax_tps.set_xticks(xs)
     ax_tps.set_xticklabels([p.commit for p in points], rotation=30, ha="right", fontsize="small")
     ax_tps.set_xlabel("commit (history order)")
-    fig.subplots_adjust(left=0.14, right=0.98, top=0.92, bottom=0.18, hspace=0.12)
+    ax_tps.set_xlim(-0.5, len(points) - 0.5)
+    fig.subplots_adjust(left=0.12, right=0.98, top=0.9, bottom=0.16, hspace=0.3)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
@@ -100,7 +101,8 @@ class DiffRow:
 
     @property
     def verdict_changed(self) -> bool:
-        return self.verdict_a != self.verdict_b
+        """Only for pairs in both runs: a pair in one run only is said in `note`."""
+        return not self.note.startswith("only in") and self.verdict_a != self.verdict_b
 
 
 def diff_runs(a: RunRow, b: RunRow) -> list[DiffRow]:
@@ -129,4 +131,5 @@ def _loss_delta(row: DiffRow, x: ResultRow, y: ResultRow) -> None:
     if n:
         deltas = [abs(y.losses[i] - x.losses[i]) for i in range(n)]
         i = max(range(n), key=lambda j: deltas[j])
-        row.loss_delta, row.loss_delta_step = deltas[i], i + 1
+        row.loss_delta = deltas[i]
+        row.loss_delta_step = i + 1 if deltas[i] > 0 else None  # identical losses have no step of the max

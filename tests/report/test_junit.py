@@ -73,3 +73,22 @@ def test_compare_cli_writes_junit_and_history(tmp_path, capsys, private_history)
     rc = main(["compare", str(run / "pytorch"), str(run / "megatron"), "--no-history"])
     capsys.readouterr()
     assert len(HistoryStore(private_history).runs()) == 1
+
+
+def test_junit_follows_the_strict_schema_layout(tmp_path):
+    """xunit2 / Jenkins junit-10.xsd: testsuites > testsuite > testcase, whose only children are
+    skipped, error, failure, system-out, system-err; the counts are integers that add up."""
+    run = make_run(tmp_path / "run")
+    path = tmp_path / "junit.xml"
+    write_junit(path, cases_from_comparisons(compare_run_dir(run, "pytorch")["comparisons"]))
+    root = ET.parse(path).getroot()
+    for suite in root:
+        assert suite.tag == "testsuite" and suite.get("name")
+        cases = list(suite)
+        assert all(tc.tag == "testcase" and tc.get("name") and tc.get("classname") for tc in cases)
+        assert int(suite.get("tests")) == len(cases)
+        for tc in cases:
+            assert {child.tag for child in tc} <= {"skipped", "error", "failure", "system-out", "system-err"}
+            assert sum(child.tag in ("skipped", "error", "failure") for child in tc) <= 1
+    assert int(root.get("tests")) == sum(int(s.get("tests")) for s in root)
+    assert "max_abs_diff: 3.000e-08" in root.find(".//testcase[@name='a'][@classname='lockstep.megatron']/system-out").text

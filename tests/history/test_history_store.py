@@ -68,8 +68,8 @@ def test_trend_over_three_commits_and_cli(tmp_path, history_file, capsys):
     assert [p.tps_median for p in points] == [100.0, 200.0, 300.0]
 
     png = tmp_path / "trend.png"
-    rc = main(["history", "--history", str(history_file), "trend", "--case", "gpt2_1", "--framework", "infinitrain",
-               "--png", str(png)])
+    rc = main(["history", "trend", "--case", "gpt2_1", "--framework", "infinitrain", "--png", str(png),
+               "--history", str(history_file)])
     out = capsys.readouterr().out
     assert rc == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for commit in commits:
@@ -132,3 +132,14 @@ def test_corrupted_database_is_one_sentence(tmp_path, capsys):
 def test_no_history_yet_is_one_sentence(tmp_path, capsys):
     rc = main(["history", "--history", str(tmp_path / "none.sqlite")])
     assert rc == 1 and "no history database there yet" in capsys.readouterr().err
+
+
+def test_a_run_that_cannot_be_added_leaves_nothing_behind(history_file):
+    store = HistoryStore(history_file)
+    _append_runs(str(history_file), 0, 1)
+    twice = ResultRow("case0", "pytorch", "baseline", losses=[1.0])
+    with pytest.raises(LockstepError, match="nothing of it was written"):
+        store.append(RunRow("broken", "2026-11-30T01:00:00+00:00", "run", "src", results=[twice, twice]))
+    assert [r.run_id for r in store.runs()] == ["w0-0"]
+    with sqlite3.connect(history_file) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM results WHERE run_id = 'broken'").fetchone() == (0,)

@@ -33,6 +33,8 @@ def add_parser(subparsers) -> None:
     d = sub.add_parser("diff", help="what changed between two runs: loss deltas, verdicts, tok/s ratio")
     d.add_argument("run_a", metavar="RUN_A", help="run id (or a unique prefix)")
     d.add_argument("run_b", metavar="RUN_B")
+    for sp in (t, d):  # also after the subcommand; SUPPRESS keeps the parent's value when absent here
+        sp.add_argument("--history", type=Path, default=argparse.SUPPRESS, metavar="FILE", help="history database")
     p.set_defaults(handler=run)
 
 

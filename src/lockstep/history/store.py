@@ -149,6 +149,8 @@ class HistoryStore:
             self._set_wal(conn)
             self._ensure_schema(conn)
             yield conn
+        except sqlite3.IntegrityError as e:
+            raise LockstepError(f"{self.path}: a run could not be added ({e}); nothing of it was written") from None
         except sqlite3.DatabaseError as e:
             raise self._problem(e) from None
         finally:

@@ -9,10 +9,10 @@ from lockstep.determinism import analyse_repeats, repeat_dir
 from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
 
 
-def write(out, k, fw, case, losses):
+def write(out, k, fw, case, losses, dtype="float32"):
     write_run_record(repeat_dir(out, k) / fw / f"{case}.jsonl",
-                     RunRecord(framework=fw, case=case, steps=[StepRecord(step=i + 1, loss=v)
-                                                               for i, v in enumerate(losses)]))
+                     RunRecord(framework=fw, case=case, meta={"case_spec": {"dtype": dtype}},
+                               steps=[StepRecord(step=i + 1, loss=v) for i, v in enumerate(losses)]))
 
 
 def test_injected_non_determinism_is_found(tmp_path):
@@ -38,3 +38,10 @@ def test_injected_non_determinism_is_found(tmp_path):
     assert len(warnings) == 2 and warnings[0].startswith("baseline pytorch is not deterministic on gpt2_1: its own "
                                                          "repeats differ by up to 1.776e-15 (step 2)")
     assert report.to_json()["bitwise_identical"] is False
+
+
+def test_baseline_spread_beyond_the_threshold_is_said(tmp_path):
+    write(tmp_path, 1, "pytorch", "gpt2_1", [10.9, 10.8])
+    write(tmp_path, 2, "pytorch", "gpt2_1", [10.9, 10.8 + 3e-5])
+    (w,) = analyse_repeats(tmp_path, [("pytorch", "gpt2_1")], 2, baseline="pytorch").warnings()
+    assert "up to 3.000e-05 (step 2)" in w and "exceeds the float32 threshold 1e-05" in w

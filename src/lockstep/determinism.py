@@ -14,6 +14,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lockstep.cases.spec import THRESHOLDS
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import read_run_record
 from lockstep.fsutil import atomic_write
@@ -41,12 +42,13 @@ class PairDeterminism:
     max_diff_step: int | None
     max_diff_repeat: int | None
     problems: list[str] = field(default_factory=list)  # repeats that failed or lack steps
+    dtype: str | None = None  # from the record's case spec
 
     def to_json(self) -> dict:
         return {"framework": self.framework, "case": self.case, "repeats": self.repeats,
                 "bitwise_identical": self.bitwise_identical, "max_abs_diff": self.max_abs_diff,
                 "max_diff_step": self.max_diff_step, "max_diff_repeat": self.max_diff_repeat,
-                "problems": self.problems}
+                "problems": self.problems, "dtype": self.dtype}
 
 
 @dataclass
@@ -60,9 +62,12 @@ class DeterminismReport:
         out = []
         for p in self.pairs:
             if p.framework == self.baseline and not p.bitwise_identical and p.repeats > 1:
+                threshold = THRESHOLDS.get(p.dtype or "")
+                beyond = (f", which exceeds the {p.dtype} threshold {threshold:.0e}: its verdicts at that threshold "
+                          "are noise" if threshold is not None and p.max_abs_diff > threshold else "")
                 out.append(f"baseline {p.framework} is not deterministic on {p.case}: its own repeats differ by up to "
                            f"{p.max_abs_diff:.3e} (step {p.max_diff_step}); a comparison against it cannot be "
-                           "tighter than that spread")
+                           f"tighter than that spread{beyond}")
         return out
 
     def to_json(self) -> dict:
@@ -74,6 +79,7 @@ class DeterminismReport:
 def analyse_pair(out_dir: Path, framework: str, case: str, repeats: int) -> PairDeterminism:
     losses: dict[int, list[float]] = {}
     problems = []
+    dtype = None
     for k in range(1, repeats + 1):
         path = repeat_dir(out_dir, k) / framework / f"{case}.jsonl"
         try:
@@ -85,8 +91,9 @@ def analyse_pair(out_dir: Path, framework: str, case: str, repeats: int) -> Pair
             problems.append(f"repeat {k}: {path}: the run failed: {rec.error}")
             continue
         losses[k] = [s.loss for s in sorted(rec.steps, key=lambda s: s.step)]
+        dtype = dtype or rec.dtype
     result = PairDeterminism(framework, case, len(losses), bitwise_identical=not problems, max_abs_diff=0.0,
-                             max_diff_step=None, max_diff_repeat=None, problems=problems)
+                             max_diff_step=None, max_diff_repeat=None, problems=problems, dtype=dtype)
     if not losses:
         result.bitwise_identical = False
         return result

@@ -38,7 +38,8 @@ def test_gpt2_tiny_pytorch_repeat_2_is_bitwise_identical(tmp_path, capsys, tiny_
     det = json.loads((out / "summary.json").read_text())["determinism"]
     assert det["repeats"] == 2 and det["bitwise_identical"] is True and det["warnings"] == []
     assert det["pairs"] == [{"framework": "pytorch", "case": "gpt2_1", "repeats": 2, "bitwise_identical": True,
-                             "max_abs_diff": 0.0, "max_diff_step": None, "max_diff_repeat": None, "problems": []}]
+                             "max_abs_diff": 0.0, "max_diff_step": None, "max_diff_repeat": None, "problems": [],
+                             "dtype": "float32"}]
     assert "determinism over 2 repeats" in stdout
     assert json.loads((out / "summary.json").read_text())["frameworks"] == ["pytorch"]  # repeats/ is no framework
     (run,) = HistoryStore(private_history).runs()

@@ -14,7 +14,7 @@ THRESHOLDS = {"float32": 1e-5, "bfloat16": 1e-2}
 @dataclass(frozen=True)
 class CaseSpec:
     name: str
-    model: str  # family: "gpt2" (llama3, qwen3 later)
+    model: str  # a registered model shape (e.g. gpt2, llama3-tiny, qwen3-1.7b); its family sets the contract
     dtype: str  # "float32" | "bfloat16" (bf16 = autocast forward, fp32 params and optimizer)
     micro_batch: int  # B, sequences per micro step per DP rank
     seq_len: int  # T

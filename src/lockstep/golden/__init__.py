@@ -180,7 +180,7 @@ def check_run_dir(golden: dict, run_dir: str | os.PathLike) -> list[GoldenVerdic
     golden file has; pairs the run skipped (run.json) are reported as skipped."""
     from lockstep.compare import framework_dirs
     from lockstep.compare.pairing import collect_cases
-    from lockstep.compare.run_dir import skipped_pairs
+    from lockstep.compare.pairing import skipped_pairs
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable
 
 import numpy as np
@@ -104,6 +104,27 @@ class ModelFamily:
     def reference_class(self):
         module, _, attr = self.reference.partition(":")
         return getattr(importlib.import_module(module), attr)
+
+
+class LLMCConfig:
+    """What every family's config dataclass shares: sizes from `tensor_shapes()`, dict round trips."""
+
+    def num_parameters(self) -> int:
+        total = 0
+        for _, shape in self.tensor_shapes():
+            n = 1
+            for d in shape:
+                n *= d
+            total += n
+        return total
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import ClassVar
+
+from lockstep.models.family import LLMCConfig
 
 
 @dataclass(frozen=True)
-class GPT2Config:
+class GPT2Config(LLMCConfig):
     max_seq_len: int = 1024  # maxT
     vocab_size: int = 50257  # V
     num_layers: int = 12  # L
@@ -69,9 +70,6 @@ class GPT2Config:
             ("lnfb", (C,)),
         ]
 
-    def num_parameters(self) -> int:
-        return sum(math.prod(shape) for _, shape in self.tensor_shapes())
-
     def describe(self) -> str:
         return f"L={self.num_layers} NH={self.num_heads} C={self.channels} V={self.vocab_size} Vp={self.padded_vocab_size}"
 
@@ -79,10 +77,3 @@ class GPT2Config:
         """The header words under the names llm.c gives them (for `lockstep inspect`)."""
         return {"maxT": self.max_seq_len, "V": self.vocab_size, "L": self.num_layers, "NH": self.num_heads,
                 "C": self.channels, "Vp": self.padded_vocab_size}
-
-    def to_dict(self) -> dict:
-        return {"family": self.family, **asdict(self)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "GPT2Config":
-        return cls(**{k: v for k, v in d.items() if k != "family"})

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 from lockstep.formats.llmc import float32
+from lockstep.models.family import LLMCConfig
 
 
 def llama3_ffn_hidden(channels: int, ffn_dim_multiplier: float, multiple_of: int) -> int:
@@ -18,8 +19,22 @@ def llama3_ffn_hidden(channels: int, ffn_dim_multiplier: float, multiple_of: int
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
+def grouped_attention_problems(config, positive: tuple[str, ...]) -> list[str]:
+    """Why a Llama-style shape (GQA heads, RoPE pairs) is inconsistent; empty when it is fine."""
+    out = [f"{n} is {getattr(config, n)}, must be positive" for n in positive if getattr(config, n) <= 0]
+    if out:
+        return out
+    if config.channels % config.num_heads:
+        out.append(f"channels C={config.channels} is not divisible by heads NH={config.num_heads}")
+    if config.num_heads % config.num_kv_heads:
+        out.append(f"heads NH={config.num_heads} is not divisible by kv heads {config.num_kv_heads}")
+    if config.head_dim % 2:
+        out.append(f"head dim {config.head_dim} is odd; RoPE rotates pairs")
+    return out
+
+
 @dataclass(frozen=True)
-class Llama3Config:
+class Llama3Config(LLMCConfig):
     max_seq_len: int = 8192
     vocab_size: int = 128256  # V (no padded vocab: the file holds V rows)
     num_layers: int = 16
@@ -56,18 +71,9 @@ class Llama3Config:
         return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
 
     def problems(self) -> list[str]:
-        out = [f"{n} is {getattr(self, n)}, must be positive"
-               for n in ("max_seq_len", "vocab_size", "num_layers", "num_heads", "num_kv_heads", "channels",
-                         "multiple_of") if getattr(self, n) <= 0]
-        if out:
-            return out
-        if self.channels % self.num_heads:
-            out.append(f"channels C={self.channels} is not divisible by heads NH={self.num_heads}")
-        if self.num_heads % self.num_kv_heads:
-            out.append(f"heads NH={self.num_heads} is not divisible by kv heads {self.num_kv_heads}")
-        if self.head_dim % 2:
-            out.append(f"head dim {self.head_dim} is odd; RoPE rotates pairs")
-        if not self.ffn_dim_multiplier > 0:
+        out = grouped_attention_problems(self, ("max_seq_len", "vocab_size", "num_layers", "num_heads",
+                                                "num_kv_heads", "channels", "multiple_of"))
+        if not out and not self.ffn_dim_multiplier > 0:
             out.append(f"ffn_dim_multiplier is {self.ffn_dim_multiplier}, must be positive")
         return out
 
@@ -87,9 +93,6 @@ class Llama3Config:
             ("lm_head", (V, C)),
         ]
 
-    def num_parameters(self) -> int:
-        return sum(math.prod(shape) for _, shape in self.tensor_shapes())
-
     def describe(self) -> str:
         return (f"L={self.num_layers} NH={self.num_heads} kv={self.num_kv_heads} C={self.channels} "
                 f"FFN={self.ffn_hidden} V={self.vocab_size}")
@@ -99,7 +102,3 @@ class Llama3Config:
 
     def to_dict(self) -> dict:
         return {"family": self.family, **asdict(self), "ffn_hidden": self.ffn_hidden}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Llama3Config":
-        return cls(**{k: v for k, v in d.items() if k not in ("family", "ffn_hidden")})

@@ -98,11 +98,13 @@ class Block(nn.Module):
 
 
 class Llama3(nn.Module):
+    block_type = Block  # Qwen3 (models/qwen3/model.py) differs only in its blocks
+
     def __init__(self, cfg: Llama3Config):
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.channels)
-        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.h = nn.ModuleList(self.block_type(cfg) for _ in range(cfg.num_layers))
         self.ln_f = RMSNorm(cfg.channels, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.channels, cfg.vocab_size, bias=False)
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import ClassVar
 
 from lockstep.formats.llmc import float32
 
+from lockstep.models.family import LLMCConfig
+from lockstep.models.llama3.config import grouped_attention_problems
+
 
 @dataclass(frozen=True)
-class Qwen3Config:
+class Qwen3Config(LLMCConfig):
     max_seq_len: int = 40960
     vocab_size: int = 151936
     num_layers: int = 28
@@ -42,18 +44,8 @@ class Qwen3Config:
         return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
 
     def problems(self) -> list[str]:
-        out = [f"{n} is {getattr(self, n)}, must be positive"
-               for n in ("max_seq_len", "vocab_size", "num_layers", "num_heads", "num_kv_heads", "channels",
-                         "intermediate_size") if getattr(self, n) <= 0]
-        if out:
-            return out
-        if self.channels % self.num_heads:
-            out.append(f"channels C={self.channels} is not divisible by heads NH={self.num_heads}")
-        if self.num_heads % self.num_kv_heads:
-            out.append(f"heads NH={self.num_heads} is not divisible by kv heads {self.num_kv_heads}")
-        if self.head_dim % 2:
-            out.append(f"head dim {self.head_dim} is odd; RoPE rotates pairs")
-        return out
+        return grouped_attention_problems(self, ("max_seq_len", "vocab_size", "num_layers", "num_heads",
+                                                 "num_kv_heads", "channels", "intermediate_size"))
 
     def tensor_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """v4 order: q_norm/k_norm per layer before qkv; gate before up; untied lm_head last."""
@@ -72,19 +64,9 @@ class Qwen3Config:
             ("lm_head", (V, C)),
         ]
 
-    def num_parameters(self) -> int:
-        return sum(math.prod(shape) for _, shape in self.tensor_shapes())
-
     def describe(self) -> str:
         return (f"L={self.num_layers} NH={self.num_heads} kv={self.num_kv_heads} C={self.channels} "
                 f"I={self.intermediate_size} V={self.vocab_size}")
 
     def header_fields(self) -> dict:
         return self.to_dict()
-
-    def to_dict(self) -> dict:
-        return {"family": self.family, **asdict(self)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Qwen3Config":
-        return cls(**{k: v for k, v in d.items() if k != "family"})

@@ -14,9 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lockstep.models.llama3.model import RMSNorm, SwiGLU, causal_attention, rope_angles
+from lockstep.models.llama3.model import Llama3, RMSNorm, SwiGLU, causal_attention
 from lockstep.models.qwen3.config import Qwen3Config
-from lockstep.models.reference import load_llmc
 
 
 def rope_half_split(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -59,36 +58,14 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class Qwen3(nn.Module):
-    def __init__(self, cfg: Qwen3Config):
-        super().__init__()
-        self.cfg = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.channels)
-        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
-        self.ln_f = RMSNorm(cfg.channels, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.channels, cfg.vocab_size, bias=False)
+class Qwen3(Llama3):
+    """Llama 3's embedding, final norm and untied head around Qwen3's blocks."""
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        cos, sin = rope_angles(self.cfg.head_dim, idx.shape[1], self.cfg.rope_theta, idx.device)
-        x = self.wte(idx)
-        for block in self.h:
-            x = block(x, cos, sin)
-        logits = self.lm_head(self.ln_f(x))
-        if targets is None:
-            return logits, None
-        return logits, F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+    block_type = Block
 
     def llmc_parameters(self) -> dict[str, nn.Parameter]:
-        """Every parameter under its canonical LLMC name (`qkvw[3]`): the map both ways."""
-        out = {"wte": self.wte.weight}
+        """Llama 3's canonical map plus each layer's (2, hd) QK-norm weights."""
+        out = super().llmc_parameters()
         for i, blk in enumerate(self.h):
-            out |= {f"ln1w[{i}]": blk.ln_1.weight, f"qknormw[{i}]": blk.attn.qk_norm,
-                    f"qkvw[{i}]": blk.attn.c_attn.weight,
-                    f"attprojw[{i}]": blk.attn.c_proj.weight, f"ln2w[{i}]": blk.ln_2.weight,
-                    f"fcw2[{i}]": blk.mlp.c_fc2.weight, f"fcw[{i}]": blk.mlp.c_fc.weight,
-                    f"fcprojw[{i}]": blk.mlp.c_proj.weight}
-        return out | {"lnfw": self.ln_f.weight, "lm_head": self.lm_head.weight}
-
-    @classmethod
-    def from_llmc(cls, tensors: dict, cfg: Qwen3Config) -> "Qwen3":
-        return load_llmc(cls(cfg), tensors, cfg)
+            out[f"qknormw[{i}]"] = blk.attn.qk_norm
+        return out

@@ -1,0 +1,224 @@
+"""From tensor differences to findings: where two frameworks first part, and what kind of defect it is.
+
+Rules, in order (each one line in the verdict):
+1. *Forward at module X*: the first module output, in forward order, beyond the tolerance.
+   Without forward outputs (InfiniTrain), the step-1 loss stands in for them.
+2. *Tied weights not tied*: a tied tensor's gradient (GPT-2's wte) that equals the gradient of
+   one of its uses alone (embedding or head) rather than their sum.
+3. With the forward in agreement, gradients are walked in backward order (the reverse of the
+   order the forward pass uses the parameters):
+   - every gradient from some point on differs (>= 90% of them): the module just before that
+     point in backward order hands a wrong *input gradient* upstream ("backward of X's input
+     gradient", e.g. a LayerNorm backward with a spurious term); tensors far worse than the
+     rest of that group (30x the median) are named on their own as in the next rule;
+   - otherwise each differing gradient whose neighbours agree is *gradient of X only
+     (backward kernel)*: a leaf computation (e.g. a bias gradient reduced along the wrong axis).
+4. *Optimizer update*: forward and gradients agree but the losses after step 1 part (drift).
+5. *Logging precision only*: forward and gradients agree, and the step-1 loss differs by no more
+   than an FP32 sequential sum of the per-token losses can move the mean.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lockstep.diagnose.capture import GRAD_ADAM_SIGN, StepCapture
+from lockstep.diagnose.compare import TensorDiff, tensor_diff
+
+# Relative tolerance of tensors, by dtype: FP32 frameworks that agree land near 1e-7..1e-6.
+TENSOR_TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2}
+# Adam-sign comparisons: the share of sign flips tolerated (ties at |g| ~ rounding).
+SIGN_TOLERANCE = 1e-3
+BLOCK_SHARE = 0.9  # share of differing gradients upstream of a point that makes it one finding
+OUTLIER_FACTOR = 30.0
+
+FORWARD = "forward"
+TIE = "tied weights not tied"
+BACKWARD_INPUT = "input gradient of a module's backward"
+GRADIENT_ONLY = "gradient only (backward kernel)"
+DOWNSTREAM = "downstream of the forward difference"
+OPTIMIZER = "optimizer update"
+LOGGING = "logging precision only"
+NONE = "no divergence"
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    where: str  # the module or tensor named
+    line: str  # the one-line classification people read
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "where": self.where, "classification": self.line}
+
+
+@dataclass
+class LossCheck:
+    ref: float | None
+    test: float | None
+    tolerance: float
+    fp32_sum_shift: float | None = None  # how far an FP32 sequential loss sum moves the reference's mean
+
+    @property
+    def delta(self) -> float | None:
+        if self.ref is None or self.test is None:
+            return None
+        return abs(self.test - self.ref)
+
+    def to_json(self) -> dict:
+        return {"reference": self.ref, "test": self.test, "abs_diff": self.delta, "threshold": self.tolerance,
+                "fp32_sequential_sum_shift": self.fp32_sum_shift}
+
+
+def module_of(tensor: str) -> str:
+    """The canonical module a parameter belongs to: its LLMC name without the weight/bias letter
+    (`qkvb[1]` -> `qkv[1]`, `ln2w[0]` -> `ln2[0]`, `fcw2[3]` -> `fc2[3]`); others unchanged."""
+    m = re.match(r"^([a-z_0-9]*?[a-z0-9])(w|b)(\d?)((?:\[\d+\])*)$", tensor)
+    if not m:
+        return tensor
+    return m.group(1) + m.group(3) + m.group(4)
+
+
+def fp32_sequential_loss(token_losses: np.ndarray) -> float:
+    """The step loss as a trainer that adds per-token losses one by one in FP32 logs it
+    (InfiniTrain's cross entropy): per micro batch an FP32 running sum / count, / accum, summed in FP32."""
+    total = np.float32(0.0)
+    rows = token_losses.reshape(token_losses.shape[0], -1)
+    for row in rows:
+        s = np.cumsum(row.astype(np.float32), dtype=np.float32)[-1]  # cumsum adds sequentially
+        total = np.float32(total + np.float32(np.float32(s / np.float32(row.size)) / np.float32(len(rows))))
+    return float(total)
+
+
+def loss_check(ref: StepCapture, test: StepCapture, tolerance: float) -> LossCheck:
+    check = LossCheck(ref.loss, test.loss, tolerance)
+    if ref.token_losses is not None and ref.loss is not None:
+        exact = float(np.mean(ref.token_losses.astype(np.float64)))
+        check.fp32_sum_shift = abs(fp32_sequential_loss(ref.token_losses) - exact)
+    return check
+
+
+def _limit(d: TensorDiff, tol: float) -> float:
+    return max(tol, 10 * d.precision)
+
+
+def _differs(d: TensorDiff, tol: float) -> bool:
+    if d.kind == "gradient sign":
+        return d.rel > SIGN_TOLERANCE
+    return d.rel > _limit(d, tol)
+
+
+def classify(ref: StepCapture, test: StepCapture, forward: list[TensorDiff], grads: list[TensorDiff],
+             tol: float, loss: LossCheck) -> list[Finding]:
+    findings: list[Finding] = []
+    kind_of = ref.module_kind
+    first_fwd = next((d for d in forward if d.rel > tol), None)
+    if first_fwd is not None:
+        before = forward[: forward.index(first_fwd)]
+        findings.append(Finding(FORWARD, first_fwd.name,
+                                f"forward at module {first_fwd.name}: its output differs (relative {first_fwd.rel:.2e}, "
+                                f"max |Δ| {first_fwd.max_abs:.2e}) while " +
+                                (f"all {len(before)} module outputs before it agree" if before else
+                                 "it is the first module")))
+    elif not forward and loss.delta is not None and loss.delta > loss.tolerance and not _logging_explains(loss):
+        findings.append(Finding(FORWARD, "loss",
+                                f"forward (judged from the step-1 loss, no module outputs on the test side): "
+                                f"|Δloss| {loss.delta:.2e} > {loss.tolerance:.0e}"))
+
+    by_name = {d.name: d for d in grads}
+    explained: set[str] = set()
+    if test.grad_kind != GRAD_ADAM_SIGN:
+        for name, emb_part in ref.tie_parts.items():
+            d = by_name.get(name)
+            if d is None or not _differs(d, tol):
+                continue
+            full = ref.grads[name]
+            as_emb = tensor_diff(name, "gradient", emb_part, test.grads[name]).rel
+            as_head = tensor_diff(name, "gradient", full - emb_part, test.grads[name]).rel
+            if min(as_emb, as_head) < d.rel / 10:
+                use = "embedding lookup" if as_emb <= as_head else "output head"
+                other = "output head" if use == "embedding lookup" else "embedding lookup"
+                findings.append(Finding(TIE, name,
+                                        f"tied weights not tied: {name}'s gradient is its {use}'s alone (relative "
+                                        f"{min(as_emb, as_head):.1e} to that part, {d.rel:.2e} to the tied sum); the "
+                                        f"{other} trains its own copy"))
+                explained.add(name)
+
+    differing = [d for d in grads if d.name not in explained and _differs(d, tol)]
+    if first_fwd is not None or (findings and findings[0].kind == FORWARD):
+        if differing:
+            findings.append(Finding(DOWNSTREAM, findings[0].where,
+                                    f"{len(differing)} of {len(grads)} gradients differ, as a forward difference "
+                                    f"at {findings[0].where} makes them; fix the forward first"))
+        return findings
+
+    backward = [d for d in reversed(grads) if d.name not in explained]
+    first = next((i for i, d in enumerate(backward) if _differs(d, tol)), None)
+    if first is not None:
+        upstream = backward[first:]
+        wrong = [d for d in upstream if _differs(d, tol)]
+        if len(upstream) >= 3 and len(wrong) >= BLOCK_SHARE * len(upstream):
+            median = float(np.median([d.rel for d in wrong]))
+            if first > 0:
+                last_ok = backward[first - 1].name
+                module = module_of(last_ok)
+                kind = kind_of.get(last_ok, "module")
+                findings.append(Finding(BACKWARD_INPUT, module,
+                                        f"input gradient of {module}'s backward ({kind}): every gradient upstream of it "
+                                        f"differs ({len(wrong)} of {len(upstream)} tensors, median relative "
+                                        f"{median:.2e}) while {module}'s own and every later gradient agree"))
+            else:
+                findings.append(Finding(BACKWARD_INPUT, "loss",
+                                        f"the backward from the loss on: every gradient differs (median relative "
+                                        f"{median:.2e}), including the output head's"))
+            outliers = [d for d in wrong if d.rel > OUTLIER_FACTOR * median]
+            named = set()
+            for d in outliers:
+                findings.append(_gradient_only(d, kind_of))
+                named.add(d.name)
+            isolated = [d for d in differing if d.name not in {u.name for u in upstream}]
+        else:
+            isolated = differing
+        for d in isolated:
+            findings.append(_gradient_only(d, kind_of))
+
+    if not findings:
+        if loss.delta is not None and loss.delta > loss.tolerance and _logging_explains(loss):
+            findings.append(Finding(LOGGING, "loss",
+                                    f"logging precision only: forward and gradients agree; the step-1 loss differs by "
+                                    f"{loss.delta:.2e}, within what an FP32 sequential sum of the per-token losses "
+                                    f"moves the mean ({loss.fp32_sum_shift:.2e})"))
+    return findings
+
+
+def _logging_explains(loss: LossCheck) -> bool:
+    return loss.fp32_sum_shift is not None and loss.delta is not None and loss.delta <= 2 * loss.fp32_sum_shift + 1e-7
+
+
+def _gradient_only(d: TensorDiff, kind_of: dict[str, str]) -> Finding:
+    module = module_of(d.name)
+    if d.kind == "gradient sign":
+        return Finding(GRADIENT_ONLY, d.name, f"gradient of {d.name} only: {d.rel:.1%} of its signs differ "
+                                              f"(Adam's first step keeps only the sign)")
+    return Finding(GRADIENT_ONLY, d.name,
+                   f"gradient of {d.name} only (backward kernel of {module}, {kind_of.get(d.name, 'module')}): relative "
+                   f"{d.rel:.2e}, cosine {d.cosine:.3f}, while its neighbours agree")
+
+
+def add_drift_findings(findings: list[Finding], drift: list, loss_tolerance: float) -> list[Finding]:
+    """Rule 4: forward and gradients agree, yet the losses after step 1 part at the case's lr."""
+    if findings or not drift:
+        return findings
+    case_lr = drift[-1]
+    later = [s for s in case_lr.steps if s.step > 1]
+    worst = max(later, key=lambda s: s.abs_diff, default=None)
+    if worst is not None and worst.abs_diff > loss_tolerance:
+        frozen = drift[0].max_abs_diff if drift[0] is not case_lr else None
+        findings.append(Finding(OPTIMIZER, "optimizer",
+                                f"optimizer update: forward and step-1 gradients agree, but at lr {case_lr.lr:g} the "
+                                f"loss of step {worst.step} differs by {worst.abs_diff:.2e}"
+                                + (f" (frozen weights: {frozen:.2e})" if frozen is not None else "")))
+    return findings

@@ -1,0 +1,72 @@
+"""Tensor by tensor: max |Δ|, relative error ‖Δ‖/‖ref‖ and cosine, for forward outputs and gradients."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from lockstep.diagnose.capture import GRAD_ADAM_SIGN, StepCapture
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    name: str
+    kind: str  # "forward" | "gradient" | "gradient sign"
+    max_abs: float
+    rel: float  # ||test - ref|| / ||ref||; for "gradient sign": the share of elements whose sign differs
+    cosine: float
+    ref_norm: float
+    shape: tuple[int, ...]
+    precision: float = 0.0  # what the test side's own recovery allows (relative), 0 when exact
+
+    def to_json(self) -> dict:
+        return {"tensor": self.name, "kind": self.kind, "max_abs_diff": self.max_abs, "rel_error": self.rel,
+                "cosine": self.cosine, "ref_norm": self.ref_norm, "shape": list(self.shape),
+                "recovery_precision": self.precision}
+
+
+def tensor_diff(name: str, kind: str, ref: np.ndarray, test: np.ndarray, precision: float = 0.0) -> TensorDiff:
+    ref = np.asarray(ref, dtype=np.float64)
+    test = np.asarray(test, dtype=np.float64)
+    if ref.shape != test.shape:
+        raise ValueError(f"{name}: shapes differ, reference {ref.shape} vs test {test.shape}")
+    delta = test - ref
+    ref_norm, test_norm, d_norm = (float(np.linalg.norm(a.ravel())) for a in (ref, test, delta))
+    if ref_norm > 0:
+        rel = d_norm / ref_norm
+    else:
+        rel = 0.0 if d_norm == 0 else math.inf
+    if ref_norm > 0 and test_norm > 0:
+        cosine = float(np.dot(ref.ravel(), test.ravel()) / (ref_norm * test_norm))
+    else:
+        cosine = 1.0 if d_norm == 0 else 0.0
+    max_abs = float(np.max(np.abs(delta))) if delta.size else 0.0
+    return TensorDiff(name, kind, max_abs, rel, cosine, ref_norm, tuple(ref.shape), precision)
+
+
+def sign_diff(name: str, ref: np.ndarray, test_sign: np.ndarray, eps: float) -> TensorDiff:
+    """Adam's first step keeps only sign(g) (where |g| >> eps): the share of elements whose sign differs."""
+    ref = np.asarray(ref, dtype=np.float64)
+    meaningful = np.abs(ref) > 10 * eps  # smaller gradients move a weight by lr*|g|/(|g|+eps): sign unreliable
+    wrong = np.sign(ref[meaningful]) != np.sign(np.asarray(test_sign)[meaningful])
+    share = float(wrong.mean()) if wrong.size else 0.0
+    ref_norm = float(np.linalg.norm(ref.ravel()))
+    return TensorDiff(name, "gradient sign", float(wrong.any()), share, 1.0 - 2.0 * share, ref_norm, tuple(ref.shape))
+
+
+def compare_forward(ref: StepCapture, test: StepCapture) -> list[TensorDiff]:
+    """Every module output both sides have, in the reference's forward order."""
+    order = ref.forward_order or list(ref.forward)
+    return [tensor_diff(n, "forward", ref.forward[n], test.forward[n]) for n in order if n in test.forward]
+
+
+def compare_grads(ref: StepCapture, test: StepCapture, adam_eps: float = 1e-8) -> list[TensorDiff]:
+    order = ref.param_order or list(ref.grads)
+    missing = [n for n in order if n not in test.grads]
+    if missing:
+        raise ValueError(f"{test.framework} has no gradient for {', '.join(missing[:3])}")
+    if test.grad_kind == GRAD_ADAM_SIGN:
+        return [sign_diff(n, ref.grads[n], test.grads[n], adam_eps) for n in order]
+    return [tensor_diff(n, "gradient", ref.grads[n], test.grads[n], test.grad_precision.get(n, 0.0)) for n in order]

@@ -215,6 +215,12 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     batches = mdata.MicroBatches(dataset, case, layout.dp_rank, layout.device)
     forward_step = make_forward_step(batches.attention_mask, padded_vocab_mask(vocab_rows, job.model.vocab_size, layout))
     forward_backward = get_forward_backward_func()
+    if job.diagnose_path:
+        from lockstep.diagnose.megatron_capture import capture_step
+
+        return capture_step(job=job, layout=layout, chunks=chunks, forward_backward=forward_backward,
+                            forward_step=forward_step, batches=batches, ckpt_config=ckpt.config, adapter=adapter,
+                            vocab_rows=vocab_rows, case=case, StepData=StepData)
 
     if layout.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(layout.device)

@@ -241,5 +241,12 @@ def print_report(console: Console, report: ComparisonReport) -> None:
         console.print(f"[yellow]missing:[/] {escape(m.message)}")
     for case, reason in sorted(report.skipped.items()):
         console.print(f"[dim]skipped: {escape(case)} ({escape(reason)})[/]")
+    from lockstep.commands.diagnose import hint
+
+    for c in report.cases:
+        if c.error is None and not c.loss_passed:
+            base, test = c.baseline.framework or "BASE", c.test.framework or "TEST"
+            console.print(f"where they part on {escape(c.case)}: {escape(hint(c.case, base, test))} "
+                          "[dim](with --model/--llmc/--data of the run, or RUN_DIR)[/]")
     style = "bold green" if report.passed else "bold red"
     console.print(f"[{style}]{escape(report.summary_line())}[/]")

@@ -82,6 +82,7 @@ def run(args) -> int:
 
     summary = compare_run_dir(plan.out_dir, baseline_framework=plan.runners[0].name)
     print_comparison(console, summary)
+    print_diagnose_hints(console, summary, str(plan.out_dir))
     if args.repeat > 1:
         summary = report_determinism(console, plan, outcomes, args.repeat)
     history_error = record_in_history(console, args, summary, plan)
@@ -240,6 +241,18 @@ def print_comparison(console: Console, summary: dict) -> None:
             console.print(f"[red]error:[/red] {message_of(e)}", highlight=False)
     for e in summary.get("errors", []):
         console.print(f"[red]error:[/red] {message_of(e)}", highlight=False)
+
+
+def print_diagnose_hints(console: Console, summary: dict, run_dir: str) -> None:
+    """For every FAIL, the command that names where the two frameworks part."""
+    from lockstep.commands.diagnose import hint
+
+    for comp in summary.get("comparisons", []):
+        for c in comp.get("cases", []):
+            if not c.get("error") and c.get("passed") is False:
+                console.print(f"where {comp['test_framework']} parts from {comp['baseline_framework']} on {c['case']}: "
+                              + hint(c["case"], comp["baseline_framework"], comp["test_framework"], run_dir),
+                              highlight=False, markup=False)
 
 
 def message_of(entry) -> str:

@@ -68,6 +68,11 @@ def render_html(data: ReportData, images: dict[str, bytes], trends: dict[str, by
             parts += [f"<h3>{html.escape(label)}</h3>",
                       f'<img alt="{html.escape(label)}: max |Δloss| and tok/s across commits" '
                       f'src="data:image/png;base64,{b64}">']
+    from lockstep.diagnose.render import html_section, load_verdicts
+
+    diagnosed = html_section(load_verdicts(data.run_dir))  # `lockstep diagnose` verdicts of this run, if any
+    if diagnosed:
+        parts.append(diagnosed)
     parts += ["<h2>Run metadata</h2>", _table(tables.METADATA_HEADER, tables.metadata_rows(data)),
               _table(tables.FRAMEWORK_HEADER, tables.framework_rows(data)), "</body></html>"]
     return "\n".join(parts) + "\n"

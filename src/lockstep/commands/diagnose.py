@@ -1,0 +1,67 @@
+"""`lockstep diagnose`: name the first divergence between two frameworks on one case."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from lockstep.commands.run import split_list
+from lockstep.runners import RUNNERS
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("diagnose", help="name the first module or gradient where two frameworks part",
+                       description="Run step 1 of one case on two frameworks and compare every module output and "
+                                   "every gradient under canonical LLMC names; add the loss drift at a few learning "
+                                   "rates; classify each finding. RUN_DIR diagnoses a case of an existing run with "
+                                   "the same inputs.")
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a directory `lockstep run` wrote (optional)")
+    p.add_argument("--case", required=True, help="the case to diagnose (e.g. gpt2_1)")
+    p.add_argument("--frameworks", help=f"BASE,TEST[,TEST...] from {', '.join(RUNNERS)} (default: as `lockstep run`; "
+                                        "with RUN_DIR its baseline and the frameworks that failed the case)")
+    p.add_argument("--matrix", default="gpt2", help="built-in matrix name or a TOML file (as for run)")
+    p.add_argument("--model", help="a registered model of the case's family (as for run)")
+    p.add_argument("--llmc", help="LLMC checkpoint to start from (as for run)")
+    p.add_argument("--data", help="llm.c token file (as for run)")
+    p.add_argument("--text", help="text file to tokenize as the corpus (as for run)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    p.add_argument("--out", default=None, help="run directory; the verdict goes to OUT/diagnose/ (default: lockstep-out, "
+                                               "or RUN_DIR)")
+    p.add_argument("--seed", type=int, default=42, help="seed of the llm.c init when no --llmc is given")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per framework run before it fails")
+    p.add_argument("--infinitrain-build", help="InfiniTrain build dir (or LOCKSTEP_INFINITRAIN_BUILD)")
+    p.add_argument("--drift-steps", type=int, default=5, help="steps per lr of the drift runs (default 5)")
+    p.add_argument("--no-drift", action="store_true", help="skip the loss drift at lr 1e-12, 1e-5 and the case's lr")
+    p.set_defaults(handler=run)
+
+
+def hint(case: str, baseline: str, test: str, run_dir: str | None = None) -> str:
+    """The command that diagnoses a FAIL (printed by run and compare)."""
+    where = f"{run_dir} " if run_dir else ""
+    return f"lockstep diagnose {where}--case {case} --frameworks {baseline},{test}"
+
+
+def run(args) -> int:
+    from lockstep.diagnose.render import print_verdict
+    from lockstep.diagnose.run import DiagnoseRequest, plan_diagnose, run_diagnose, verdict_path
+
+    console = Console(width=None if Console().is_terminal else 140)
+    req = DiagnoseRequest(case=args.case, run_dir=args.run_dir, frameworks=split_list(args.frameworks),
+                          matrix=args.matrix, model=args.model, llmc=args.llmc, data=args.data, text=args.text,
+                          device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
+                          infinitrain_build=args.infinitrain_build, drift=not args.no_drift,
+                          drift_steps=args.drift_steps)
+    plan = plan_diagnose(req)
+    console.print(f"diagnose {plan.case.name} ({plan.case.dtype} {plan.case.parallel_label}, {plan.inputs.model_name}) | "
+                  f"{', '.join(plan.frameworks[1:])} vs {plan.frameworks[0]} | device {plan.inputs.device} | "
+                  f"out {plan.out_dir}", highlight=False)
+    verdicts = run_diagnose(plan, drift=req.drift, drift_steps=req.drift_steps,
+                            say=lambda text: console.print(f"[dim]{text}[/dim]", highlight=False))
+    for v in verdicts:
+        print_verdict(console, v.to_json())
+        console.print(f"verdict: {verdict_path(plan.out_dir, v)}")
+    if plan.run_dir is not None and (plan.run_dir / "run.json").is_file():
+        from lockstep.report import write_report
+
+        html, _ = write_report(plan.run_dir, baseline_framework=plan.frameworks[0])
+        console.print(f"report (with a diagnose section): {html}")
+    return 1 if any(v.findings for v in verdicts) else 0

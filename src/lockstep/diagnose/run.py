@@ -1,0 +1,210 @@
+"""`lockstep diagnose`'s data flow: plan (as `lockstep run` plans) -> step-1 captures -> drift ->
+verdicts -> <out>/diagnose/<case>_<base>_vs_<test>.{json,npz...}.
+
+Two ways in: a fresh plan from the same options as `lockstep run` (`--case NAME` of a matrix),
+or an existing run directory, whose run.json gives the case, the checkpoint, the tokens and the
+device; there the losses of the run itself serve as the drift at the case's lr.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.diagnose.capture import StepCapture
+from lockstep.diagnose.frameworks import capture
+from lockstep.diagnose.verdict import DriftRun, DriftStep, Verdict, diagnose_captures
+from lockstep.errors import LockstepError
+from lockstep.formats.run_record import read_run_record
+from lockstep.fsutil import atomic_write
+from lockstep.models import model_shape, read_checkpoint_layout
+from lockstep.run_matrix import RunRequest, plan_run, runner_options
+from lockstep.runners import get_runner
+from lockstep.runners.base import RunInputs
+
+DRIFT_LRS = (1e-12, 1e-5)  # frozen weights, a small step; the case's own lr is added
+DEFAULT_DRIFT_STEPS = 5
+DIAGNOSE_DIR = "diagnose"
+
+# How each framework's logged loss is made (SPEC sections 4 and 9): what its last digits mean.
+LOGGED_LOSS = {
+    "pytorch": "FP64 mean of the FP32 per-token losses (exact to ~1e-15)",
+    "megatron": "FP64 mean of the FP32 per-token losses (exact to ~1e-15)",
+    "infinitrain": "FP32 sequential sum of the per-token losses / count, printed with 6 decimals (±5e-7)",
+}
+
+
+@dataclass
+class DiagnoseRequest:
+    case: str
+    run_dir: str | None = None
+    frameworks: list[str] | None = None
+    matrix: str = "gpt2"
+    model: str | None = None
+    llmc: str | None = None
+    data: str | None = None
+    text: str | None = None
+    device: str | None = None
+    out: str | None = None
+    seed: int = 42
+    timeout_s: float | None = None
+    infinitrain_build: str | None = None
+    drift: bool = True
+    drift_steps: int = DEFAULT_DRIFT_STEPS
+
+
+@dataclass
+class DiagnosePlan:
+    case: CaseSpec
+    inputs: RunInputs
+    frameworks: list[str]  # baseline first
+    out_dir: Path  # <out>/diagnose
+    run_dir: Path | None = None  # an existing run whose losses are the drift at the case's lr
+    options: dict[str, dict] = field(default_factory=dict)
+
+
+def plan_diagnose(req: DiagnoseRequest) -> DiagnosePlan:
+    if req.run_dir:
+        return _plan_from_run_dir(req)
+    run_req = RunRequest(matrix=req.matrix, cases=[req.case], frameworks=req.frameworks, model=req.model,
+                         llmc=req.llmc, data=req.data, text=req.text, device=req.device, out=req.out or "lockstep-out",
+                         seed=req.seed, timeout_s=req.timeout_s, infinitrain_build=req.infinitrain_build)
+    plan = plan_run(run_req)
+    case = plan.cases[0]
+    if case.name in plan.unrunnable:
+        raise LockstepError(f"case {case.name} cannot run here: {plan.unrunnable[case.name]}")
+    frameworks = [r.name for r in plan.runners]
+    _check_pair(frameworks)
+    return DiagnosePlan(case=case, inputs=plan.inputs[case.name], frameworks=frameworks,
+                        out_dir=plan.out_dir / DIAGNOSE_DIR,
+                        options={n: runner_options(n, run_req) for n in frameworks})
+
+
+def _check_pair(frameworks: list[str]) -> None:
+    if len(frameworks) < 2:
+        raise LockstepError(f"diagnose compares two frameworks, got {', '.join(frameworks) or 'none'}; "
+                            "pass --frameworks BASE,TEST")
+
+
+def _plan_from_run_dir(req: DiagnoseRequest) -> DiagnosePlan:
+    run_dir = Path(req.run_dir)
+    manifest_path = run_dir / "run.json"
+    if not manifest_path.is_file():
+        raise LockstepError(f"{run_dir}: no run.json, so not a directory `lockstep run` wrote")
+    manifest = json.loads(manifest_path.read_text())
+    cases = {c["name"]: CaseSpec.from_dict(c) for c in manifest.get("cases", [])}
+    if req.case not in cases:
+        raise LockstepError(f"{manifest_path}: has no case {req.case!r} (cases: {', '.join(cases)})")
+    case = cases[req.case]
+    model = next((m for m in manifest.get("models", [manifest.get("model")]) if m and m.get("name") == case.model),
+                 manifest.get("model"))
+    checkpoint, tokens = Path(model["checkpoint"]), Path(model["data"])
+    for what, p in (("checkpoint", checkpoint), ("token file", tokens)):
+        if not p.is_file():
+            raise LockstepError(f"{manifest_path}: the run's {what} {p} no longer exists")
+    fam, layout = read_checkpoint_layout(checkpoint)
+    inputs = RunInputs(checkpoint=checkpoint, tokens=tokens, model=layout.config, device=manifest.get("device", "cpu"),
+                       model_name=model.get("name", ""), checkpoint_sha256=model.get("checkpoint_sha256", ""),
+                       tokens_sha256=model.get("data_sha256", ""), corpus=model.get("corpus", ""),
+                       timeout_s=req.timeout_s)
+    frameworks = req.frameworks or _failed_pair(run_dir, manifest, case.name)
+    _check_pair(frameworks)
+    build = req.infinitrain_build
+    options = {"infinitrain": {"build_dir": build}} if build else {}
+    return DiagnosePlan(case=case, inputs=inputs, frameworks=frameworks, out_dir=run_dir / DIAGNOSE_DIR,
+                        run_dir=run_dir, options=options)
+
+
+def _failed_pair(run_dir: Path, manifest: dict, case: str) -> list[str]:
+    """The baseline and every framework whose comparison on `case` failed (all of them when unknown)."""
+    baseline = manifest.get("baseline") or manifest["frameworks"][0]
+    summary_path = run_dir / "summary.json"
+    failed = []
+    if summary_path.is_file():
+        for comp in json.loads(summary_path.read_text()).get("comparisons", []):
+            if any(c.get("case") == case and not c.get("passed") for c in comp.get("cases", [])):
+                failed.append(comp["test_framework"])
+    return [baseline] + (failed or [f for f in manifest["frameworks"] if f != baseline])
+
+
+def drift_runs(plan: DiagnosePlan, base: str, test: str, steps: int) -> list[DriftRun]:
+    """Both frameworks' losses at lr 1e-12, 1e-5 and the case's lr over a few steps."""
+    out = []
+    lrs = [lr for lr in DRIFT_LRS if lr != plan.case.lr] + [plan.case.lr]
+    n = min(steps, plan.case.steps)
+    for lr in lrs:
+        losses = {}
+        for fw in (base, test):
+            reused = _run_dir_losses(plan, fw) if lr == plan.case.lr else None
+            if reused is not None:
+                losses[fw] = reused
+                continue
+            drift_case = plan.case.with_overrides(lr=lr, steps=n, name=f"{plan.case.name}_lr{lr:g}")
+            runner = get_runner(fw, **plan.options.get(fw, {}))
+            reason = runner.skip_reason(drift_case, plan.inputs)
+            if reason:
+                raise LockstepError(f"{fw} cannot run case {plan.case.name} here: {reason}")
+            record = runner.run(drift_case, plan.inputs, plan.out_dir / "drift")
+            if not record.ok:
+                raise LockstepError(f"{fw} failed at lr {lr:g}: {record.error}")
+            losses[fw] = {s.step: s.loss for s in record.steps}
+        common = sorted(set(losses[base]) & set(losses[test]))
+        note = "from the run directory's records" if lr == plan.case.lr and plan.run_dir else ""
+        out.append(DriftRun(lr, [DriftStep(s, losses[base][s], losses[test][s]) for s in common], note))
+    return out
+
+
+def _run_dir_losses(plan: DiagnosePlan, framework: str) -> dict[int, float] | None:
+    if plan.run_dir is None:
+        return None
+    path = plan.run_dir / framework / f"{plan.case.name}.jsonl"
+    if not path.is_file():
+        return None
+    record = read_run_record(path)
+    return {s.step: s.loss for s in record.steps} if record.ok else None
+
+
+def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFAULT_DRIFT_STEPS,
+                 say=lambda text: None) -> list[Verdict]:
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    base, tests = plan.frameworks[0], plan.frameworks[1:]
+    captures: dict[str, StepCapture] = {}
+    order = ["pytorch"] + [f for f in plan.frameworks if f != "pytorch"]  # the reference first: it has the structure
+    for fw in order:
+        if fw not in plan.frameworks and fw != "pytorch":
+            continue
+        say(f"step 1 on {fw} ...")
+        captures[fw] = capture(fw, plan.case, plan.inputs, plan.out_dir, reference=captures.get("pytorch"),
+                               options=plan.options.get(fw))
+        say(f"step 1 on {fw}: {captures[fw].meta['seconds']:.1f} s")
+    verdicts = []
+    for test in tests:
+        t0 = time.perf_counter()
+        runs = []
+        if drift:
+            say(f"drift {base} vs {test} at lr {', '.join(f'{lr:g}' for lr in DRIFT_LRS)} and {plan.case.lr:g} ...")
+            runs = drift_runs(plan, base, test, drift_steps)
+        t1 = time.perf_counter()
+        verdict = diagnose_captures(captures[base], captures[test], plan.case, drift=runs,
+                                    structure=captures["pytorch"])
+        verdict.notes += [f"logged loss, {fw}: {LOGGED_LOSS[fw]}" for fw in (base, test) if fw in LOGGED_LOSS]
+        verdict.seconds = {"capture_" + fw: round(captures[fw].meta["seconds"], 2) for fw in (base, test)}
+        verdict.seconds |= {"drift": round(t1 - t0, 2), "compare": round(time.perf_counter() - t1, 2)}
+        write_verdict(plan.out_dir, verdict)
+        verdicts.append(verdict)
+    return verdicts
+
+
+def verdict_path(out_dir: Path, verdict: Verdict) -> Path:
+    return out_dir / f"{verdict.case}_{verdict.reference}_vs_{verdict.test}.json"
+
+
+def write_verdict(out_dir: Path, verdict: Verdict) -> Path:
+    path = verdict_path(out_dir, verdict)
+    with atomic_write(path, "w") as f:
+        json.dump(verdict.to_json(), f, indent=2, allow_nan=True)
+        f.write("\n")
+    return path

@@ -1,0 +1,70 @@
+"""`lockstep diagnose` end to end on the CPU, and against a real InfiniTrain build when given."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from lockstep.cli import main
+from lockstep.formats.tokens import write_token_stream
+from lockstep.models import FAMILIES, SHAPES
+from lockstep.models.init import write_initial_checkpoint
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("diag")
+    ckpt, tokens = d / "init.bin", d / "tokens.bin"
+    write_initial_checkpoint(ckpt, FAMILIES["gpt2"], SHAPES["gpt2-tiny"].config, seed=42)
+    write_token_stream(tokens, np.random.default_rng(0).integers(0, 50257, size=6000))
+    return ckpt, tokens
+
+
+def test_pytorch_vs_megatron_from_the_command_line(inputs, tmp_path, capsys):
+    ckpt, tokens = inputs
+    rc = main(["diagnose", "--case", "gpt2_1", "--frameworks", "pytorch,megatron", "--llmc", str(ckpt), "--data",
+               str(tokens), "--device", "cpu", "--out", str(tmp_path), "--no-drift"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "no divergence" in out and "first diverging module: none" in out
+    verdict = json.loads((tmp_path / "diagnose" / "gpt2_1_pytorch_vs_megatron.json").read_text())
+    assert verdict["findings"] == [] and verdict["first_diverging_module"] is None
+    assert {r["kind"] for r in verdict["ranked"]} == {"forward", "gradient"}
+    assert max(r["rel_error"] for r in verdict["ranked"]) < 1e-6
+
+
+def test_drift_runs_each_lr_on_both_sides(inputs, tmp_path):
+    from lockstep.cases.spec import CaseSpec
+    from lockstep.diagnose.run import DiagnosePlan, drift_runs
+    from lockstep.runners.base import RunInputs
+
+    ckpt, tokens = inputs
+    case = CaseSpec(name="gpt2_1", model="gpt2-tiny", dtype="float32", micro_batch=4, seq_len=64, total_batch=256,
+                    steps=10, lr=1e-4)
+    plan = DiagnosePlan(case=case, inputs=RunInputs(checkpoint=ckpt, tokens=tokens, model=SHAPES["gpt2-tiny"].config,
+                                                    device="cpu"), frameworks=["pytorch", "pytorch"], out_dir=tmp_path)
+    runs = drift_runs(plan, "pytorch", "pytorch", steps=2)
+    assert [r.lr for r in runs] == [1e-12, 1e-5, 1e-4]
+    assert all(len(r.steps) == 2 and r.max_abs_diff == 0.0 for r in runs)
+    assert runs[0].steps[0].ref == runs[2].steps[0].ref  # step 1 is before any update
+    assert runs[0].steps[1].ref != runs[2].steps[1].ref  # step 2 sees lr 1e-12's weights vs lr 1e-4's
+
+
+def test_hint_names_the_command():
+    from lockstep.commands.diagnose import hint
+
+    assert hint("gpt2_1", "pytorch", "infinitrain", "runs/x") == \
+        "lockstep diagnose runs/x --case gpt2_1 --frameworks pytorch,infinitrain"
+
+
+@pytest.mark.skipif(not os.environ.get("LOCKSTEP_INFINITRAIN_BUILD"),
+                    reason="set LOCKSTEP_INFINITRAIN_BUILD to an InfiniTrain build (CPU build) to run this")
+def test_infinitrain_cpu_build_has_no_defect_beyond_its_loss_sum(inputs, tmp_path):
+    ckpt, tokens = inputs
+    main(["diagnose", "--case", "gpt2_1", "--frameworks", "pytorch,infinitrain", "--llmc", str(ckpt), "--data",
+          str(tokens), "--device", "cpu", "--out", str(tmp_path), "--no-drift"])
+    verdict = json.loads((tmp_path / "diagnose" / "gpt2_1_pytorch_vs_infinitrain.json").read_text())
+    assert verdict["gradient_source"] == "sgd-recovered"
+    assert all(f["kind"] == "logging precision only" for f in verdict["findings"]), verdict["findings"]

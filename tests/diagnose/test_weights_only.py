@@ -1,0 +1,98 @@
+"""Gradients from weights alone: one SGD step at a power-of-two lr recovers g to ~2^-24 relative,
+InfiniTrain's model.ckpt layout reads back, and Adam's first step keeps only the sign."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lockstep.diagnose import weights_only
+from lockstep.diagnose.capture import GRAD_SGD_RECOVERED, StepCapture
+from lockstep.diagnose.classify import GRADIENT_ONLY
+from lockstep.diagnose.reference_capture import capture_reference
+from lockstep.diagnose.verdict import diagnose_captures
+from lockstep.errors import FormatError
+from lockstep.models.family import split_canonical
+from lockstep.models.gpt2.model import GPT2
+
+
+def one_step(model, case, tokens, optimizer):
+    """A framework that only saves weights: train one step, return the weights after it."""
+    cap = capture_reference(model, case, tokens, framework="weights-only", with_forward=False)
+    for name, p in model.llmc_parameters().items():
+        p.grad = torch.from_numpy(cap.grads[name].copy())
+    optimizer.step()
+    return {n: p.detach().numpy().copy() for n, p in model.llmc_parameters().items()}, cap
+
+
+def test_sgd_recovery_reaches_fp32_rounding(gpt2_tiny, token_ids, gpt2_case):
+    config, tensors = gpt2_tiny
+    case = gpt2_case()
+    model = GPT2.from_llmc(tensors, config)
+    w0 = split_canonical(tensors, config)
+    exact = capture_reference(GPT2.from_llmc(tensors, config), case, token_ids, with_forward=False)
+    lr = weights_only.sgd_recovery_lr(w0, exact.grads)
+    assert lr == 2.0 ** round(np.log2(lr)) and lr >= 1e6
+    w1, _ = one_step(model, case, token_ids, torch.optim.SGD(model.parameters(), lr=lr))
+    worst = 0.0
+    for name, g in exact.grads.items():
+        rec, bound = weights_only.recover_sgd(w0[name], w1[name], lr)
+        err = np.linalg.norm(rec.astype(np.float64) - g) / max(np.linalg.norm(g), 1e-30)
+        assert err <= 2 * bound + 2 ** -24, name  # w1's rounding (+ storing g in FP32)
+        worst = max(worst, err)
+    assert worst < 1e-6
+
+
+def test_recovered_gradients_name_a_transposed_bias(gpt2_tiny, token_ids, gpt2_case):
+    from test_injected_defects import gpt2_with
+
+    config, tensors = gpt2_tiny
+    case = gpt2_case()
+    ref = capture_reference(GPT2.from_llmc(tensors, config), case, token_ids)
+    w0 = split_canonical(tensors, config)
+    lr = weights_only.sgd_recovery_lr(w0, ref.grads)
+    model = gpt2_with(tensors, config, c_attn=True)
+    w1, _ = one_step(model, case, token_ids, torch.optim.SGD(model.parameters(), lr=lr))
+    test = StepCapture(framework="weights-only", loss=ref.loss, grad_kind=GRAD_SGD_RECOVERED)
+    for name in w0:
+        test.grads[name], test.grad_precision[name] = weights_only.recover_sgd(w0[name], w1[name], lr)
+    v = diagnose_captures(ref, test, case)
+    assert [(f.kind, f.where) for f in v.findings] == [(GRADIENT_ONLY, "qkvb[0]"), (GRADIENT_ONLY, "qkvb[1]")]
+    assert max(d.rel for d in v.grads if not d.name.startswith("qkvb")) < 1e-6
+
+
+def test_adam_first_step_keeps_only_the_sign(gpt2_tiny, token_ids, gpt2_case):
+    """Adam's bias-corrected first step moves every weight by lr*g/(|g|+eps): lr*sign(g) unless |g| ~ eps."""
+    config, tensors = gpt2_tiny
+    model = GPT2.from_llmc(tensors, config)
+    w0 = split_canonical(tensors, config)
+    lr = weights_only.ADAM_RECOVERY_LR
+    w1, cap = one_step(model, gpt2_case(), token_ids, torch.optim.Adam(model.parameters(), lr=lr, eps=1e-8))
+    g, moved = cap.grads["qkvw[0]"], w0["qkvw[0]"].astype(np.float64) - w1["qkvw[0]"]
+    big = np.abs(g) > 1e-6
+    assert np.all(np.sign(moved[big]) == np.sign(g[big]))
+    assert np.allclose(np.abs(moved[big]), lr, rtol=1e-2)  # the same step for a gradient of 1e-6 and of 1e-2
+    assert np.all(weights_only.recover_adam_sign(w0["qkvw[0]"], w1["qkvw[0]"])[big] == np.sign(g[big]))
+
+
+def test_infinitrain_checkpoint_reads_back_under_llmc_names(gpt2_tiny, tmp_path):
+    config, tensors = gpt2_tiny
+    w = split_canonical(tensors, config)
+    names = {"transformer.wte.weight": w["wte"][: config.vocab_size], "transformer.wpe.weight": w["wpe"],
+             "transformer.ln_f.weight": w["lnfw"], "transformer.ln_f.bias": w["lnfb"],
+             "lm_head.weight": w["wte"][: config.vocab_size] * 0}
+    for i in range(config.num_layers):
+        names[f"transformer.h.{i}.attn.c_attn.bias"] = w[f"qkvb[{i}]"]
+        names[f"transformer.h.{i}.mlp.c_proj.weight"] = w[f"fcprojw[{i}]"]
+    path = tmp_path / "model.ckpt"
+    weights_only.write_infinitrain_state(path, names)
+    raw = path.read_bytes()
+    assert raw[:4] == b"CKPT"
+    got = weights_only.canonical_state("gpt2", weights_only.read_infinitrain_state(path), config)
+    assert set(got) == {"wte", "wpe", "lnfw", "lnfb", "qkvb[0]", "qkvb[1]", "fcprojw[0]", "fcprojw[1]"}
+    assert got["wte"].shape == w["wte"].shape and np.array_equal(got["wte"], w["wte"])
+    assert np.array_equal(got["qkvb[1]"], w["qkvb[1]"])
+    path.write_bytes(raw[:-3])
+    with pytest.raises(FormatError, match="file ends early|ends in the middle"):
+        weights_only.read_infinitrain_state(path)

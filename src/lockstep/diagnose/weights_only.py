@@ -34,7 +34,7 @@ ADAM_RECOVERY_LR = 1.0  # Adam moves each weight by ~lr·sign(g): 1.0 dominates 
 
 
 def read_infinitrain_state(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The tensors of an InfiniTrain `model.ckpt` (FP32 only), by InfiniTrain's names."""
+    """The FP32 tensors of an InfiniTrain `model.ckpt`, by InfiniTrain's names (other dtypes are skipped)."""
     data = open(path, "rb").read()
     if len(data) < 12:
         raise FormatError(path, "too short for an InfiniTrain checkpoint")
@@ -55,8 +55,11 @@ def read_infinitrain_state(path: str | os.PathLike) -> dict[str, np.ndarray]:
             pos += 8 * ndim
             (nbytes,) = struct.unpack_from("<Q", data, pos)
             pos += 8
-            if dtype != INFINITRAIN_FP32:
-                raise FormatError(path, f"tensor {name} has dtype code {dtype}, only FP32 ({INFINITRAIN_FP32}) is read")
+            if dtype != INFINITRAIN_FP32:  # e.g. a non-parameter buffer: not a weight, skipped
+                if pos + nbytes > len(data):
+                    raise FormatError(path, f"tensor {name}: {nbytes} bytes, but the file ends early")
+                pos += nbytes
+                continue
             if nbytes != 4 * math.prod(dims) or pos + nbytes > len(data):
                 raise FormatError(path, f"tensor {name}: {nbytes} bytes for shape {list(dims)}, or the file ends early")
             out[name] = np.frombuffer(data, dtype="<f4", count=math.prod(dims), offset=pos).reshape(dims)
@@ -104,7 +107,25 @@ def infinitrain_gpt2_canonical(state: dict[str, np.ndarray], config) -> dict[str
     return out
 
 
-CANONICAL_MAPS = {"gpt2": infinitrain_gpt2_canonical}
+_LLAMA3_LAYER = {"ln_1.weight": "ln1w", "attn.c_attn.weight": "qkvw", "attn.c_proj.weight": "attprojw",
+                 "ln_2.weight": "ln2w", "mlp.c_fc.weight": "fcw", "mlp.c_fc2.weight": "fcw2",
+                 "mlp.c_proj.weight": "fcprojw"}
+_LLAMA3_TOP = {"transformer.wte.weight": "wte", "transformer.ln_f.weight": "lnfw", "lm_head.weight": "lm_head"}
+
+
+def infinitrain_llama3_canonical(state: dict[str, np.ndarray], config) -> dict[str, np.ndarray]:
+    """InfiniTrain Llama 3 names (TP=1, one stage; example/llama3/checkpoint_loader.cc) -> canonical names."""
+    out = {}
+    for name, a in state.items():
+        m = re.match(r"^transformer\.h\.(\d+)\.(.+)$", name)
+        if m and m.group(2) in _LLAMA3_LAYER:
+            out[f"{_LLAMA3_LAYER[m.group(2)]}[{int(m.group(1))}]"] = a
+        elif name in _LLAMA3_TOP:
+            out[_LLAMA3_TOP[name]] = a
+    return out
+
+
+CANONICAL_MAPS = {"gpt2": infinitrain_gpt2_canonical, "llama3": infinitrain_llama3_canonical}
 
 
 def canonical_state(family: str, state: dict[str, np.ndarray], config) -> dict[str, np.ndarray]:

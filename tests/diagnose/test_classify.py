@@ -1,0 +1,54 @@
+"""The rules that need no model: logging precision, optimizer update, canonical module names."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.diagnose.capture import StepCapture
+from lockstep.diagnose.classify import LOGGING, OPTIMIZER, FORWARD, fp32_sequential_loss, module_of
+from lockstep.diagnose.verdict import DriftRun, DriftStep, diagnose_captures
+
+CASE = CaseSpec(name="gpt2_2", model="gpt2-tiny", dtype="float32", micro_batch=80, seq_len=64, total_batch=5120,
+                steps=10, lr=1e-4)
+
+
+def pair(test_loss_shift: float = 0.0):
+    rng = np.random.default_rng(2)
+    # 5,120 per-token losses near 10.85, as gpt2_2's step 1 has them (this draw: an FP32 running sum
+    # moves the mean by 1.7e-5, as InfiniTrain's did on the real gpt2_2 step 1)
+    token_losses = (10.85 + 0.5 * rng.standard_normal((1, 5120))).astype(np.float32)
+    grads = {"wte": rng.standard_normal((8, 4)).astype(np.float32), "lnfw": rng.standard_normal(4).astype(np.float32)}
+    exact = float(np.mean(token_losses.astype(np.float64)))
+    ref = StepCapture("pytorch", loss=exact, grads=grads, token_losses=token_losses, param_order=["wte", "lnfw"])
+    test = StepCapture("infinitrain", loss=exact + test_loss_shift, grads={k: v.copy() for k, v in grads.items()})
+    return ref, test, fp32_sequential_loss(token_losses) - exact
+
+
+def test_a_loss_moved_only_by_an_fp32_sequential_sum_is_logging_precision():
+    _, _, shift = pair()
+    assert 1e-5 < abs(shift) < 1e-4  # 5,120 FP32 additions up to 5.5e4 (ulp 0.004) move the mean by ~1e-5
+    ref, test, _ = pair(shift)
+    v = diagnose_captures(ref, test, CASE)
+    assert [f.kind for f in v.findings] == [LOGGING]
+
+
+def test_a_loss_moved_beyond_it_is_a_forward_difference():
+    _, _, shift = pair()
+    ref, test, _ = pair(5 * abs(shift) + 1e-4)
+    assert [f.kind for f in diagnose_captures(ref, test, CASE).findings] == [FORWARD]
+
+
+def test_agreeing_step_1_with_parting_later_steps_is_the_optimizer_update():
+    ref, test, _ = pair()
+    drift = [DriftRun(1e-12, [DriftStep(s, 10.0, 10.0) for s in (1, 2, 3)]),
+             DriftRun(1e-4, [DriftStep(1, 10.0, 10.0), DriftStep(2, 9.9, 9.9 + 3e-5), DriftStep(3, 9.8, 9.8 + 8e-5)])]
+    v = diagnose_captures(ref, test, CASE, drift=drift)
+    assert [f.kind for f in v.findings] == [OPTIMIZER]
+    assert "step 3 differs by 8.00e-05" in v.findings[0].line
+
+
+def test_module_names():
+    assert [module_of(n) for n in ("qkvb[1]", "ln2w[0]", "fcw2[3]", "fcprojb[2]", "lnfw", "wte", "lm_head",
+                                   "qknormw[1]")] == ["qkv[1]", "ln2[0]", "fc2[3]", "fcproj[2]", "lnf", "wte",
+                                                      "lm_head", "qknorm[1]"]

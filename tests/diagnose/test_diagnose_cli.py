@@ -68,3 +68,22 @@ def test_infinitrain_cpu_build_has_no_defect_beyond_its_loss_sum(inputs, tmp_pat
     verdict = json.loads((tmp_path / "diagnose" / "gpt2_1_pytorch_vs_infinitrain.json").read_text())
     assert verdict["gradient_source"] == "sgd-recovered"
     assert all(f["kind"] == "logging precision only" for f in verdict["findings"]), verdict["findings"]
+
+
+def test_run_dir_plan_takes_the_case_inputs_and_the_failed_pair(inputs, tmp_path):
+    from lockstep.diagnose.run import DiagnoseRequest, plan_diagnose
+
+    ckpt, tokens = inputs
+    case = {"name": "gpt2_2", "model": "gpt2-tiny", "dtype": "float32", "micro_batch": 80, "seq_len": 64,
+            "total_batch": 5120, "steps": 10, "lr": 1e-4, "dp": 1, "tp": 1, "pp": 1, "vpp": 1, "sp": False}
+    model = {"name": "gpt2-tiny", "checkpoint": str(ckpt), "data": str(tokens), "checkpoint_sha256": "", "data_sha256": ""}
+    (tmp_path / "run.json").write_text(json.dumps({"cases": [case], "frameworks": ["pytorch", "megatron", "infinitrain"],
+                                                   "baseline": "pytorch", "device": "cpu", "model": model,
+                                                   "models": [model]}))
+    (tmp_path / "summary.json").write_text(json.dumps({"comparisons": [
+        {"test_framework": "megatron", "cases": [{"case": "gpt2_2", "passed": True}]},
+        {"test_framework": "infinitrain", "cases": [{"case": "gpt2_2", "passed": False}]}]}))
+    plan = plan_diagnose(DiagnoseRequest(case="gpt2_2", run_dir=str(tmp_path)))
+    assert plan.frameworks == ["pytorch", "infinitrain"]
+    assert plan.case.total_batch == 5120 and plan.inputs.checkpoint == ckpt and plan.inputs.device == "cpu"
+    assert plan.out_dir == tmp_path / "diagnose"

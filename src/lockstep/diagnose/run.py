@@ -171,6 +171,13 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
                  say=lambda text: None) -> list[Verdict]:
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     base, tests = plan.frameworks[0], plan.frameworks[1:]
+    for fw in plan.frameworks:
+        # pytorch's reference runs in this process whatever the case's DP/TP/PP (the math is the same);
+        # the others must be able to run the case here, as `lockstep run` would.
+        if fw != "pytorch":
+            reason = get_runner(fw, **plan.options.get(fw, {})).skip_reason(plan.case, plan.inputs)
+            if reason:
+                raise LockstepError(f"{fw} cannot run case {plan.case.name} here: {reason}")
     captures: dict[str, StepCapture] = {}
     order = ["pytorch"] + [f for f in plan.frameworks if f != "pytorch"]  # the reference first: it has the structure
     for fw in order:

@@ -27,7 +27,7 @@ def capture(framework: str, case: CaseSpec, inputs: RunInputs, work_dir: Path,
     """Step 1 of `case` on `framework`; `reference` (a pytorch capture) picks InfiniTrain's recovery lr."""
     start = time.perf_counter()
     if framework == "pytorch":
-        cap = capture_pytorch(case, inputs)
+        cap = capture_pytorch(case, inputs, work_dir)
     elif framework == "megatron":
         cap = capture_megatron(case, inputs, work_dir)
     elif framework == "infinitrain":
@@ -38,18 +38,12 @@ def capture(framework: str, case: CaseSpec, inputs: RunInputs, work_dir: Path,
     return cap
 
 
-def capture_pytorch(case: CaseSpec, inputs: RunInputs) -> StepCapture:
-    import torch
+def capture_pytorch(case: CaseSpec, inputs: RunInputs, work_dir: Path) -> StepCapture:
+    from lockstep.runners.pytorch.train import diagnose_step
 
-    from lockstep.diagnose.reference_capture import capture_reference
-    from lockstep.formats.tokens import read_token_stream
-
-    ckpt = load_checkpoint(inputs.checkpoint)
-    stream = read_token_stream(inputs.tokens, vocab_size=ckpt.config.vocab_size)
-    case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
-    model = inputs.family.reference_class().from_llmc(ckpt.tensors, ckpt.config)
-    device = torch.device("cuda", 0) if inputs.device == "cuda" else torch.device("cpu")
-    return capture_reference(model, case, stream.tokens, device)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    return diagnose_step(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device,
+                         str(work_dir / f"pytorch_{case.name}_step1.npz"))
 
 
 def capture_megatron(case: CaseSpec, inputs: RunInputs, work_dir: Path) -> StepCapture:

@@ -152,6 +152,23 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
             "world_size": pg.world, "torch_threads": torch.get_num_threads()}
 
 
+def diagnose_step(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, out_path: str | None = None):
+    """`lockstep diagnose`'s entry: step 1 of the case without the optimizer update, every module's
+    output and every gradient under canonical names (diagnose/reference_capture.py); written to
+    `out_path` (.npz) when given. In-process, whatever the case's DP (its ranks run one by one)."""
+    from lockstep.diagnose.reference_capture import capture_reference
+
+    ckpt = load_checkpoint(checkpoint)
+    stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
+    case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
+    model = model_family(ckpt.family).reference_class().from_llmc(ckpt.tensors, ckpt.config)
+    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
+    capture = capture_reference(model, case, stream.tokens, device)
+    if out_path:
+        capture.save(out_path)
+    return capture
+
+
 def main(argv: list[str]) -> int:
     """torchrun entry point: `python -m lockstep.runners.pytorch.train JOB.json`."""
     from lockstep.runners.launch import ResultsWriter

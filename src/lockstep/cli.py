@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
+import threading
 
 from lockstep import __version__
 from lockstep.commands import COMMAND_MODULES
-from lockstep.errors import LockstepError
+from lockstep.errors import Interrupted, LockstepError
 from lockstep.fsutil import os_problem
+
+# Signals that stop lockstep the way Ctrl-C does (exit status 128 + the number: 130, 143, 129).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        with stop_on_signals():
+            return int(args.handler(args) or 0)
     except LockstepError as e:
         print(f"lockstep: error: {e}", file=sys.stderr)
         return 1
@@ -43,9 +50,35 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{e.filename}: " if e.filename else ""
         print(f"lockstep: error: {where}{os_problem(e)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("lockstep: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+        print(f"lockstep: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """Turn SIGTERM and SIGHUP into the KeyboardInterrupt that SIGINT gives, so that the cleanup
+    written for Ctrl-C (stop the running case's process group, mark the run interrupted) runs
+    for them too; by default they would end Python at once and leave torchrun's workers running.
+    Only the first signal interrupts: a second one must not cut that cleanup short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stopping = []
+
+    def handler(signum, frame):
+        if stopping:
+            return
+        stopping.append(signum)
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 if __name__ == "__main__":

@@ -24,3 +24,16 @@ class CaseError(LockstepError):
 
 class RunError(LockstepError):
     """A framework run failed (crash, non-zero exit, timeout, non-finite loss)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP arrived: stop what runs (child process groups included), keep
+    what finished, and exit 128 + the signal's number. A KeyboardInterrupt so that every cleanup
+    written for Ctrl-C also runs for the others."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(self.signal_name)

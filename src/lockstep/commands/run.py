@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import shutil
+import argparse
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -12,11 +12,10 @@ from rich.table import Table
 from lockstep.commands.ci_options import add_history_arguments, add_junit_argument, append_history, history_path
 from lockstep.determinism import REPEATS_DIR
 from lockstep.errors import LockstepError
-from lockstep.fsutil import atomic_write
+from lockstep.outdir import STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
 from lockstep.run_matrix import CaseOutcome, RunPlan, RunRequest, execute_plan, plan_run
+from lockstep.run_verdict import run_verdict
 from lockstep.runners import RUNNERS
-
-RUN_MANIFEST = "run.json"
 
 
 def add_parser(sub) -> None:
@@ -39,7 +38,7 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, help="override every case's step count")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--out", default="lockstep-out", help="run directory (default: lockstep-out)")
-    p.add_argument("--seed", type=int, default=42, help="seed of the llm.c init when no --llmc is given")
+    p.add_argument("--seed", type=non_negative_int, default=42, help="seed of the llm.c init when no --llmc is given")
     p.add_argument("--timeout", type=float, default=None, help="seconds per case and framework before it fails")
     p.add_argument("--infinitrain-build", help="InfiniTrain build dir holding gpt2 (or LOCKSTEP_INFINITRAIN_BUILD)")
     p.add_argument("--megatron-native-bf16", action="store_true",
@@ -49,7 +48,19 @@ def add_parser(sub) -> None:
                    help="run each (case, framework) N times and report whether the losses are bitwise identical")
     add_junit_argument(p)
     add_history_arguments(p)
+    p.add_argument("--force", action="store_true",
+                   help="write into a non-empty --out that is not a lockstep run directory (its files are kept)")
     p.set_defaults(handler=run)
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; the llm.c init takes a seed of 0 or more")
+    return value
 
 
 def split_list(text: str | None) -> list[str] | None:
@@ -65,42 +76,48 @@ def run(args) -> int:
                      infinitrain_build=args.infinitrain_build, megatron_native_bf16=args.megatron_native_bf16)
     if args.repeat < 1:
         raise LockstepError(f"--repeat must be at least 1, not {args.repeat}")
+    check_out_dir(Path(args.out), force=args.force)  # a bad --out is refused before any work
     plan = plan_run(req)
-    prepare_out_dir(plan)
-    for note in plan.notes:
-        console.print(f"[dim]{note}[/dim]")
-    models = "; ".join(f"{m.model_name} ({m.model.describe()}, {m.family.optimizer.kind})" for m in plan.models())
-    console.print(f"device {plan.device} | model {models} | frameworks {', '.join(r.name for r in plan.runners)} "
-                  f"(baseline {plan.runners[0].name}) | out {plan.out_dir}", highlight=False)
-    outcomes = run_with_progress(plan, console, repeat=args.repeat)
-    console.print(outcome_table(outcomes))
-    failed_runs = [o for o in outcomes if o.record is not None and not o.record.ok]
-    for o in failed_runs:
-        console.print(f"[red]{o.framework}/{o.case.name} failed:[/red] {o.record.error}", markup=True, highlight=False)
+    with open_run_dir(plan.out_dir, [*RUNNERS, REPEATS_DIR], run_manifest(plan), force=args.force) as run_dir:
+        for note in plan.notes:
+            console.print(f"[dim]{note}[/dim]")
+        models = "; ".join(f"{m.model_name} ({m.model.describe()}, {m.family.optimizer.kind})" for m in plan.models())
+        console.print(f"device {plan.device} | model {models} | frameworks {', '.join(r.name for r in plan.runners)} "
+                      f"(baseline {plan.runners[0].name}) | out {plan.out_dir}", highlight=False)
+        outcomes = run_with_progress(plan, console, run_dir, repeat=args.repeat)
+        console.print(outcome_table(outcomes))
+        for o in outcomes:
+            if o.record is not None and not o.record.ok:
+                console.print(f"[red]{o.framework}/{o.case.name} failed:[/red] {o.record.error}", markup=True,
+                              highlight=False)
 
-    from lockstep.compare.run_dir import compare_run_dir
+        from lockstep.compare.run_dir import compare_run_dir
 
-    summary = compare_run_dir(plan.out_dir, baseline_framework=plan.runners[0].name)
-    print_comparison(console, summary)
-    print_diagnose_hints(console, summary, str(plan.out_dir))
-    if args.repeat > 1:
-        summary = report_determinism(console, plan, outcomes, args.repeat)
-    history_error = record_in_history(console, args, summary, plan)
-    if args.junit is not None:
-        from lockstep.report.junit import cases_from_comparisons, write_junit
+        summary = compare_run_dir(plan.out_dir, baseline_framework=plan.runners[0].name)
+        print_comparison(console, summary)
+        print_diagnose_hints(console, summary, str(plan.out_dir))
+        if args.repeat > 1:
+            summary = report_determinism(console, plan, outcomes, args.repeat)
+        history_error = record_in_history(console, args, summary, plan)
+        if args.junit is not None:
+            from lockstep.report.junit import cases_from_comparisons, write_junit
 
-        write_junit(args.junit, cases_from_comparisons(summary.get("comparisons", [])))
-        console.print(f"junit: {args.junit}")
-    if not args.no_report:
-        from lockstep.report import write_report
+            write_junit(args.junit, cases_from_comparisons(summary.get("comparisons", [])))
+            console.print(f"junit: {args.junit}")
+        report_paths = []
+        if not args.no_report and any(o.record is not None for o in outcomes):
+            from lockstep.report import write_report
 
-        html, md = write_report(plan.out_dir, baseline_framework=plan.runners[0].name,
-                                history_path=None if history_error else history_path(args))
-        console.print(f"report: {html} and {md}")
-    console.print(f"summary: {plan.out_dir / 'summary.json'}")
+            report_paths = list(write_report(plan.out_dir, baseline_framework=plan.runners[0].name,
+                                             history_path=None if history_error else history_path(args)))
+        verdict = run_verdict(outcomes, summary, [r.name for r in plan.runners], plan.out_dir, report_paths)
+        run_dir.mark(STATUS_FINISHED, verdict=verdict.word)
+    for i, line in enumerate(verdict.lines):
+        style = {"PASS": "bold green", "OK": "bold green"}.get(verdict.word, "bold red") if i == 0 else None
+        console.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
     if history_error:
         console.print(f"[red]history not written:[/red] {history_error}", highlight=False)
-    return 1 if failed_runs or summary.get("passed") is False or history_error else 0
+    return 1 if history_error else verdict.exit_code
 
 
 def report_determinism(console: Console, plan: RunPlan, outcomes: list[CaseOutcome], repeat: int) -> dict:
@@ -140,37 +157,24 @@ def record_in_history(console: Console, args, summary: dict, plan: RunPlan) -> s
     return None
 
 
-def prepare_out_dir(plan: RunPlan) -> None:
-    """Refuse to mix with someone else's files; clear lockstep's own earlier outputs so that no
-    stale record from an earlier run is compared as if it came from this one."""
-    out = plan.out_dir
-    if out.exists() and any(out.iterdir()) and not (out / RUN_MANIFEST).is_file():
-        raise LockstepError(f"{out}: output directory exists and was not written by lockstep run; "
-                            "choose another --out or empty it")
-    if out.exists():
-        for name in [*RUNNERS, REPEATS_DIR]:
-            shutil.rmtree(out / name, ignore_errors=True)
-        for name in ("summary.json", "report.html", "report.md"):
-            (out / name).unlink(missing_ok=True)
-        shutil.rmtree(out / "report_files", ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
+def run_manifest(plan: RunPlan) -> dict:
+    """What was asked, for run.json (written before the first case starts)."""
     models = [{"name": m.model_name, **m.model.to_dict(), "optimizer": m.family.optimizer.to_dict(),
                "checkpoint": str(m.checkpoint), "checkpoint_sha256": m.checkpoint_sha256, "data": str(m.tokens),
                "data_sha256": m.tokens_sha256, "corpus": m.corpus} for m in plan.models()]
     first = plan.models()[0]
-    manifest = {"cases": [c.to_dict() for c in plan.cases], "frameworks": [r.name for r in plan.runners],
-                "baseline": plan.runners[0].name, "device": plan.device, "model": models[0], "models": models,
-                "checkpoint": str(first.checkpoint), "checkpoint_sha256": first.checkpoint_sha256,
-                "data": str(first.tokens), "data_sha256": first.tokens_sha256, "corpus": first.corpus}
-    with atomic_write(out / RUN_MANIFEST, "w") as f:
-        json.dump(manifest, f, indent=2)
+    return {"cases": [c.to_dict() for c in plan.cases], "frameworks": [r.name for r in plan.runners],
+            "baseline": plan.runners[0].name, "device": plan.device, "model": models[0], "models": models,
+            "checkpoint": str(first.checkpoint), "checkpoint_sha256": first.checkpoint_sha256,
+            "data": str(first.tokens), "data_sha256": first.tokens_sha256, "corpus": first.corpus, "skipped": []}
 
 
-def run_with_progress(plan: RunPlan, console: Console, repeat: int = 1) -> list[CaseOutcome]:
+def run_with_progress(plan: RunPlan, console: Console, run_dir: RunDir, repeat: int = 1) -> list[CaseOutcome]:
     # Live bars only on a terminal; in CI logs and files each case gets one line when it ends.
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                         TimeElapsedColumn(), console=console, transient=False, disable=not console.is_terminal)
     state = {"task": None}
+    skipped: list[dict] = []
 
     def on_start(case, framework):
         state["task"] = progress.add_task(f"{framework:>11} {case.name:<18}", total=case.steps, loss="")
@@ -180,6 +184,9 @@ def run_with_progress(plan: RunPlan, console: Console, repeat: int = 1) -> list[
 
     def on_end(outcome: CaseOutcome):
         if outcome.skipped:
+            # In run.json at once, so that even an interrupted run's manifest lists its skips.
+            skipped.append({"case": outcome.case.name, "framework": outcome.framework, "reason": outcome.skipped})
+            run_dir.update_manifest(skipped=skipped)
             console.print(f"[yellow]skipped[/yellow] {outcome.framework}/{outcome.case.name}: {outcome.skipped}")
         elif outcome.record is not None and not outcome.record.ok and state["task"] is not None:
             progress.update(state["task"], loss="[red]FAILED[/red]")
@@ -191,14 +198,7 @@ def run_with_progress(plan: RunPlan, console: Console, repeat: int = 1) -> list[
                           + (f", {tps:,.0f} tok/s" if tps else ""), highlight=False)
 
     with progress:
-        outcomes = execute_plan(plan, on_start=on_start, on_step=on_step, on_end=on_end, repeat=repeat)
-    manifest_path = plan.out_dir / RUN_MANIFEST
-    manifest = json.loads(manifest_path.read_text())
-    manifest["skipped"] = [{"case": o.case.name, "framework": o.framework, "reason": o.skipped}
-                           for o in outcomes if o.skipped]
-    with atomic_write(manifest_path, "w") as f:
-        json.dump(manifest, f, indent=2)
-    return outcomes
+        return execute_plan(plan, on_start=on_start, on_step=on_step, on_end=on_end, repeat=repeat)
 
 
 def outcome_table(outcomes: list[CaseOutcome]) -> Table:

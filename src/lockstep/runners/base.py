@@ -93,8 +93,26 @@ class FrameworkRunner(ABC):
         except Exception as e:  # a bug or framework crash in-process: still a failed record, never a good one
             record.status, record.error = "failed", f"{type(e).__name__}: {e}"
         record.meta["finished_at"] = now_iso()
-        write_run_record(record_path, record)
+        write_record_or_fail(record_path, record)
         return record
+
+
+def write_record_or_fail(record_path: Path, record: RunRecord) -> None:
+    """Write the record; when that fails (disk full, file-size limit), leave a small record
+    marked failed that says why, or, if even that cannot be written, stop with one sentence
+    naming the case: a run must never end with no record and no word."""
+    try:
+        write_run_record(record_path, record)
+        return
+    except OSError as e:
+        problem = f"cannot write the run record ({e.strerror or e})"
+    record.status, record.error = "failed", f"{record_path}: {problem}" + (
+        f" after the run had failed: {record.error}" if record.error else f"; {len(record.steps)} step(s) were lost")
+    record.steps = []
+    try:
+        write_run_record(record_path, record)
+    except OSError:
+        raise RunError(f"{record_path}: {problem}; {record.framework}/{record.case} has no record") from None
 
 
 def check_complete(case: CaseSpec, steps: list[StepRecord], log_path: Path) -> None:

@@ -69,18 +69,25 @@ def run_workers(module: str, job: dict, nproc: int, log_path: Path, timeout_s: f
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env(env),
                                     start_new_session=True)
             timed_out = False
-            while True:
-                try:
-                    rc = proc.wait(timeout=0.5)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                seen = _drain(results_path, seen, steps, info, on_step)
-                if timeout_s is not None and time.monotonic() - start > timeout_s:
-                    timed_out = True
-                    kill_process_group(proc)
-                    rc = proc.wait()
-                    break
+            try:
+                while True:
+                    try:
+                        rc = proc.wait(timeout=0.5)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                    seen = _drain(results_path, seen, steps, info, on_step)
+                    if timeout_s is not None and time.monotonic() - start > timeout_s:
+                        timed_out = True
+                        kill_process_group(proc)
+                        rc = proc.wait()
+                        break
+            except BaseException:
+                # A signal (SIGINT/SIGTERM/SIGHUP arrive here as KeyboardInterrupt) or a failing
+                # progress callback: the workers run in their own session, so nothing else would
+                # stop them; they would keep training (and holding devices) after lockstep is gone.
+                kill_process_group(proc)
+                raise
         _drain(results_path, seen, steps, info, on_step)
         if timed_out:
             raise RunError(f"{log_path}: timed out after {timeout_s:.0f} s at step {len(steps)}"
@@ -110,16 +117,38 @@ def _drain(results_path: Path, seen: int, steps: list[StepRecord], info: dict, o
     return seen
 
 
-def kill_process_group(proc: subprocess.Popen) -> None:
-    """Stop a child started with start_new_session=True and everything it started (torchrun's ranks)."""
+def kill_process_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """Stop a child started with start_new_session=True and everything it started (torchrun's
+    ranks, InfiniTrain's threads): SIGTERM to the whole group, then SIGKILL to whatever of the
+    group is still there after `grace_s` (torchrun may exit before its workers do)."""
+    pgid = proc.pid
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    while time.monotonic() < deadline and _group_exists(pgid):
+        time.sleep(0.05)
+    _signal_group(pgid, signal.SIGKILL)
+    proc.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _tail(path: Path, n: int = 12) -> str:

@@ -1,0 +1,101 @@
+"""The overall verdict that ends `lockstep run`: one line with the counts, then what it rests on.
+
+    FAIL: 3 PASS, 1 FAIL, 0 errors | 1 failed run | 2 skipped
+      FAIL megatron vs pytorch: gpt2_2
+      failed runs: infinitrain/gpt2_1
+      skipped (2): needs 8 devices, this machine has 2 CPU cores: pytorch/gpt2_3, megatron/gpt2_3
+      report: out/report.html, out/report.md | summary: out/summary.json
+
+A run passes only when every pair that ran finished, something was compared, and every
+comparison passed. A run where nothing ran, or where nothing could be compared although two
+frameworks were asked for, fails and says so: it has proven nothing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lockstep.run_matrix import CaseOutcome
+
+MAX_NAMES = 6  # per line; the rest is counted, the full list is in run.json and summary.json
+
+
+@dataclass
+class RunVerdict:
+    word: str  # PASS | FAIL | OK (one framework: nothing to compare against)
+    exit_code: int
+    lines: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.word, "exit_code": self.exit_code, "lines": self.lines}
+
+
+def _names(items: list[str]) -> str:
+    shown = ", ".join(items[:MAX_NAMES])
+    return shown + (f" and {len(items) - MAX_NAMES} more" if len(items) > MAX_NAMES else "")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: list[str],
+                out_dir: Path, report_paths: list[Path] | None = None) -> RunVerdict:
+    ran = [o for o in outcomes if o.record is not None]
+    skipped = [o for o in outcomes if o.skipped]
+    failed_runs = [f"{o.framework}/{o.case.name}" for o in ran if not o.record.ok]
+
+    n_pass = n_fail = n_err = 0
+    failing: list[str] = []
+    for comp in (summary or {}).get("comparisons", []):
+        bad = []
+        for c in comp.get("cases", []):
+            if c.get("error"):
+                n_err += 1
+                bad.append(c["case"])
+            elif c.get("passed"):
+                n_pass += 1
+            else:
+                n_fail += 1
+                bad.append(c["case"])
+        n_err += len(comp.get("missing", [])) + len(comp.get("errors", []))
+        bad += [m.get("case") or "?" for m in comp.get("missing", []) if isinstance(m, dict)]
+        if bad:
+            failing.append(f"  FAIL {comp['test_framework']} vs {comp['baseline_framework']}: {_names(bad)}")
+    n_err += len((summary or {}).get("errors", []))
+    compared = n_pass + n_fail + n_err
+
+    head = f"{n_pass} PASS, {n_fail} FAIL, {_plural(n_err, 'error')} | {_plural(len(failed_runs), 'failed run')} | " \
+           f"{len(skipped)} skipped"
+    lines: list[str] = []
+    if not ran:
+        word, code = "FAIL", 1
+        lines.append(f"FAIL: nothing was compared: all {_plural(len(outcomes), '(case, framework) pair')} "
+                     "were skipped on this machine")
+    elif len(frameworks) > 1 and compared == 0:
+        word, code = "FAIL", 1
+        lines.append(f"FAIL: nothing was compared: no case ran on both the baseline {frameworks[0]} and another "
+                     f"framework | {head}")
+    elif len(frameworks) == 1:
+        word, code = ("OK", 0) if not failed_runs else ("FAIL", 1)
+        lines.append(f"{word}: {frameworks[0]} only, nothing to compare against | {head}")
+    else:
+        passed = not failed_runs and n_fail == 0 and n_err == 0 and (summary or {}).get("passed") is not False
+        word, code = ("PASS", 0) if passed else ("FAIL", 1)
+        lines.append(f"{word}: {head}")
+    lines += failing
+    if failed_runs:
+        lines.append(f"  failed runs: {_names(failed_runs)} (errors above, and in each record)")
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    for o in skipped:
+        by_reason[o.skipped].append(f"{o.framework}/{o.case.name}")
+    for reason, pairs in by_reason.items():
+        lines.append(f"  skipped ({len(pairs)}): {reason}: {_names(pairs)}")
+    where = [f"report: {', '.join(str(p) for p in report_paths)}"] if report_paths else []
+    if summary is not None:
+        where.append(f"summary: {out_dir / 'summary.json'}")
+    where.append(f"run: {out_dir / 'run.json'}")
+    lines.append("  " + " | ".join(where))
+    return RunVerdict(word, code, lines)

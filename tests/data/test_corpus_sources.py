@@ -29,9 +29,9 @@ def must_not_fetch(url, timeout, max_bytes):
 
 # --- --text FILE ------------------------------------------------------------------------------
 
-def test_text_file_with_tiny_shakespeares_hash_is_tiny_shakespeare(shared_text, tmp_path):
+def test_text_file_with_tiny_shakespeares_hash_is_tiny_shakespeare(tiny_shakespeare_text, tmp_path):
     copy = tmp_path / "whatever.txt"
-    shutil.copy(shared_text, copy)
+    shutil.copy(tiny_shakespeare_text, copy)
     corpus = corpus_from_file(copy)
     assert corpus.name == TINY_SHAKESPEARE
     assert corpus.sha256 == TINY_SHAKESPEARE_SHA256
@@ -61,11 +61,11 @@ def test_non_utf8_text_file_is_rejected(tmp_path):
 
 # --- cache and download -----------------------------------------------------------------------
 
-def test_cached_copy_is_used_without_network(shared_text, isolated_data_env):
+def test_cached_copy_is_used_without_network(tiny_shakespeare_text, isolated_data_env):
     cached = cached_tiny_shakespeare_path()
     assert cached.is_relative_to(isolated_data_env)
     cached.parent.mkdir(parents=True)
-    shutil.copy(shared_text, cached)
+    shutil.copy(tiny_shakespeare_text, cached)
     corpus = resolve_corpus(offline=False, fetch=must_not_fetch)
     assert corpus.name == TINY_SHAKESPEARE and corpus.sha256 == TINY_SHAKESPEARE_SHA256
 
@@ -77,17 +77,17 @@ def test_modified_cached_copy_is_rejected_naming_the_file(shared_text):
     assert str(cached) in str(e.value)
 
 
-def test_download_is_checked_and_cached(shared_text):
+def test_download_is_checked_and_cached(tiny_shakespeare_text):
     calls = []
 
     def fake_fetch(url, timeout, max_bytes):
         calls.append((url, timeout))
-        return shared_text.read_bytes()
+        return tiny_shakespeare_text.read_bytes()
 
     corpus = resolve_corpus(offline=False, fetch=fake_fetch)
     assert corpus.name == TINY_SHAKESPEARE
     assert calls == [(TINY_SHAKESPEARE_URL, calls[0][1])] and calls[0][1] <= 30  # short timeout
-    assert cached_tiny_shakespeare_path().read_bytes() == shared_text.read_bytes()
+    assert cached_tiny_shakespeare_path().read_bytes() == tiny_shakespeare_text.read_bytes()
     assert resolve_corpus(offline=False, fetch=must_not_fetch).name == TINY_SHAKESPEARE  # now from the cache
 
 

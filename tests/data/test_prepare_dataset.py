@@ -39,9 +39,9 @@ def test_tokenize_like_llmc_emits_eot_before_each_section():
     assert tokens.dtype == np.uint16
 
 
-def test_cli_prepare_tiny_shakespeare_is_byte_exact(shared_text, tmp_path, capsys):
+def test_cli_prepare_tiny_shakespeare_is_byte_exact(tiny_shakespeare_text, tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["prepare", "--text", str(shared_text), "--out", str(out)]) == 0
+    assert main(["prepare", "--text", str(tiny_shakespeare_text), "--out", str(out)]) == 0
     val, train = out / "tiny_shakespeare_val.bin", out / "tiny_shakespeare_train.bin"
     assert val.stat().st_size == VAL_BYTES and train.stat().st_size == TRAIN_BYTES
     assert sha256(val) == VAL_SHA256 and sha256(train) == TRAIN_SHA256
@@ -67,9 +67,9 @@ def test_too_short_text_is_rejected(tmp_path):
         prepare_dataset(tmp_path / "out", short)
 
 
-def test_other_text_gets_files_named_after_it(shared_text, tmp_path):
+def test_other_text_gets_files_named_after_it(tiny_shakespeare_text, tmp_path):
     text = tmp_path / "My Plays.txt"
-    text.write_bytes(shared_text.read_bytes() + b"\n\nEPILOGUE:\nThe end.\n")
+    text.write_bytes(tiny_shakespeare_text.read_bytes() + b"\n\nEPILOGUE:\nThe end.\n")
     prepared = prepare_dataset(tmp_path / "out", text)
     assert prepared.corpus_name.startswith("text_my_plays_")
     assert prepared.train_path.name == f"{prepared.corpus_name}_train.bin"
@@ -78,10 +78,10 @@ def test_other_text_gets_files_named_after_it(shared_text, tmp_path):
     assert prepared.train_sha256 == sha256(prepared.train_path) != TRAIN_SHA256
 
 
-def test_ensure_prepared_reuses_matching_files_and_repairs_others(shared_text, isolated_data_env):
+def test_ensure_prepared_reuses_matching_files_and_repairs_others(tiny_shakespeare_text, isolated_data_env):
     cached = cached_tiny_shakespeare_path()
     cached.parent.mkdir(parents=True)
-    shutil.copy(shared_text, cached)
+    shutil.copy(tiny_shakespeare_text, cached)
 
     first = ensure_prepared()
     assert not first.reused and first.corpus_name == TINY_SHAKESPEARE
@@ -100,10 +100,10 @@ def test_ensure_prepared_reuses_matching_files_and_repairs_others(shared_text, i
     assert not third.reused and sha256(third.train_path) == TRAIN_SHA256
 
 
-def test_cli_prepare_without_out_fills_the_cache(shared_text, isolated_data_env, capsys):
-    assert main(["prepare", "--text", str(shared_text)]) == 0
+def test_cli_prepare_without_out_fills_the_cache(tiny_shakespeare_text, isolated_data_env, capsys):
+    assert main(["prepare", "--text", str(tiny_shakespeare_text)]) == 0
     assert "written" in capsys.readouterr().out
-    assert main(["prepare", "--text", str(shared_text)]) == 0
+    assert main(["prepare", "--text", str(tiny_shakespeare_text)]) == 0
     assert "reused" in capsys.readouterr().out
     assert sha256(isolated_data_env / "prepared" / "tiny_shakespeare_train.bin") == TRAIN_SHA256
 

@@ -1,0 +1,154 @@
+"""`lockstep run` stopped by a signal, and a second run into the same --out, with real processes:
+the CLI in a subprocess, torchrun with two gloo workers, SIGTERM / SIGHUP, /proc to find the tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lockstep.cli import main, stop_on_signals
+from lockstep.errors import Interrupted
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+STEP_LINE = re.compile(r"step\s+\d+/\d+ \| train loss")
+
+
+def long_matrix(path: Path, dp: int) -> Path:
+    """One case that trains long enough (hundreds of tiny CPU steps) to be stopped mid-run."""
+    path.write_text(f'[[case]]\nname = "long_dp{dp}"\nmodel = "gpt2"\ndtype = "float32"\nmicro_batch = 2\n'
+                    f'seq_len = 32\ntotal_batch = {64 * dp}\ndp = {dp}\nsteps = 400\nlr = 1e-4\n')
+    return path
+
+
+def start_run(tmp_path: Path, checkpoint: Path, tokens: Path, dp: int, out: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "lockstep", "run", "--matrix", str(long_matrix(tmp_path / f"m{dp}.toml", dp)),
+           "--frameworks", "pytorch", "--llmc", str(checkpoint), "--data", str(tokens), "--device", "cpu",
+           "--out", str(out), "--no-report"]
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, stdout=open(tmp_path / "stdout.txt", "w"), stderr=open(tmp_path / "stderr.txt", "w"),
+                            env=env, start_new_session=True)
+
+
+def wait_for_first_step(proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"lockstep run ended early with {proc.returncode}"
+        if log.is_file() and STEP_LINE.search(log.read_text(errors="replace")):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no step line in {log} after {timeout_s} s")
+
+
+def proc_table() -> dict[int, tuple[int, str, str]]:
+    """pid -> (parent pid, state, start time) of every live process, from /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        table[int(entry)] = (int(fields[1]), fields[0], fields[19])
+    return table
+
+
+def descendants(root: int) -> dict[int, str]:
+    """pid -> start time of every process below `root` (any session: torchrun starts its own)."""
+    table = proc_table()
+    found, frontier = {}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _, start) in table.items():
+            if ppid == parent and pid not in found:
+                found[pid] = start
+                frontier.append(pid)
+    return found
+
+
+def still_alive(procs: dict[int, str]) -> list[int]:
+    table = proc_table()
+    # The same pid with the same start time is the same process; a zombie has ended.
+    return [pid for pid, start in procs.items() if pid in table and table[pid][2] == start and table[pid][1] != "Z"]
+
+
+def test_sigterm_stops_torchrun_and_its_workers_and_marks_nothing_passed(tmp_path, tiny_checkpoint,
+                                                                         tiny_shakespeare_train):
+    out = tmp_path / "out"
+    proc = start_run(tmp_path, tiny_checkpoint, tiny_shakespeare_train, dp=2, out=out)
+    tree: dict[int, str] = {}
+    try:
+        wait_for_first_step(proc, out / "pytorch" / "long_dp2.log")
+        tree = descendants(proc.pid)
+        assert len(tree) >= 3, tree  # torchrun and its two workers (at least)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+        deadline = time.monotonic() + 5
+        while still_alive(tree) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert still_alive(tree) == [], f"left running after SIGTERM: {still_alive(tree)}"
+    finally:
+        for pid in [proc.pid, *still_alive(tree)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+    assert rc == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM" in (tmp_path / "stderr.txt").read_text()
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert not (out / "summary.json").exists()
+    assert not (out / "pytorch" / "long_dp2.jsonl").exists()  # the stopped case has no record to compare
+
+
+def test_second_run_into_the_same_out_is_refused_and_sighup_stops_the_first(tmp_path, tiny_checkpoint,
+                                                                             tiny_shakespeare_train, capsys):
+    out = tmp_path / "out"
+    first = start_run(tmp_path, tiny_checkpoint, tiny_shakespeare_train, dp=1, out=out)
+    try:
+        wait_for_first_step(first, out / "pytorch" / "long_dp1.log")
+        first.send_signal(signal.SIGSTOP)  # frozen, so that any change below is the second run's
+        before = sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in out.rglob("*"))
+        rc = main(["run", "--cases", "gpt2_1", "--frameworks", "pytorch", "--llmc", str(tiny_checkpoint),
+                   "--data", str(tiny_shakespeare_train), "--device", "cpu", "--out", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 1
+        assert f"{out}: another lockstep run is writing to this directory (pid {first.pid}, started " in err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in out.rglob("*")) == before
+        first.send_signal(signal.SIGCONT)
+        first.send_signal(signal.SIGHUP)
+        rc_first = first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert rc_first == 128 + signal.SIGHUP
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    assert not (out / "pytorch" / "long_dp1.jsonl").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_stop_signals_interrupt_once_like_ctrl_c_and_the_handlers_come_back(sig):
+    before = signal.getsignal(sig)
+    with pytest.raises(Interrupted) as e:
+        with stop_on_signals():
+            try:
+                os.kill(os.getpid(), sig)
+                time.sleep(5)  # interrupted at once
+            except Interrupted:
+                os.kill(os.getpid(), sig)  # a second signal during the cleanup is ignored
+                time.sleep(0.1)
+                raise
+    assert isinstance(e.value, KeyboardInterrupt) and e.value.signum == sig
+    assert signal.getsignal(sig) is before

@@ -111,6 +111,41 @@ def test_sigterm_stops_torchrun_and_its_workers_and_marks_nothing_passed(tmp_pat
     assert not (out / "pytorch" / "long_dp2.jsonl").exists()  # the stopped case has no record to compare
 
 
+def test_sigterm_stops_an_infinitrain_subprocess_and_what_it_started(tmp_path, tiny_checkpoint,
+                                                                     tiny_shakespeare_train):
+    """A stand-in `gpt2` executable that logs a step, starts a child of its own and trains on."""
+    build = tmp_path / "build"
+    build.mkdir()
+    exe = build / "gpt2"
+    exe.write_text("#!/bin/sh\nsleep 300 &\n"
+                   "echo 'E20251021 14:16:23.511394 140590029197312 main.cc:262] step    1/10 | train loss 10.9 | "
+                   "lr 1.00e-04 | (2506.24 ms | 102 tok/s)' >&2\nsleep 300\n")
+    exe.chmod(0o755)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "lockstep", "run", "--cases", "gpt2_1", "--frameworks", "infinitrain",
+           "--infinitrain-build", str(build), "--llmc", str(tiny_checkpoint), "--data", str(tiny_shakespeare_train),
+           "--device", "cpu", "--out", str(out), "--no-report"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "stderr.txt", "w"),
+                            env={**os.environ, "PYTHONPATH": str(SRC)}, start_new_session=True)
+    tree: dict[int, str] = {}
+    try:
+        wait_for_first_step(proc, out / "infinitrain" / "gpt2_1.log", timeout_s=60)
+        tree = descendants(proc.pid)
+        assert len(tree) >= 3, tree  # the shell and its two sleeps
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+        assert still_alive(tree) == [], f"left running after SIGTERM: {still_alive(tree)}"
+    finally:
+        for pid in [proc.pid, *still_alive(tree)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+    assert rc == 128 + signal.SIGTERM
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+
+
 def test_second_run_into_the_same_out_is_refused_and_sighup_stops_the_first(tmp_path, tiny_checkpoint,
                                                                              tiny_shakespeare_train, capsys):
     out = tmp_path / "out"

@@ -16,12 +16,12 @@ import lockstep.runners.base as base
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import RunError
 from lockstep.formats.run_record import read_run_record
-from lockstep.models.configs import MODEL_SHAPES
+from lockstep.models import SHAPES
 from lockstep.runners.base import RunInputs
 from lockstep.runners.pytorch import PyTorchRunner
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-TINY = MODEL_SHAPES["gpt2-tiny"]
+TINY = SHAPES["gpt2-tiny"].config
 CASE = CaseSpec(name="c", model="gpt2", dtype="float32", micro_batch=1, seq_len=16, total_batch=16, steps=2, lr=1e-4)
 
 # Runs PyTorchRunner.run on 20 tiny steps under RLIMIT_FSIZE, as a full disk or a quota would.
@@ -30,13 +30,13 @@ import json, resource, sys
 from pathlib import Path
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import LockstepError
-from lockstep.models.configs import MODEL_SHAPES
+from lockstep.models import SHAPES
 from lockstep.runners.base import RunInputs
 from lockstep.runners.pytorch import PyTorchRunner
 import torch  # imported before the limit: nothing of the library is written later
 case = CaseSpec(name="big", model="gpt2", dtype="float32", micro_batch=1, seq_len=16, total_batch=16, steps=20,
                 lr=1e-4)
-inputs = RunInputs(checkpoint=Path(sys.argv[1]), tokens=Path(sys.argv[2]), model=MODEL_SHAPES["gpt2-tiny"],
+inputs = RunInputs(checkpoint=Path(sys.argv[1]), tokens=Path(sys.argv[2]), model=SHAPES["gpt2-tiny"].config,
                    device="cpu")
 limit = int(sys.argv[4])
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))

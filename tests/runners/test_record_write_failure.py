@@ -69,7 +69,8 @@ def test_record_too_large_for_the_limit_leaves_a_small_failed_record(tmp_path, t
     result = run_under_limit(tmp_path, tiny_checkpoint, tiny_shakespeare_train, 3000)
     record_path = tmp_path / "out" / "pytorch" / "big.jsonl"
     assert result["status"] == "failed"
-    assert result["error"] == f"{record_path}: cannot write the run record (File too large); 20 step(s) were lost"
+    assert result["error"].startswith(f"{record_path}: cannot write the run record (")
+    assert "file too large" in result["error"].lower() and result["error"].endswith("; 20 step(s) were lost")
     rec = read_run_record(record_path)
     assert not rec.ok and rec.error == result["error"] and rec.steps == []
 
@@ -77,8 +78,9 @@ def test_record_too_large_for_the_limit_leaves_a_small_failed_record(tmp_path, t
 def test_nothing_fits_is_one_sentence_naming_the_case(tmp_path, tiny_checkpoint, tiny_shakespeare_train):
     result = run_under_limit(tmp_path, tiny_checkpoint, tiny_shakespeare_train, 600)
     record_path = tmp_path / "out" / "pytorch" / "big.jsonl"
-    assert result == {"raised": f"{record_path}: cannot write the run record (File too large); "
-                                "pytorch/big has no record"}
+    message = result["raised"]
+    assert message.startswith(f"{record_path}: cannot write the run record (") and "file too large" in message.lower()
+    assert message.endswith("; pytorch/big has no record")
     assert not record_path.exists()
 
 

@@ -104,14 +104,15 @@ def write_record_or_fail(record_path: Path, record: RunRecord) -> None:
     try:
         write_run_record(record_path, record)
         return
-    except OSError as e:
-        problem = f"cannot write the run record ({e.strerror or e})"
+    except (OSError, LockstepError) as e:  # LockstepError: a write error already turned into a sentence
+        reason = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+        problem = f"cannot write the run record ({reason})"
     record.status, record.error = "failed", f"{record_path}: {problem}" + (
         f" after the run had failed: {record.error}" if record.error else f"; {len(record.steps)} step(s) were lost")
     record.steps = []
     try:
         write_run_record(record_path, record)
-    except OSError:
+    except (OSError, LockstepError):
         raise RunError(f"{record_path}: {problem}; {record.framework}/{record.case} has no record") from None
 
 

@@ -145,12 +145,12 @@ def require(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(TOKENIZERS))
-def test_tiny_shakespeare_per_tokenizer(shared_text, tmp_path, capsys, name):
+def test_tiny_shakespeare_per_tokenizer(tiny_shakespeare_text, tmp_path, capsys, name):
     require(name)
     spec = TOKENIZERS[name]
     val_tokens, train_tokens, val_sha, train_sha = TINY_SHAKESPEARE_FILES[name]
     out = tmp_path / "out"
-    assert main(["prepare", "--tokenizer", name, "--text", str(shared_text), "--out", str(out)]) == 0
+    assert main(["prepare", "--tokenizer", name, "--text", str(tiny_shakespeare_text), "--out", str(out)]) == 0
     val, train = (out / f for f in FILE_NAMES[name])
     width = 2 if name == "gpt2" else 4
     assert val.stat().st_size == 1024 + width * val_tokens and train.stat().st_size == 1024 + width * train_tokens
@@ -161,7 +161,7 @@ def test_tiny_shakespeare_per_tokenizer(shared_text, tmp_path, capsys, name):
     assert (val_stream.kind.magic, val_stream.kind.version) == magic == (train_stream.kind.magic, train_stream.kind.version)
     assert val_stream.tokens[:len(FIRST_TOKENS[name])].tolist() == FIRST_TOKENS[name]
     # One section token per blank-line section of the text, and nowhere else.
-    text = shared_text.read_text(encoding="utf-8")
+    text = tiny_shakespeare_text.read_text(encoding="utf-8")
     leads = int((val_stream.tokens == spec.section_token).sum() + (train_stream.tokens == spec.section_token).sum())
     assert leads == text.count("\n\n") + 1
     printed = capsys.readouterr().out
@@ -169,10 +169,10 @@ def test_tiny_shakespeare_per_tokenizer(shared_text, tmp_path, capsys, name):
         assert fact in printed
 
 
-def test_every_tokenizer_coexists_in_one_cache(shared_text, isolated_data_env):
+def test_every_tokenizer_coexists_in_one_cache(tiny_shakespeare_text, isolated_data_env):
     for name in TOKENIZERS:
         require(name)
-    first = {name: ensure_prepared(isolated_data_env, shared_text, name) for name in TOKENIZERS}
+    first = {name: ensure_prepared(isolated_data_env, tiny_shakespeare_text, name) for name in TOKENIZERS}
     for name, prepared in first.items():
         assert not prepared.reused and prepared.tokenizer == name
         assert (prepared.val_path.name, prepared.train_path.name) == FILE_NAMES[name]
@@ -182,19 +182,19 @@ def test_every_tokenizer_coexists_in_one_cache(shared_text, isolated_data_env):
         assert manifest["token_stream"] == TOKENIZERS[name].token_stream
         assert prepared.to_record()["tokenizer"] == name
     assert len({p.manifest_path for p in first.values()}) == 3
-    again = {name: ensure_prepared(isolated_data_env, shared_text, name) for name in TOKENIZERS}
+    again = {name: ensure_prepared(isolated_data_env, tiny_shakespeare_text, name) for name in TOKENIZERS}
     assert all(p.reused for p in again.values())
     assert {n: p.to_record() for n, p in again.items()} == {n: p.to_record() for n, p in first.items()}
-    assert ensure_prepared(isolated_data_env, shared_text).tokenizer == "gpt2"  # the old call still means GPT-2
+    assert ensure_prepared(isolated_data_env, tiny_shakespeare_text).tokenizer == "gpt2"  # the old call still means GPT-2
 
 
-def test_a_manifest_for_another_tokenizer_file_is_not_reused(shared_text, isolated_data_env):
+def test_a_manifest_for_another_tokenizer_file_is_not_reused(tiny_shakespeare_text, isolated_data_env):
     require("qwen3")
-    prepared = ensure_prepared(isolated_data_env, shared_text, "qwen3")
+    prepared = ensure_prepared(isolated_data_env, tiny_shakespeare_text, "qwen3")
     manifest = json.loads(prepared.manifest_path.read_text())
     manifest["tokenizer"]["sha256"] = "0" * 64  # made with another qwen.tiktoken
     prepared.manifest_path.write_text(json.dumps(manifest))
-    again = ensure_prepared(isolated_data_env, shared_text, "qwen3")
+    again = ensure_prepared(isolated_data_env, tiny_shakespeare_text, "qwen3")
     assert not again.reused and again.train_sha256 == TINY_SHAKESPEARE_FILES["qwen3"][3]
 
 

@@ -177,7 +177,7 @@ def test_version_of_an_unknown_build_names_the_dir(tmp_path):
 
 def test_bf16_on_cpu_is_skipped_with_the_spec_reason(tmp_path):
     reason = InfiniTrainRunner(build_dir=tmp_path).skip_reason(it_case(dtype="bfloat16"), it_inputs(tmp_path))
-    assert reason == "InfiniTrain --dtype bfloat16 crashes on CPU (SPEC section 9)"
+    assert reason == "InfiniTrain --dtype bfloat16 crashes on CPU (segfault; docs/reference/infinitrain.md)"
 
 
 def test_parallel_cases_on_cpu_are_skipped_because_threads_go_to_cuda(tmp_path):

@@ -84,7 +84,7 @@ class InfiniTrainRunner(FrameworkRunner):
 
     def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
         if inputs.device == "cpu" and case.is_bf16:
-            return "InfiniTrain --dtype bfloat16 crashes on CPU (SPEC section 9)"
+            return "InfiniTrain --dtype bfloat16 crashes on CPU (segfault; docs/reference/infinitrain.md)"
         if inputs.device == "cpu" and case.world_size > 1:
             return (f"InfiniTrain runs every thread of a parallel run ({case.parallel_label}) on a CUDA device, "
                     "so parallel cases need --device cuda")

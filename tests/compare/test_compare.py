@@ -431,3 +431,20 @@ def test_cli_megatron_lm_log_with_seq_length_and_step2_options(tmp_path, capsys)
     assert case["test"]["tokens_per_s_mean"] == pytest.approx(4 * 64 / 0.5)
     assert main(args + ["--megatron-step2-correction", "off"]) == 1
     capsys.readouterr()
+
+
+def test_sequence_parallel_fp32_cases_use_the_seeds_2e_2(tmp_path):
+    """SPEC section 7 / issue 11: an FP32 case named `_sp_` compares at 2e-2, others at 1e-5."""
+    from lockstep.compare.comparison import compare_paths
+    from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
+
+    for side, loss2 in (("base", 10.0), ("test", 10.015)):
+        for case in ("qwen3_tp8_sp_fp32", "qwen3_tp8_fp32"):
+            rec = RunRecord(framework=side, case=case, steps=[StepRecord(1, 11.0), StepRecord(2, loss2)],
+                            meta={"case_spec": {"dtype": "float32"}})
+            (tmp_path / side).mkdir(exist_ok=True)
+            write_run_record(tmp_path / side / f"{case}.jsonl", rec)
+    report = compare_paths(tmp_path / "base", tmp_path / "test")
+    verdicts = {c.case: (c.threshold, c.passed) for c in report.cases}
+    assert verdicts["qwen3_tp8_sp_fp32"] == (2e-2, True)
+    assert verdicts["qwen3_tp8_fp32"] == (1e-5, False)

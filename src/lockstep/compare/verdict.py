@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from lockstep.cases.spec import DTYPES, dtype_of_case_name
+from lockstep.cases.spec import DTYPES, SP_FP32_THRESHOLD, dtype_of_case_name
 from lockstep.compare.loading import LoadedSide
 from lockstep.compare.options import MEGATRON_LM_GPT2_FP32_THRESHOLD, CompareOptions
 from lockstep.errors import FormatError
@@ -172,6 +172,8 @@ def _threshold(case: str, dtype: str, baseline: RunRecord, test: RunRecord,
     # The looser FP32 default is about upstream Megatron-LM's numerics, whichever side its log is on.
     if dtype == "float32" and any(r.origin == ORIGIN_MEGATRON_LM and _is_gpt2(case, r) for r in (baseline, test)):
         return MEGATRON_LM_GPT2_FP32_THRESHOLD, "megatron-lm gpt2 default"
+    if dtype == "float32" and "_sp_" in case:
+        return SP_FP32_THRESHOLD, "sequence-parallel default (_sp_ case)"
     return options.default_threshold(dtype), "default"
 
 

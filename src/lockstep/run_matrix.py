@@ -21,7 +21,8 @@ from lockstep.formats.tokens import read_token_stream
 from lockstep.fsutil import sha256_file
 from lockstep.models import CPU_SHAPES, family, model_shape, read_checkpoint_layout
 from lockstep.runners import get_runner
-from lockstep.runners.base import FrameworkRunner, RunInputs, available_devices
+from lockstep.runners.base import FrameworkRunner, RunInputs, available_devices, device_shortage
+from lockstep.runners.nodes import NodeLayout
 
 
 @dataclass
@@ -43,6 +44,8 @@ class RunRequest:
     infinitrain_build: str | None = None
     megatron_native_bf16: bool = False
     cache_dir: str | None = None
+    oversubscribe: bool = False  # CPU: run cases with more ranks than cores (gloo, 1 torch thread per rank)
+    nodes: NodeLayout = field(default_factory=NodeLayout)  # --nnodes/--node-rank/--rdzv-endpoint/--launcher
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class RunPlan:
     runners: list[FrameworkRunner]
     notes: list[str] = field(default_factory=list)  # what defaults were chosen, said to the user
     unrunnable: dict[str, str] = field(default_factory=dict)  # case -> why no framework can run it here
+    nodes: NodeLayout = field(default_factory=NodeLayout)
 
     def models(self) -> list[RunInputs]:
         """One RunInputs per distinct model, in case order (for headers and run.json)."""
@@ -150,14 +154,16 @@ def resolve_case_models(cases: list[CaseSpec], req: RunRequest, device: str,
     return resolved, models
 
 
-def machine_skip_reason(case: CaseSpec, config, device: str) -> str | None:
+def machine_skip_reason(case: CaseSpec, config, device: str, oversubscribe: bool = False,
+                        nodes: NodeLayout | None = None) -> str | None:
     """Why no framework can run the case on this machine (too few devices, too little memory)."""
-    have = available_devices(device)
-    if case.world_size > have:
-        what = "GPUs" if device == "cuda" else "CPU cores"
-        return f"needs {case.world_size} devices, this machine has {have} {what}"
+    shortage = device_shortage(case, device, oversubscribe, nodes)
+    if shortage:
+        return shortage
     need = estimated_bytes_per_device(case, config)
     free = device_memory_bytes(device)
+    if device == "cpu" and oversubscribe:
+        free = free and free // max(1, (nodes or NodeLayout()).procs_per_node(case.world_size))  # ranks share the host
     if free and need > free:
         where = "GPU" if device == "cuda" else "host"
         return (f"needs about {need / 2**30:.0f} GiB per device for FP32 weights, gradients and optimizer state, "
@@ -203,7 +209,20 @@ def plan_run(req: RunRequest) -> RunPlan:
     cases, models = resolve_case_models(cases, req, device, notes)
 
     # What this machine cannot run at all is known before any file is made (an 8B init is 32 GB).
-    unrunnable = {c.name: r for c in cases if (r := machine_skip_reason(c, models[c.model].config, device))}
+    nodes = req.nodes.check()
+    if nodes.multi_node:
+        notes.append(f"nodes: {nodes.label}" + ("" if nodes.writes_records else
+                                                 "; node 0 writes the records, the comparison and the report"))
+    oversubscribe = req.oversubscribe and device == "cpu"
+    if req.oversubscribe and device != "cpu":
+        notes.append("--oversubscribe applies to CPU runs only: ignored on cuda")
+    unrunnable = {c.name: r for c in cases
+                  if (r := machine_skip_reason(c, models[c.model].config, device, oversubscribe, nodes))}
+    crowded = [c for c in cases if c.name not in unrunnable and nodes.procs_per_node(c.world_size) > available_devices(device)]
+    if oversubscribe and crowded:
+        notes.append(f"--oversubscribe: {', '.join(c.name for c in crowded)} run "
+                     f"{max(nodes.procs_per_node(c.world_size) for c in crowded)} ranks on "
+                     f"{available_devices(device)} CPU cores (gloo, 1 torch thread per rank): slower, same arithmetic")
 
     # Tokens: the user's token file, or Tiny Shakespeare (or the named offline corpus) prepared
     # once per tokenizer the cases' families use.
@@ -242,7 +261,7 @@ def plan_run(req: RunRequest) -> RunPlan:
             checkpoint=m.checkpoint if m.checkpoint is not None else Path("-"), tokens=path, model=m.config,
             device=device, model_name=m.name,
             checkpoint_sha256=checkpoint_digest(m.checkpoint) if m.checkpoint is not None else "",
-            tokens_sha256=sha, corpus=corpus, timeout_s=req.timeout_s)
+            tokens_sha256=sha, corpus=corpus, timeout_s=req.timeout_s, oversubscribe=oversubscribe, nodes=nodes)
 
     frameworks = req.frameworks or default_frameworks(notes)
     if len(set(frameworks)) != len(frameworks):
@@ -254,7 +273,7 @@ def plan_run(req: RunRequest) -> RunPlan:
         for m in {i.model_name: i for c, i in inputs.items() if c not in unrunnable}.values():
             runner.preflight(m)  # e.g. a missing InfiniTrain binary stops here, before any run
     return RunPlan(out_dir=out_dir, device=device, cases=cases, inputs=inputs, runners=runners, notes=notes,
-                   unrunnable=unrunnable)
+                   unrunnable=unrunnable, nodes=nodes)
 
 
 def prepare_tokens(cache: Path, text: str | None, tokenizer: str):

@@ -12,6 +12,7 @@ THRESHOLDS = {"float32": 1e-5, "bfloat16": 1e-2}
 # The seed's sequence-parallel cases (`_sp_` in the name, e.g. qwen3_tp8_sp_fp32) compare FP32 at
 # 2e-2: SP reorders the reductions of every norm and matmul over the sequence.
 SP_FP32_THRESHOLD = 2e-2
+ZERO_STAGES = (0, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class CaseSpec:
     pp: int = 1
     vpp: int = 1
     sp: bool = False
+    # ZeRO stage over the DP ranks: 0 plain data parallel, 1 optimizer state sharded, 2 also
+    # gradients sharded. Every stage must train exactly like plain DP (only memory differs).
+    zero: int = 0
 
     @property
     def world_size(self) -> int:
@@ -59,6 +63,8 @@ class CaseSpec:
             parts.append(f"TP={self.tp}" + ("+SP" if self.sp else ""))
         if self.pp > 1:
             parts.append(f"PP={self.pp}" + (f"xVPP={self.vpp}" if self.vpp > 1 else ""))
+        if self.zero:
+            parts.append(f"ZeRO-{self.zero}")
         return " ".join(parts)
 
     def check(self, max_seq_len: int | None = None, available_tokens: int | None = None) -> "CaseSpec":
@@ -77,6 +83,10 @@ class CaseSpec:
                 f"B*T*DP = {self.micro_batch}*{self.seq_len}*{self.dp} = {self.tokens_per_micro_step}")
         if self.sp and self.tp == 1:
             raise CaseError(f"case {n}: sequence parallel needs TP > 1")
+        if self.zero not in ZERO_STAGES:
+            raise CaseError(f"case {n}: zero is {self.zero}, must be one of {', '.join(map(str, ZERO_STAGES))}")
+        if self.zero and self.dp == 1:
+            raise CaseError(f"case {n}: ZeRO shards over data-parallel ranks, so zero={self.zero} needs dp > 1")
         if max_seq_len is not None and self.seq_len > max_seq_len:
             raise CaseError(f"case {n}: sequence length {self.seq_len} exceeds the model's maximum {max_seq_len}")
         if available_tokens is not None and self.tokens_needed > available_tokens:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 from rich.console import Console
@@ -16,6 +17,7 @@ from lockstep.outdir import STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
 from lockstep.run_matrix import CaseOutcome, RunPlan, RunRequest, execute_plan, plan_run
 from lockstep.run_verdict import run_verdict
 from lockstep.runners import RUNNERS
+from lockstep.runners.nodes import NodeLayout
 
 
 def add_parser(sub) -> None:
@@ -50,6 +52,13 @@ def add_parser(sub) -> None:
     add_history_arguments(p)
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty --out that is not a lockstep run directory (its files are kept)")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="CPU: run cases with more ranks than cores anyway (gloo, 1 torch thread per rank; slow)")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes the run spans (start lockstep on each; default 1)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1 (node 0 writes the records)")
+    p.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous for several nodes (node 0's address)")
+    p.add_argument("--launcher", choices=["torchrun", "slurm"], default="torchrun",
+                   help="slurm: inside an allocation, one lockstep starts every case's per-node torchrun under srun")
     p.set_defaults(handler=run)
 
 
@@ -73,11 +82,14 @@ def run(args) -> int:
     req = RunRequest(matrix=args.matrix, cases=split_list(args.cases), frameworks=split_list(args.frameworks),
                      model=args.model, llmc=args.llmc, data=args.data, text=args.text, steps=args.steps,
                      device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
-                     infinitrain_build=args.infinitrain_build, megatron_native_bf16=args.megatron_native_bf16)
+                     infinitrain_build=args.infinitrain_build, megatron_native_bf16=args.megatron_native_bf16,
+                     oversubscribe=args.oversubscribe, nodes=node_layout(args))
     if args.repeat < 1:
         raise LockstepError(f"--repeat must be at least 1, not {args.repeat}")
     check_out_dir(Path(args.out), force=args.force)  # a bad --out is refused before any work
     plan = plan_run(req)
+    if not plan.nodes.writes_records:
+        return run_as_follower(plan, console, repeat=args.repeat)
     with open_run_dir(plan.out_dir, [*RUNNERS, REPEATS_DIR], run_manifest(plan), force=args.force) as run_dir:
         for note in plan.notes:
             console.print(f"[dim]{note}[/dim]")
@@ -157,6 +169,27 @@ def record_in_history(console: Console, args, summary: dict, plan: RunPlan) -> s
     return None
 
 
+def node_layout(args) -> NodeLayout:
+    if args.launcher == "slurm":
+        return NodeLayout.from_slurm(rdzv_endpoint=args.rdzv_endpoint)
+    return NodeLayout(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint).check()
+
+
+def run_as_follower(plan: RunPlan, console: Console, repeat: int = 1) -> int:
+    """A node other than 0: start this node's ranks of every case in the plan's order; node 0
+    writes the records, compares and reports. Its logs go to `<out>/node<R>/`."""
+    here = plan.out_dir / f"node{plan.nodes.node_rank}"
+    shutil.rmtree(here, ignore_errors=True)
+    console.print(f"node {plan.nodes.node_rank} of {plan.nodes.nnodes}: training this node's ranks of each case; "
+                  f"node 0 writes the records and the report (logs here: {here})", highlight=False)
+    outcomes = execute_plan(plan, repeat=repeat)  # the same runs, in the same order, as node 0
+    failed = [o for o in outcomes if o.record is not None and not o.record.ok]
+    for o in outcomes:
+        state = f"skipped ({o.skipped})" if o.skipped else ("ok" if o.record.ok else f"failed: {o.record.error}")
+        console.print(f"{o.framework}/{o.case.name}: {state}", highlight=False)
+    return 1 if failed else 0
+
+
 def run_manifest(plan: RunPlan) -> dict:
     """What was asked, for run.json (written before the first case starts)."""
     models = [{"name": m.model_name, **m.model.to_dict(), "optimizer": m.family.optimizer.to_dict(),
@@ -166,7 +199,8 @@ def run_manifest(plan: RunPlan) -> dict:
     return {"cases": [c.to_dict() for c in plan.cases], "frameworks": [r.name for r in plan.runners],
             "baseline": plan.runners[0].name, "device": plan.device, "model": models[0], "models": models,
             "checkpoint": str(first.checkpoint), "checkpoint_sha256": first.checkpoint_sha256,
-            "data": str(first.tokens), "data_sha256": first.tokens_sha256, "corpus": first.corpus, "skipped": []}
+            "data": str(first.tokens), "data_sha256": first.tokens_sha256, "corpus": first.corpus, "skipped": [],
+            "nodes": plan.nodes.label, "oversubscribe": any(i.oversubscribe for i in plan.inputs.values())}
 
 
 def run_with_progress(plan: RunPlan, console: Console, run_dir: RunDir, repeat: int = 1) -> list[CaseOutcome]:

@@ -25,6 +25,7 @@ from lockstep.errors import LockstepError, RunError
 from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
 from lockstep.models import family as model_family
 from lockstep.models.family import ModelFamily
+from lockstep.runners.nodes import NodeLayout
 
 StepCallback = Callable[[StepRecord], None]
 
@@ -43,6 +44,9 @@ class RunInputs:
     corpus: str = ""  # e.g. "tiny_shakespeare", or the offline corpus's name
     timeout_s: float | None = None
     extra: dict = field(default_factory=dict)  # runner-specific options (e.g. infinitrain build dir)
+    # CPU only, asked for with --oversubscribe: more ranks than cores, one torch thread each.
+    oversubscribe: bool = False
+    nodes: NodeLayout = field(default_factory=NodeLayout)  # this node's place among the run's nodes
 
     @property
     def family(self) -> ModelFamily:
@@ -67,18 +71,18 @@ class FrameworkRunner(ABC):
 
     def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
         """Why this machine cannot run the case (e.g. too few devices), or None."""
-        have = available_devices(inputs.device)
-        if case.world_size > have:
-            what = "GPUs" if inputs.device == "cuda" else "CPU cores"
-            return f"needs {case.world_size} devices, this machine has {have} {what}"
-        return None
+        return device_shortage(case, inputs.device, inputs.oversubscribe, inputs.nodes)
 
     @abstractmethod
     def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
         """Train the case, writing the native log to `log_path`. Raise RunError on failure."""
 
     def run(self, case: CaseSpec, inputs: RunInputs, out_dir: Path, on_step: StepCallback | None = None) -> RunRecord:
-        out_dir = Path(out_dir) / self.name
+        out_dir = Path(out_dir)
+        if not inputs.nodes.writes_records:
+            # Another node's logs, kept apart from node 0's records (the out dir may be shared).
+            out_dir = out_dir / f"node{inputs.nodes.node_rank}"
+        out_dir = out_dir / self.name
         out_dir.mkdir(parents=True, exist_ok=True)
         log_path, record_path = out_dir / f"{case.name}.log", out_dir / f"{case.name}.jsonl"
         meta = base_meta(self, case, inputs)
@@ -87,13 +91,15 @@ class FrameworkRunner(ABC):
             result = self.execute(case, inputs, log_path, on_step)
             record.meta.update(result.meta)
             record.steps = result.steps
-            check_complete(case, result.steps, log_path)
+            if inputs.nodes.writes_records:  # other nodes train their ranks; node 0 gets the steps
+                check_complete(case, result.steps, log_path)
         except LockstepError as e:
             record.status, record.error = "failed", str(e)
         except Exception as e:  # a bug or framework crash in-process: still a failed record, never a good one
             record.status, record.error = "failed", f"{type(e).__name__}: {e}"
         record.meta["finished_at"] = now_iso()
-        write_record_or_fail(record_path, record)
+        if inputs.nodes.writes_records:
+            write_record_or_fail(record_path, record)
         return record
 
 
@@ -157,6 +163,44 @@ def torch_version() -> str:
     import torch
 
     return torch.__version__
+
+
+def device_shortage(case: CaseSpec, device: str, oversubscribe: bool = False,
+                    nodes: NodeLayout | None = None) -> str | None:
+    """Why this node cannot hold its share of the case's ranks, or None.
+
+    On the CPU, `oversubscribe` lets more ranks than cores share the cores (gloo, one torch
+    thread per rank): slow, but the same arithmetic as one core per rank."""
+    nodes = nodes or NodeLayout()
+    problem = nodes.split_problem(case.world_size)
+    if problem:
+        return problem
+    need = nodes.procs_per_node(case.world_size)
+    have = available_devices(device)
+    if need > have and not (oversubscribe and device == "cpu"):
+        what = "GPUs" if device == "cuda" else "CPU cores"
+        where = "this machine" if not nodes.multi_node else "each node"
+        hint = " (--oversubscribe runs them anyway)" if device == "cpu" else ""
+        return f"needs {need} devices, {where} has {have} {what}{hint}"
+    return None
+
+
+def oversubscribed_env(case: CaseSpec, inputs: RunInputs) -> dict:
+    """Environment for the ranks: one torch thread each when they outnumber this node's cores."""
+    ranks_here = inputs.nodes.procs_per_node(case.world_size)
+    if inputs.device == "cpu" and ranks_here > available_devices("cpu"):
+        return {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return {}
+
+
+def launch_meta(case: CaseSpec, inputs: RunInputs, env: dict) -> dict:
+    """How a torchrun run was placed, for the record."""
+    meta = {"launcher": f"torchrun --nproc_per_node={inputs.nodes.procs_per_node(case.world_size)}"
+                        + (f" on {inputs.nodes.label}" if inputs.nodes.multi_node else "")}
+    if env.get("OMP_NUM_THREADS") == "1" and inputs.device == "cpu":
+        meta["oversubscribed"] = (f"{inputs.nodes.procs_per_node(case.world_size)} ranks on "
+                                  f"{available_devices('cpu')} CPU cores, 1 torch thread each")
+    return meta
 
 
 def available_devices(device: str) -> int:

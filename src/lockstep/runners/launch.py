@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from typing import Callable
 
 from lockstep.errors import RunError
 from lockstep.formats.run_record import StepRecord
+from lockstep.runners.nodes import NODE_RANK_ENV, NodeLayout, slurm_command, torchrun_args
 
 # NVLink multicast (NVLS) can take a shared host's GPUs out of service; never let NCCL use it.
 SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -36,27 +38,47 @@ def worker_env(extra: dict | None = None) -> dict:
     return env
 
 
-def torchrun_command(module: str, nproc: int, args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", module, *args]
+def torchrun_command(module: str, nproc: int, args: list[str], nodes: NodeLayout | None = None,
+                     run_id: str = "lockstep") -> list[str]:
+    """torchrun for `nproc` ranks in all: standalone on one machine, else this node's share of them
+    over a c10d rendezvous (or, with the slurm launcher, one torchrun per node under srun)."""
+    nodes = nodes or NodeLayout()
+    head = [sys.executable, "-m", "torch.distributed.run"]
+    tail = ["-m", module, *args]
+    if nodes.launcher == "slurm":
+        return slurm_command(nodes, head, nproc, run_id, tail)
+    return [*head, *torchrun_args(nodes, nproc, run_id), *tail]
+
+
+def rendezvous_id(module: str, job: dict) -> str:
+    """The same on every node for the same (framework, case), different between consecutive runs."""
+    case = job.get("case", {}).get("name", "case") if isinstance(job.get("case"), dict) else "case"
+    return re.sub(r"[^A-Za-z0-9_-]", "-", f"lockstep-{module.split('.')[-2]}-{case}")
 
 
 def run_workers(module: str, job: dict, nproc: int, log_path: Path, timeout_s: float | None = None,
                 on_step: Callable[[StepRecord], None] | None = None, env: dict | None = None,
-                use_torchrun: bool = True) -> tuple[list[StepRecord], dict]:
+                use_torchrun: bool = True, nodes: NodeLayout | None = None) -> tuple[list[StepRecord], dict]:
     """Run `python -m module JOB.json` under torchrun; return its step records and final info.
 
-    The job dict is written to JOB.json with `results_path` added; rank 0 appends
-    `{"type": "step", ...}` lines and finally one `{"type": "info", ...}` line there.
+    The job dict is written to JOB.json with `results_path` added; the reporting rank (local
+    rank 0 of node 0, nodes.reports_results) appends `{"type": "step", ...}` lines and finally
+    one `{"type": "info", ...}` line there. With several nodes, this node's ranks are started
+    and `nproc` is the world size over all nodes; under srun the job directory is next to the
+    log (`log_path`'s directory must then be on a filesystem every node sees).
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="lockstep-job-") as td:
+    nodes = nodes or NodeLayout()
+    shared_dir = log_path.parent if nodes.launcher == "slurm" else None
+    with tempfile.TemporaryDirectory(prefix="lockstep-job-", dir=shared_dir) as td:
         job_path, results_path = Path(td) / "job.json", Path(td) / "results.jsonl"
         job = {**job, "results_path": str(results_path)}
         job_path.write_text(json.dumps(job))
         if use_torchrun:
-            cmd = torchrun_command(module, nproc, [str(job_path)])
+            cmd = torchrun_command(module, nproc, [str(job_path)], nodes, rendezvous_id(module, job))
+            # Workers know their node (c10d numbers ranks by address, not by --node-rank).
+            env = {**(env or {}), NODE_RANK_ENV: str(nodes.node_rank)}
         else:
             cmd = [sys.executable, "-m", module, str(job_path)]
         steps: list[StepRecord] = []

@@ -13,6 +13,11 @@ Facts about InfiniTrain this module relies on (example/gpt2/main.cc at commit b2
 - With PP > 1 each DP rank reads one batch of B*accum sequences per step instead of accum
   batches of B interleaved with the other ranks; every step still covers the same tokens
   as SPEC section 4's order, so the step loss is the same mean.
+- ZeRO is `--zero_stage N` (0 disables its DistributedOptimizer), applied to its DDP.
+- Several nodes: its launcher `infini_run --nnodes --nproc_per_node --node_rank
+  --rdzv_endpoint -- EXE FLAGS` forks the processes and sets PROC_WORLD_SIZE = nnodes x
+  nproc_per_node; the world is PROC_WORLD_SIZE x nthread_per_process. lockstep starts one
+  process per node with world / nnodes threads.
 - Its data loader never wraps: it reads floor(N/T) sequences of which the last one only
   serves as the targets' tail, and a batch past the end crashes. So it needs
   steps * total_batch + T tokens, T - 1 more than lockstep's own `tokens_needed`.
@@ -37,6 +42,7 @@ from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.launch import kill_process_group, worker_env
 
 BUILD_ENV_VAR = "LOCKSTEP_INFINITRAIN_BUILD"
+LAUNCHER_EXECUTABLE = "infini_run"
 DEFAULT_TIMEOUT_S = 1800.0
 # A file a build script may leave next to the executables naming the source commit, for builds
 # made from a copy of the source without its .git (e.g. the CUDA build on a GPU host).
@@ -74,6 +80,10 @@ class InfiniTrainRunner(FrameworkRunner):
             raise LockstepError(f"InfiniTrain executable {exe} does not exist (build the {exe.name} target in {build})")
         if not os.access(exe, os.X_OK):
             raise LockstepError(f"InfiniTrain executable {exe} is not executable (chmod +x it or rebuild)")
+        launcher = build / LAUNCHER_EXECUTABLE
+        if inputs.nodes.multi_node and not (launcher.is_file() and os.access(launcher, os.X_OK)):
+            raise LockstepError(f"runs over several nodes start InfiniTrain with its launcher {launcher}, which does "
+                                f"not exist or is not executable (build the {LAUNCHER_EXECUTABLE} target in {build})")
         adapter.preflight(inputs.model, inputs.checkpoint, inputs.family.optimizer)
 
     def version(self) -> str:
@@ -98,10 +108,29 @@ class InfiniTrainRunner(FrameworkRunner):
     # ------------------------------------------------------------------ running
 
     def command(self, case: CaseSpec, inputs: RunInputs) -> list[str]:
-        """The executable and its gflags, as InfiniTrain's test script passes them (`--flag value`).
+        """The executable and its gflags, as InfiniTrain's test script passes them (`--flag value`);
+        over several nodes, under its launcher `infini_run` (and under `srun` with --launcher slurm).
 
         Paths are absolute: the executable runs in the log's directory, not the caller's.
         """
+        nodes = inputs.nodes
+        args = self.training_command(case, inputs, threads=nodes.procs_per_node(case.world_size))
+        if not nodes.multi_node:
+            return args
+        launcher = str(_absolute(self.executable(inputs.model.family).parent / LAUNCHER_EXECUTABLE))
+
+        def infini_run(node_rank: str) -> list[str]:
+            return [launcher, f"--nnodes={nodes.nnodes}", "--nproc_per_node=1", f"--node_rank={node_rank}",
+                    f"--rdzv_endpoint={nodes.rdzv_endpoint}", "--", *args]
+
+        if nodes.launcher != "slurm":
+            return infini_run(str(nodes.node_rank))
+        script = " ".join(a if a.startswith("--node_rank=") else shlex.quote(a) for a in infini_run("$SLURM_NODEID"))
+        return ["srun", f"--nodes={nodes.nnodes}", f"--ntasks={nodes.nnodes}", "--ntasks-per-node=1",
+                "--kill-on-bad-exit=1", "bash", "-c", "exec " + script]
+
+    def training_command(self, case: CaseSpec, inputs: RunInputs, threads: int) -> list[str]:
+        """One InfiniTrain process: `threads` of the world's ranks (all of them on one node)."""
         args = [
             str(_absolute(self.executable(inputs.model.family))),
             "--input_bin", str(_absolute(inputs.tokens)),
@@ -113,8 +142,8 @@ class InfiniTrainRunner(FrameworkRunner):
             "--total_batch_size", str(case.total_batch),
             "--num_iteration", str(case.steps),
             "--learning_rate", repr(float(case.lr)),
-            # The whole world size: InfiniTrain derives DP = nthread / (TP * PP).
-            "--nthread_per_process", str(case.world_size),
+            # This process's ranks; InfiniTrain's world is (processes x threads) and DP = world / (TP * PP).
+            "--nthread_per_process", str(threads),
             *adapter_for(inputs.model.family).flags,
         ]
         if case.tp > 1:
@@ -126,6 +155,8 @@ class InfiniTrainRunner(FrameworkRunner):
             args += ["--pipeline_parallel", str(case.pp)]
         if case.vpp > 1:
             args += ["--virtual_pipeline_parallel", str(case.vpp)]
+        if case.zero:
+            args += ["--zero_stage", str(case.zero)]
         return args
 
     def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
@@ -179,14 +210,15 @@ class InfiniTrainRunner(FrameworkRunner):
         if rc != 0:
             raise RunError(f"{log_path}: InfiniTrain {_describe_exit(rc)} after {len(steps)} of {case.steps} step(s)"
                            + _tail(text))
-        if [s.step for s in steps] != list(range(1, case.steps + 1)):
+        if inputs.nodes.writes_records and [s.step for s in steps] != list(range(1, case.steps + 1)):
             raise RunError(f"{log_path}: InfiniTrain exited normally but logged {len(steps)} of {case.steps} step(s)"
                            + _tail(text))
         meta = {
             "worker_command": shlex.join(cmd),
             "infinitrain_build": str(self.build_dir),
             "infinitrain_commit": find_build_commit(self.build_dir) or "unknown",
-            "launcher": "subprocess" + (f", {case.world_size} threads" if case.world_size > 1 else ""),
+            "launcher": ("subprocess" + (f", {case.world_size} threads" if case.world_size > 1 else "")
+                         if not inputs.nodes.multi_node else f"infini_run on {inputs.nodes.label}"),
         }
         return ExecuteResult(steps=steps, meta=meta)
 

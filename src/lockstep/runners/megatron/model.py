@@ -124,7 +124,7 @@ def chunk_layers(chunk) -> tuple[int, ...]:
     return tuple(int(layer.layer_number) - 1 for layer in chunk.decoder.layers)
 
 
-def wrap_for_training(config, chunks: list, precision: Precision) -> list:
+def wrap_for_training(config, chunks: list, precision: Precision, zero: int = 0) -> list:
     """Float16Module (native bf16 only), then megatron's DDP around every chunk."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.transformer.module import Float16Module
@@ -134,7 +134,9 @@ def wrap_for_training(config, chunks: list, precision: Precision) -> list:
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,  # accumulate and all-reduce gradients in FP32 (Megatron-LM's usual choice)
         overlap_grad_reduce=False,
-        use_distributed_optimizer=False,
+        # ZeRO-1: megatron's distributed optimizer (gradients reduce-scattered, each DP rank
+        # updating its shard of the FP32 parameters, then all-gathered).
+        use_distributed_optimizer=zero >= 1,
         check_for_nan_in_grad=False,
     )
     # As Megatron-LM's get_model: only the first chunk gets buckets of its own.
@@ -159,7 +161,7 @@ def build_optimizer(case: CaseSpec, chunks: list, precision: Precision, spec: Op
         clip_grad=0.0,
         bf16=precision.native_bf16,
         params_dtype=precision.params_dtype,
-        use_distributed_optimizer=False,
+        use_distributed_optimizer=case.zero >= 1,
     )
     optimizer = get_megatron_optimizer(opt_config, chunks)
     scheduler = OptimizerParamScheduler(

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import LockstepError
+from lockstep.runners.nodes import reports_results
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class ParallelLayout:
     tp_rank: int
     pp_rank: int
     device: torch.device
+    reports: bool = True  # writes the log's step lines and the results (local rank 0 of node 0)
 
     @property
     def is_first_stage(self) -> bool:
@@ -73,7 +75,7 @@ def init_parallel(case: CaseSpec, device_kind: str) -> ParallelLayout:
         rank=rank, world=world, local_rank=local_rank, dp=parallel_state.get_data_parallel_world_size(),
         tp=case.tp, pp=case.pp, vpp=case.vpp, dp_rank=parallel_state.get_data_parallel_rank(),
         tp_rank=parallel_state.get_tensor_model_parallel_rank(),
-        pp_rank=parallel_state.get_pipeline_model_parallel_rank(), device=device)
+        pp_rank=parallel_state.get_pipeline_model_parallel_rank(), device=device, reports=reports_results())
     if layout.dp != case.dp:
         raise LockstepError(f"megatron-core made {layout.dp} data-parallel ranks, the case asks for {case.dp}")
     return layout

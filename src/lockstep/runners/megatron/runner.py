@@ -23,7 +23,8 @@ from pathlib import Path
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import RunError
 from lockstep.formats.tokens import read_token_stream
-from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback
+from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, launch_meta,
+                                   oversubscribed_env)
 from lockstep.runners.launch import run_workers
 from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions
 
@@ -72,6 +73,11 @@ class MegatronRunner(FrameworkRunner):
             if self.options.native_bf16:
                 return "megatron-core's native bf16 (Float16Module and its optimizer) needs CUDA"
             return "megatron-core's bf16 autocast backward needs CUDA"
+        if case.zero == 2:
+            # Its distributed optimizer shards the optimizer state (ZeRO-1) and reduce-scatters the
+            # gradients into a full-size buffer; sharded gradients are Megatron-FSDP's, not used here.
+            return ("megatron-core's distributed optimizer is ZeRO-1 (zero = 1); ZeRO-2 (sharded gradient "
+                    "buffers) is Megatron-FSDP, which this runner does not use")
         if case.sp and (inputs.device != "cuda" or not apex_installed()):
             # The local layer spec's LayerNorm is Apex's FusedLayerNorm when Apex is installed (CUDA
             # only), else torch's, which megatron-core refuses to use with sequence parallelism.
@@ -92,16 +98,16 @@ class MegatronRunner(FrameworkRunner):
             job = MegatronJob(case=case, model=inputs.model, checkpoint=str(inputs.checkpoint), tokens=str(inputs.tokens),
                               tokens_sha256=inputs.tokens_sha256, device=inputs.device, options=self.options,
                               error_path=str(error_path))
+            env = oversubscribed_env(case, inputs)
             try:
                 steps, info = run_workers(WORKER_MODULE, job.to_dict(), nproc=case.world_size, log_path=log_path,
-                                          timeout_s=inputs.timeout_s, on_step=on_step)
+                                          timeout_s=inputs.timeout_s, on_step=on_step, env=env, nodes=inputs.nodes)
             except RunError:
                 # A worker that failed with a known cause left one sentence naming it (tensor, rank, ...).
                 if error_path.is_file() and error_path.read_text().strip():
                     raise RunError(f"{log_path}: {error_path.read_text().strip()}") from None
                 raise
-        meta = {**info, "launcher": f"torchrun --nproc_per_node={case.world_size}",
-                "runner_options": asdict(self.options)}
+        meta = {**info, **launch_meta(case, inputs, env), "runner_options": asdict(self.options)}
         if self.options.native_bf16 and case.is_bf16:
             meta["notes"] = ("diagnostic mode native_bf16: Megatron's native bf16 parameters (Float16Module, fp32 main "
                              "params), not the contract's autocast with fp32 parameters")

@@ -40,10 +40,11 @@ from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.launch import ResultsWriter
 from lockstep.runners.megatron.job import DATA_SEED, LOG_MARKER, MODEL_SEED, MegatronJob
 from lockstep.runners.megatron.parallel import ParallelLayout
+from lockstep.runners.nodes import reports_results
 
 
 def _say(layout: ParallelLayout, text: str) -> None:
-    if layout.rank == 0:
+    if layout.reports:
         print(text, flush=True)
 
 
@@ -142,7 +143,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     on_cpu = job.device != "cuda"
     precision = mmodel.Precision.for_case(case, job.options.native_bf16)
     version = _megatron_version()
-    if int(os.environ.get("RANK", 0)) == 0:
+    if reports_results():
         # First thing in the log, before megatron or NCCL print anything: the parsers look for it near the top.
         print(f"{LOG_MARKER} | megatron-core {version} | torch {torch.__version__} | case {case.name} | "
               f"{case.parallel_label} | {precision.label} | device {job.device} "
@@ -193,7 +194,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     if differing:
         raise LockstepError(f"rank {layout.rank}: the checkpoint header disagrees with the planned model: "
                             + ", ".join(differing))
-    chunks = mmodel.wrap_for_training(config, chunks, precision)
+    chunks = mmodel.wrap_for_training(config, chunks, precision, zero=case.zero)
     optimizer, scheduler = mmodel.build_optimizer(case, chunks, precision, family.optimizer)
     # As Megatron-LM's training loop wires them: the schedule calls these.
     config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
@@ -202,11 +203,12 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     _say(layout, f"loaded {job.checkpoint} (LLMC v{ckpt.version}) into {len(chunks)} model chunk(s) per rank "
                  f"({loaded:,} values on rank 0)")
 
-    # Data: rank 0 converts the stream and builds GPTDataset's index cache first, then the others read them.
+    # Data: local rank 0 of each node converts the stream and builds GPTDataset's index cache first,
+    # then the node's other ranks read them.
     num_samples = mdata.samples_needed(case)
     dataset = None
     for turn in (True, False):
-        if (layout.rank == 0) == turn:
+        if (layout.local_rank == 0) == turn:
             indexed = mdata.ensure_indexed_dataset(job.tokens, job.tokens_sha256)
             dataset = mdata.build_gpt_dataset(indexed, T, num_samples, job.model.vocab_size, seed=DATA_SEED)
         dist.barrier()
@@ -264,7 +266,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
         tokens_per_s = case.total_batch / (step_ms / 1e3)
         times_ms.append(step_ms)
         rates.append(tokens_per_s)
-        if layout.rank == 0:
+        if layout.reports:
             lr = float(optimizer.param_groups[0]["lr"])
             stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
             norm = float(grad_norm) if grad_norm is not None else None
@@ -284,6 +286,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
         "device_name": device_name,
         "world_size": layout.world,
         "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "sequence_parallel": case.sp,
+        "distributed_optimizer": case.zero >= 1,
         "precision": precision.label,
         "native_bf16": precision.native_bf16,
         "megatron_vocab_size": vocab_rows,
@@ -310,7 +313,7 @@ def main(argv: list[str]) -> int:
 
     job = MegatronJob.from_dict(json.loads(Path(argv[0]).read_text()))
     rank = int(os.environ.get("RANK", 0))
-    writer = ResultsWriter(job.results_path if rank == 0 else None)
+    writer = ResultsWriter(job.results_path if reports_results() else None)
     try:
         info = train(job, writer)
         writer.info(**info)

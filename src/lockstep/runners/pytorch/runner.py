@@ -9,7 +9,8 @@ import torch
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import RunError
 from lockstep.formats.run_record import StepRecord
-from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback
+from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, launch_meta,
+                                   oversubscribed_env)
 from lockstep.runners.launch import run_workers
 from lockstep.runners.pytorch.train import ProcessGroupInfo, train_case
 
@@ -43,6 +44,7 @@ class PyTorchRunner(FrameworkRunner):
             return ExecuteResult(steps=steps, meta={**info, "launcher": "in-process"})
         job = {"case": case.to_dict(), "checkpoint": str(inputs.checkpoint), "tokens": str(inputs.tokens),
                "device": inputs.device}
+        env = oversubscribed_env(case, inputs)
         steps, info = run_workers("lockstep.runners.pytorch.train", job, nproc=case.world_size, log_path=log_path,
-                                  timeout_s=inputs.timeout_s, on_step=on_step)
-        return ExecuteResult(steps=steps, meta={**info, "launcher": f"torchrun --nproc_per_node={case.world_size}"})
+                                  timeout_s=inputs.timeout_s, on_step=on_step, env=env, nodes=inputs.nodes)
+        return ExecuteResult(steps=steps, meta={**info, **launch_meta(case, inputs, env)})

@@ -29,6 +29,7 @@ from lockstep.formats.tokens import read_token_stream
 from lockstep.models import family as model_family
 from lockstep.models import load_checkpoint
 from lockstep.models.family import OptimizerSpec
+from lockstep.runners.nodes import reports_results
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,12 @@ class ProcessGroupInfo:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    reports: bool = True  # writes the log's step lines and the results (local rank 0 of node 0)
 
     @classmethod
     def from_env(cls) -> "ProcessGroupInfo":
         return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                   int(os.environ.get("LOCAL_RANK", 0)))
+                   int(os.environ.get("LOCAL_RANK", 0)), reports_results())
 
 
 @contextlib.contextmanager
@@ -74,6 +76,33 @@ def build_optimizer(spec: OptimizerSpec, params, lr: float) -> torch.optim.Optim
     raise ValueError(f"unknown optimizer kind {spec.kind!r}")
 
 
+def build_sharded_optimizer(spec: OptimizerSpec, params, lr: float, zero: int) -> torch.optim.Optimizer:
+    """ZeRO-1: torch's ZeroRedundancyOptimizer, each rank updating its shard of the parameters
+    with the contract optimizer and broadcasting it; the update of every element is the same
+    arithmetic as the unsharded optimizer's. (ZeRO-2 shards in the module wrapper, FSDP.)"""
+    if zero != 1:
+        return build_optimizer(spec, params, lr)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    if spec.kind == "sgd":
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, lr=lr, momentum=0.0,
+                                       weight_decay=spec.weight_decay)
+    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam, lr=lr, betas=(spec.beta1, spec.beta2),
+                                   eps=spec.eps, weight_decay=spec.weight_decay)
+
+
+def wrap_data_parallel(model: torch.nn.Module, case: CaseSpec, device: torch.device) -> torch.nn.Module:
+    """DDP (gradients all-reduced and averaged over ranks: the contract's "averaged over DP
+    ranks"), or for ZeRO-2 FSDP with SHARD_GRAD_OP: gradients reduce-scattered (averaged) so
+    each rank keeps and updates its shard, parameters gathered whole for every forward."""
+    if case.zero == 2:
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+        return FullyShardedDataParallel(model, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
+                                        device_id=device if device.type == "cuda" else None)
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
 def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, pg: ProcessGroupInfo,
                emit: Callable[[StepRecord], None], log: TextIO) -> dict:
     """Train `case.steps` steps; rank 0 calls `emit` per step and writes llm.c-style log lines."""
@@ -90,12 +119,12 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     dp_rank = pg.rank
     ddp = None
     if pg.world > 1:
-        # DDP averages gradients over ranks: the contract's "averaged over DP ranks".
-        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        ddp = wrap_data_parallel(model, case, device)
     train_model = ddp or model
-    optimizer = build_optimizer(family.optimizer, model.parameters(), case.lr)
+    zero = case.zero if pg.world > 1 else 0
+    optimizer = build_sharded_optimizer(family.optimizer, train_model.parameters(), case.lr, zero)
     batches = TokenBatches(stream.tokens, case, dp_rank=dp_rank)
-    if pg.rank == 0:
+    if pg.reports:
         print(f"lockstep pytorch runner | case {case.name} | {case.parallel_label} | dtype {case.dtype} | "
               f"B={case.micro_batch} T={case.seq_len} tokens/step={case.total_batch} accum={case.accum} | "
               f"{family.title} {ckpt.config.describe()} | {family.optimizer.label} lr {case.lr:g} | "
@@ -130,14 +159,16 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
                     loss_sum /= pg.world  # gloo has no AVG
             optimizer.step()
             synchronize(device)
-            elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+            peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
+            slowest = torch.tensor([time.perf_counter() - t0, peak], dtype=torch.float64, device=device)
             if pg.world > 1:
-                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the step time is the slowest rank's
-            step_ms = float(elapsed.item()) * 1e3
+                # The step time is the slowest rank's over every node (and the peak memory the largest).
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            step_ms = float(slowest[0].item()) * 1e3
             tokens_per_s = case.total_batch / (step_ms / 1e3)
             loss_value = float(loss_sum.item())
-            peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-            if pg.rank == 0:
+            peak = float(slowest[1].item()) if device.type == "cuda" else None
+            if pg.reports:
                 rec = StepRecord(step=step + 1, loss=loss_value, step_ms=step_ms, tokens_per_s=tokens_per_s,
                                  lr=case.lr, peak_mem_mb=peak)
                 print(llmc_step_line(step + 1, case.steps, loss_value, case.lr, step_ms, tokens_per_s), file=log, flush=True)
@@ -145,11 +176,13 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
             times_ms.append(step_ms)
             tps.append(tokens_per_s)
     measured = times_ms[1:] or times_ms
-    if pg.rank == 0:
+    if pg.reports:
         print(perf_summary_line(len(measured), sum(measured) / len(measured), sum(tps[1:] or tps) / len(measured)),
               file=log, flush=True)
     return {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "world_size": pg.world, "torch_threads": torch.get_num_threads()}
+            "world_size": pg.world, "torch_threads": torch.get_num_threads(),
+            "data_parallel": {0: "DDP", 1: "DDP + ZeroRedundancyOptimizer (ZeRO-1)",
+                              2: "FSDP SHARD_GRAD_OP (ZeRO-2)"}[zero] if pg.world > 1 else "none"}
 
 
 def diagnose_step(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, out_path: str | None = None):
@@ -181,7 +214,7 @@ def main(argv: list[str]) -> int:
         torch.cuda.set_device(pg.local_rank)
     dist.init_process_group(backend=backend)
     try:
-        writer = ResultsWriter(job["results_path"] if pg.rank == 0 else None)
+        writer = ResultsWriter(job["results_path"] if pg.reports else None)
         info = train_case(case, job["checkpoint"], job["tokens"], job["device"], pg, writer.step, sys.stdout)
         writer.info(**info)
     finally:

@@ -78,6 +78,9 @@ class MegatronRunner(FrameworkRunner):
             # gradients into a full-size buffer; sharded gradients are Megatron-FSDP's, not used here.
             return ("megatron-core's distributed optimizer is ZeRO-1 (zero = 1); ZeRO-2 (sharded gradient "
                     "buffers) is Megatron-FSDP, which this runner does not use")
+        if case.zero == 1 and inputs.family.optimizer.kind != "adam":
+            return (f"megatron-core's distributed optimizer (ZeRO-1) accepts only Adam (an assertion in "
+                    f"distrib_optimizer.py), the {inputs.family.title} contract is {inputs.family.optimizer.label}")
         if case.sp and (inputs.device != "cuda" or not apex_installed()):
             # The local layer spec's LayerNorm is Apex's FusedLayerNorm when Apex is installed (CUDA
             # only), else torch's, which megatron-core refuses to use with sequence parallelism.

@@ -96,11 +96,28 @@ def wrap_data_parallel(model: torch.nn.Module, case: CaseSpec, device: torch.dev
     ranks"), or for ZeRO-2 FSDP with SHARD_GRAD_OP: gradients reduce-scattered (averaged) so
     each rank keeps and updates its shard, parameters gathered whole for every forward."""
     if case.zero == 2:
-        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+        # FSDP2 (FSDP1 refuses a CPU): parameters kept whole after the forward (reshard_after_forward
+        # False = SHARD_GRAD_OP), gradients reduce-scattered and averaged, optimizer on the shards.
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
 
-        return FullyShardedDataParallel(model, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
-                                        device_id=device if device.type == "cuda" else None)
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        return fully_shard(model, mesh=mesh, reshard_after_forward=False)
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+@contextlib.contextmanager
+def no_sync(wrapped: torch.nn.Module, case: CaseSpec):
+    """No gradient reduction on a micro step before the last (DDP's no_sync; FSDP2's switch)."""
+    if case.zero == 2:
+        wrapped.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            wrapped.set_requires_gradient_sync(True)
+    else:
+        with wrapped.no_sync():
+            yield
 
 
 def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, pg: ProcessGroupInfo,
@@ -142,7 +159,7 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
                 x, y = batches.micro_batch(step, micro)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 last = micro == case.accum - 1
-                sync_ctx = ddp.no_sync() if (ddp is not None and not last) else contextlib.nullcontext()
+                sync_ctx = no_sync(ddp, case) if (ddp is not None and not last) else contextlib.nullcontext()
                 with sync_ctx:
                     # BF16 = autocast around the forward only; parameters and SGD stay FP32.
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=case.is_bf16):
@@ -182,7 +199,7 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     return {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "world_size": pg.world, "torch_threads": torch.get_num_threads(),
             "data_parallel": {0: "DDP", 1: "DDP + ZeroRedundancyOptimizer (ZeRO-1)",
-                              2: "FSDP SHARD_GRAD_OP (ZeRO-2)"}[zero] if pg.world > 1 else "none"}
+                              2: "FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2)"}[zero] if pg.world > 1 else "none"}
 
 
 def diagnose_step(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, out_path: str | None = None):

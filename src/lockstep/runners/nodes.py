@@ -117,7 +117,11 @@ def slurm_command(layout: NodeLayout, torchrun_head: list[str], world_size: int,
     """
     args = torchrun_args(layout, world_size, run_id, node_rank="$SLURM_NODEID")
     quoted = [a if a.startswith("--node-rank=") else shlex.quote(a) for a in [*torchrun_head, *args, *tail]]
-    script = f"export {NODE_RANK_ENV}=$SLURM_NODEID; exec " + " ".join(quoted)
+    return srun_per_node(layout, f"export {NODE_RANK_ENV}=$SLURM_NODEID; exec " + " ".join(quoted))
+
+
+def srun_per_node(layout: NodeLayout, script: str) -> list[str]:
+    """`script` once on every node of the allocation (one task each); a failing node ends them all."""
     return ["srun", f"--nodes={layout.nnodes}", f"--ntasks={layout.nnodes}", "--ntasks-per-node=1",
             "--kill-on-bad-exit=1", "bash", "-c", script]
 

@@ -40,6 +40,7 @@ from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback
 from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.launch import kill_process_group, worker_env
+from lockstep.runners.nodes import srun_per_node
 
 BUILD_ENV_VAR = "LOCKSTEP_INFINITRAIN_BUILD"
 LAUNCHER_EXECUTABLE = "infini_run"
@@ -126,8 +127,7 @@ class InfiniTrainRunner(FrameworkRunner):
         if nodes.launcher != "slurm":
             return infini_run(str(nodes.node_rank))
         script = " ".join(a if a.startswith("--node_rank=") else shlex.quote(a) for a in infini_run("$SLURM_NODEID"))
-        return ["srun", f"--nodes={nodes.nnodes}", f"--ntasks={nodes.nnodes}", "--ntasks-per-node=1",
-                "--kill-on-bad-exit=1", "bash", "-c", "exec " + script]
+        return srun_per_node(nodes, "exec " + script)
 
     def training_command(self, case: CaseSpec, inputs: RunInputs, threads: int) -> list[str]:
         """One InfiniTrain process: `threads` of the world's ranks (all of them on one node)."""

@@ -56,3 +56,26 @@ def test_megatron_tp2_pp2_nccl_match_tp1(cuda_inputs, tmp_path, tp, pp, B):
     par = MegatronRunner().run(case(f"tp{tp}pp{pp}", B=B, tp=tp, pp=pp), cuda_inputs, tmp_path)
     assert one.ok and par.ok, par.error
     assert max_diff(one, par) < 1e-5
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_pytorch_zero1_and_zero2_over_nccl_match_plain_dp(cuda_inputs, tmp_path):
+    runs = {z: PyTorchRunner().run(CaseSpec(name=f"z{z}", model="gpt2", dtype="float32", micro_batch=2, seq_len=64,
+                                            total_batch=256, steps=5, lr=1e-2, dp=2, zero=z), cuda_inputs, tmp_path)
+            for z in (0, 1, 2)}
+    assert all(r.ok for r in runs.values()), [r.error for r in runs.values()]
+    assert max_diff(runs[1], runs[0]) < 1e-5 and max_diff(runs[2], runs[0]) < 1e-5
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_megatron_distributed_optimizer_matches_plain_dp_on_llama3_tiny(llama3_tiny_checkpoint, tiny_shakespeare_train,
+                                                                         tmp_path):
+    """megatron-core's distributed optimizer (ZeRO-1) takes only Adam and CUDA tensors: Llama 3 (tiny)."""
+    inputs = RunInputs(checkpoint=llama3_tiny_checkpoint, tokens=tiny_shakespeare_train,
+                       model=SHAPES["llama3-tiny"].config, device="cuda")
+    runs = [MegatronRunner().run(CaseSpec(name=f"z{z}", model="llama3-tiny", dtype="float32", micro_batch=2,
+                                          seq_len=64, total_batch=256, steps=5, lr=1e-3, dp=2, zero=z), inputs, tmp_path)
+            for z in (0, 1)]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert runs[1].meta["distributed_optimizer"] is True
+    assert max_diff(runs[1], runs[0]) < 1e-5

@@ -78,6 +78,9 @@ class MegatronRunner(FrameworkRunner):
             # gradients into a full-size buffer; sharded gradients are Megatron-FSDP's, not used here.
             return ("megatron-core's distributed optimizer is ZeRO-1 (zero = 1); ZeRO-2 (sharded gradient "
                     "buffers) is Megatron-FSDP, which this runner does not use")
+        if case.zero == 1 and inputs.device != "cuda":
+            return ("megatron-core's distributed optimizer (ZeRO-1) needs CUDA (it accepts only torch.cuda "
+                    "parameter tensors, distrib_optimizer.py)")
         if case.zero == 1 and inputs.family.optimizer.kind != "adam":
             return (f"megatron-core's distributed optimizer (ZeRO-1) accepts only Adam (an assertion in "
                     f"distrib_optimizer.py), the {inputs.family.title} contract is {inputs.family.optimizer.label}")

@@ -79,7 +79,7 @@ def build_optimizer(spec: OptimizerSpec, params, lr: float) -> torch.optim.Optim
 def build_sharded_optimizer(spec: OptimizerSpec, params, lr: float, zero: int) -> torch.optim.Optimizer:
     """ZeRO-1: torch's ZeroRedundancyOptimizer, each rank updating its shard of the parameters
     with the contract optimizer and broadcasting it; the update of every element is the same
-    arithmetic as the unsharded optimizer's. (ZeRO-2 shards in the module wrapper, FSDP.)"""
+    arithmetic as the unsharded optimizer's. (ZeRO-2 shards in the module wrapper, FSDP2.)"""
     if zero != 1:
         return build_optimizer(spec, params, lr)
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -93,11 +93,11 @@ def build_sharded_optimizer(spec: OptimizerSpec, params, lr: float, zero: int) -
 
 def wrap_data_parallel(model: torch.nn.Module, case: CaseSpec, device: torch.device) -> torch.nn.Module:
     """DDP (gradients all-reduced and averaged over ranks: the contract's "averaged over DP
-    ranks"), or for ZeRO-2 FSDP with SHARD_GRAD_OP: gradients reduce-scattered (averaged) so
-    each rank keeps and updates its shard, parameters gathered whole for every forward."""
+    ranks"), or for ZeRO-2 FSDP2: gradients reduce-scattered (averaged) so each rank keeps and
+    updates its shard, parameters gathered whole for the forward."""
     if case.zero == 2:
-        # FSDP2 (FSDP1 refuses a CPU): parameters kept whole after the forward (reshard_after_forward
-        # False = SHARD_GRAD_OP), gradients reduce-scattered and averaged, optimizer on the shards.
+        # FSDP2, since FSDP1 refuses a CPU; reshard_after_forward=False keeps the gathered parameters
+        # through the backward, FSDP1's SHARD_GRAD_OP (ZeRO-2) rather than FULL_SHARD (ZeRO-3).
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 

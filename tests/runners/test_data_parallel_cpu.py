@@ -88,11 +88,14 @@ def dp2(zero: int, lr: float):
                    micro_batch=1, zero=zero).check()
 
 
-@pytest.mark.parametrize("lr_name", LRS)
-def test_pytorch_zero1_and_zero2_train_like_plain_dp(lr_name, inputs, tmp_path):
-    runs = {z: PyTorchRunner().run(dp2(z, LRS[lr_name]), inputs, tmp_path) for z in (0, 1, 2)}
+def test_pytorch_zero1_and_zero2_train_like_plain_dp(inputs, tmp_path):
+    # At the high lr only: the sharded and unsharded updates are the same elementwise arithmetic
+    # (measured identical at both lrs), and the high lr is the one that would show a difference.
+    runs = {z: PyTorchRunner().run(dp2(z, LRS["high_lr"]), inputs, tmp_path) for z in (0, 1, 2)}
     d1, d2 = max_diff(runs[1], runs[0]), max_diff(runs[2], runs[0])
-    print(f"pytorch DP=2 at {lr_name}: ZeRO-1 vs DP {d1:.3e}, ZeRO-2 (FSDP2) vs DP {d2:.3e}")
+    print(f"pytorch DP=2 at high_lr: ZeRO-1 vs DP {d1:.3e}, ZeRO-2 (FSDP2) vs DP {d2:.3e}; "
+          f"loss {runs[0].losses()[0]:.6f} -> {runs[0].losses()[-1]:.6f}")
+    assert runs[0].losses()[0] - runs[0].losses()[-1] > 1e-2
     assert d1 < FP32_TOLERANCE and d2 < FP32_TOLERANCE
     assert "ZeroRedundancyOptimizer" in runs[1].meta["data_parallel"] and "FSDP2" in runs[2].meta["data_parallel"]
 

@@ -1,8 +1,8 @@
 """Data parallel semantics on the CPU over gloo: 8 ranks on a 2-core machine (--oversubscribe),
 and ZeRO, each against the same global batch on fewer ranks. gpt2-tiny, 3 steps.
 
-Each comparison runs at the contract's lr and at a high lr (SGD 1e-2, Adam 1e-3) at which the
-loss moves by far more than the 1e-5 threshold, so that agreement is not that of frozen weights.
+gpt2_3 runs at the contract's lr and at a high lr (SGD 1e-2) at which the loss moves by far
+more than the 1e-5 threshold, so that agreement is not that of frozen weights; ZeRO at the high lr.
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ class CaseSpec:
 # The TOML type of each CaseSpec field (lr may be written as an integer, e.g. `lr = 1`).
 FIELD_TYPES: dict[str, type] = {"name": str, "model": str, "dtype": str, "micro_batch": int, "seq_len": int,
                                 "total_batch": int, "steps": int, "lr": float, "dp": int, "tp": int, "pp": int,
-                                "vpp": int, "sp": bool}
+                                "vpp": int, "sp": bool, "zero": int}
 
 
 def _has_type(value, want: type) -> bool:

@@ -14,7 +14,7 @@ CASE = '[[case]]\nname = "a"\ndtype = "float32"\nmicro_batch = 4\ntotal_batch = 
 
 def test_builtin_matrices_load():
     counts = {n: len(load_matrix(n)) for n in builtin_matrices()}
-    assert counts["gpt2"] == 6 and counts["gpt2_parallel"] == 4 and len(counts) >= 2
+    assert counts["gpt2"] == 6 and counts["gpt2_parallel"] == 6 and len(counts) >= 2
 
 
 def test_integer_lr_is_a_number():

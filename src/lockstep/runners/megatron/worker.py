@@ -203,12 +203,14 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     _say(layout, f"loaded {job.checkpoint} (LLMC v{ckpt.version}) into {len(chunks)} model chunk(s) per rank "
                  f"({loaded:,} values on rank 0)")
 
-    # Data: local rank 0 of each node converts the stream and builds GPTDataset's index cache first,
-    # then the node's other ranks read them.
+    # Data: the converted stream and GPTDataset's index cache are built by one rank at a time where
+    # they may share a directory: global rank 0 first, then local rank 0 of every other node (whose
+    # cache may be another disk, or the same shared one, then found complete), then all the others.
     num_samples = mdata.samples_needed(case)
     dataset = None
-    for turn in (True, False):
-        if (layout.local_rank == 0) == turn:
+    my_turn = 0 if layout.rank == 0 else (1 if layout.local_rank == 0 else 2)
+    for turn in range(3):
+        if turn == my_turn:
             indexed = mdata.ensure_indexed_dataset(job.tokens, job.tokens_sha256)
             dataset = mdata.build_gpt_dataset(indexed, T, num_samples, job.model.vocab_size, seed=DATA_SEED)
         dist.barrier()

@@ -18,6 +18,7 @@ from rich.table import Table
 from lockstep.compare import CompareOptions, ComparisonReport, compare_paths
 from lockstep.compare.options import STEP2_MODES
 from lockstep.commands.ci_options import add_history_arguments, add_junit_argument, append_history
+from lockstep.compare.throughput import NOISY_CV, format_memory, format_mfu, format_tokens_per_s
 from lockstep.compare.verdict import CaseVerdict
 from lockstep.fsutil import atomic_write, prepare_output_file
 
@@ -86,6 +87,8 @@ def add_parser(subparsers) -> None:
                    help="fail a case whose test/baseline tok/s ratio is below X (default: no throughput verdict)")
     p.add_argument("--seq-length", type=_int_at_least(1), default=None, metavar="N",
                    help="sequence length for Megatron-LM logs that state none (for tok/s)")
+    p.add_argument("--peak-tflops", type=_positive_float, default=None, metavar="X",
+                   help="per-device peak TFLOP/s for MFU (default: the known-device table; none on CPU)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
     add_junit_argument(p)
     add_history_arguments(p)
@@ -96,7 +99,8 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
     return CompareOptions(threshold_fp32=args.threshold_fp32, threshold_bf16=args.threshold_bf16, rtol=args.rtol,
                           warmup_steps=args.warmup_steps, min_tps_ratio=args.min_tps_ratio,
                           include_prefixes=args.include_prefix, include_cases=args.include_cases,
-                          megatron_step2_correction=args.megatron_step2_correction, seq_length=args.seq_length)
+                          megatron_step2_correction=args.megatron_step2_correction, seq_length=args.seq_length,
+                          peak_tflops=args.peak_tflops)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -207,10 +211,12 @@ def step_series_table(c: CaseVerdict) -> Table:
 
 
 def throughput_table(report: ComparisonReport) -> Table:
-    t = Table(title="Throughput (mean tok/s after warm-up)", title_justify="left")
+    t = Table(title=f"Throughput after warm-up: median tok/s ±CV (NOISY above {NOISY_CV:.0%}); ratio of means "
+                    "(SPEC); MFU; peak memory allocated / reserved", title_justify="left")
     for col, kw in (("case", {}), ("config", {}), ("baseline tok/s", {"justify": "right"}),
                     ("test tok/s", {"justify": "right"}), ("test/baseline", {"justify": "right"}),
-                    ("steps used (b / t)", {"justify": "right"})):
+                    ("steps used (b / t)", {"justify": "right"}), ("MFU (b / t)", {"justify": "right"}),
+                    ("peak mem baseline", {"justify": "right"}), ("peak mem test", {"justify": "right"})):
         t.add_column(col, **kw)
     if report.options.min_tps_ratio is not None:
         t.add_column(f"≥ {report.options.min_tps_ratio:g}")
@@ -218,8 +224,10 @@ def throughput_table(report: ComparisonReport) -> Table:
         if c.error is not None:
             continue
         ratio = "-" if c.throughput_ratio is None else f"{c.throughput_ratio:.3f}"
-        row = [escape(c.case), escape(c.config or "-"), _fmt_tps(c.baseline.tokens_per_s_mean), _fmt_tps(c.test.tokens_per_s_mean),
-               ratio, f"{_steps_label(c.baseline.throughput_steps)} / {_steps_label(c.test.throughput_steps)}"]
+        b, s = c.baseline.throughput, c.test.throughput
+        row = [escape(c.case), escape(c.config or "-"), format_tokens_per_s(b), format_tokens_per_s(s),
+               ratio, f"{_steps_label(c.baseline.throughput_steps)} / {_steps_label(c.test.throughput_steps)}",
+               f"{format_mfu(b)} / {format_mfu(s)}", format_memory(b), format_memory(s)]
         if report.options.min_tps_ratio is not None:
             row.append("[green]ok[/]" if c.throughput_passed else "[red]too slow[/]")
         t.add_row(*row)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from lockstep.compare import CompareOptions
 from lockstep.report import write_report
 
 
@@ -22,6 +23,8 @@ def add_parser(subparsers) -> None:
                    help="history database whose trends of the run's cases report.html shows (default: "
                         "$LOCKSTEP_HISTORY, else the user's data dir); --no-history leaves them out")
     p.add_argument("--no-history", action="store_true", help="no history section")
+    p.add_argument("--peak-tflops", type=float, default=None, metavar="X",
+                   help="per-device peak TFLOP/s for MFU (default: the known-device table; none on CPU)")
     p.set_defaults(handler=run)
 
 
@@ -31,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from lockstep.commands.ci_options import history_path
 
-    html_path, md_path = write_report(args.run_dir, args.baseline, history_path=history_path(args))
+    html_path, md_path = write_report(args.run_dir, args.baseline, CompareOptions(peak_tflops=args.peak_tflops),
+                                      history_path=history_path(args))
     print(f"wrote {html_path}")
     print(f"wrote {md_path}")
     return 0

@@ -12,6 +12,9 @@ from rich.table import Table
 
 from lockstep.commands.ci_options import add_history_arguments, add_junit_argument, append_history, history_path
 from lockstep.determinism import REPEATS_DIR
+from lockstep.compare.options import CompareOptions
+from lockstep.compare.throughput import (NOISY_CV, Throughput, format_memory, format_mfu, format_tokens_per_s,
+                                         throughput_of)
 from lockstep.errors import LockstepError
 from lockstep.outdir import STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
 from lockstep.run_matrix import CaseOutcome, RunPlan, RunRequest, execute_plan, plan_run
@@ -45,6 +48,8 @@ def add_parser(sub) -> None:
     p.add_argument("--infinitrain-build", help="InfiniTrain build dir holding gpt2 (or LOCKSTEP_INFINITRAIN_BUILD)")
     p.add_argument("--megatron-native-bf16", action="store_true",
                    help="diagnostic: Megatron's native bf16 parameters instead of autocast")
+    p.add_argument("--peak-tflops", type=float, default=None, metavar="X",
+                   help="per-device peak TFLOP/s for MFU (default: the known-device table; none on CPU)")
     p.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run each (case, framework) N times and report whether the losses are bitwise identical")
@@ -97,7 +102,8 @@ def run(args) -> int:
         console.print(f"device {plan.device} | model {models} | frameworks {', '.join(r.name for r in plan.runners)} "
                       f"(baseline {plan.runners[0].name}) | out {plan.out_dir}", highlight=False)
         outcomes = run_with_progress(plan, console, run_dir, repeat=args.repeat)
-        console.print(outcome_table(outcomes))
+        options = CompareOptions(peak_tflops=getattr(args, "peak_tflops", None))
+        console.print(outcome_table(outcomes, options))
         for o in outcomes:
             if o.record is not None and not o.record.ok:
                 console.print(f"[red]{o.framework}/{o.case.name} failed:[/red] {o.record.error}", markup=True,
@@ -105,7 +111,7 @@ def run(args) -> int:
 
         from lockstep.compare.run_dir import compare_run_dir
 
-        summary = compare_run_dir(plan.out_dir, baseline_framework=plan.runners[0].name)
+        summary = compare_run_dir(plan.out_dir, baseline_framework=plan.runners[0].name, options=options)
         print_comparison(console, summary)
         print_diagnose_hints(console, summary, str(plan.out_dir))
         if args.repeat > 1:
@@ -120,7 +126,7 @@ def run(args) -> int:
         if not args.no_report and any(o.record is not None for o in outcomes):
             from lockstep.report import write_report
 
-            report_paths = list(write_report(plan.out_dir, baseline_framework=plan.runners[0].name,
+            report_paths = list(write_report(plan.out_dir, baseline_framework=plan.runners[0].name, options=options,
                                              history_path=None if history_error else history_path(args)))
         verdict = run_verdict(outcomes, summary, [r.name for r in plan.runners], plan.out_dir, report_paths)
         run_dir.mark(STATUS_FINISHED, verdict=verdict.word)
@@ -226,45 +232,50 @@ def run_with_progress(plan: RunPlan, console: Console, run_dir: RunDir, repeat: 
             progress.update(state["task"], loss="[red]FAILED[/red]")
         if not console.is_terminal and outcome.record is not None:
             r = outcome.record
-            tps = r.mean_tokens_per_s()
+            tps = format_tokens_per_s(throughput_of(r))
             console.print(f"{outcome.framework}/{outcome.case.name}: {r.status}, {len(r.steps)} steps"
                           + (f", last loss {r.steps[-1].loss:.6f}" if r.steps else "")
-                          + (f", {tps:,.0f} tok/s" if tps else ""), highlight=False)
+                          + (f", {tps} tok/s" if tps != "-" else ""), highlight=False)
 
     with progress:
         return execute_plan(plan, on_start=on_start, on_step=on_step, on_end=on_end, repeat=repeat)
 
 
-def outcome_table(outcomes: list[CaseOutcome]) -> Table:
-    t = Table(title="runs")
-    for col in ("case", "framework", "config", "status", "steps", "last loss", "tok/s (steps 2..N)"):
-        t.add_column(col, justify="right" if col in ("steps", "last loss", "tok/s (steps 2..N)") else "left")
+def outcome_table(outcomes: list[CaseOutcome], options: CompareOptions | None = None) -> Table:
+    options = options or CompareOptions()
+    t = Table(title=f"runs (tok/s: median ±CV over steps 2..N, NOISY above {NOISY_CV:.0%}; "
+                    "peak memory allocated / reserved)")
+    numeric = ("steps", "last loss", "tok/s", "MFU", "peak memory")
+    for col in ("case", "framework", "config", "status") + numeric:
+        t.add_column(col, justify="right" if col in numeric else "left")
     for o in outcomes:
         cfg = f"{o.case.dtype} {o.case.parallel_label} B={o.case.micro_batch}"
         if o.skipped:
-            t.add_row(o.case.name, o.framework, cfg, "[yellow]skipped[/yellow]", "-", "-", "-")
+            t.add_row(o.case.name, o.framework, cfg, "[yellow]skipped[/yellow]", "-", "-", "-", "-", "-")
             continue
         r = o.record
-        tps = r.mean_tokens_per_s()
+        tp = throughput_of(r, options.warmup_steps, options.peak_tflops)
         t.add_row(o.case.name, o.framework, cfg, "[green]ok[/green]" if r.ok else "[red]failed[/red]",
-                  str(len(r.steps)), f"{r.steps[-1].loss:.6f}" if r.steps else "-", f"{tps:,.0f}" if tps else "-")
+                  str(len(r.steps)), f"{r.steps[-1].loss:.6f}" if r.steps else "-", format_tokens_per_s(tp),
+                  format_mfu(tp), format_memory(tp))
     return t
 
 
 def print_comparison(console: Console, summary: dict) -> None:
     for comp in summary.get("comparisons", []):
         t = Table(title=f"{comp['test_framework']} vs {comp['baseline_framework']}")
-        for col in ("case", "dtype", "max |Δloss|", "at step", "threshold", "verdict", "tok/s base", "tok/s test", "ratio"):
+        for col in ("case", "dtype", "max |Δloss|", "at step", "threshold", "verdict", "tok/s base (median ±CV)", "tok/s test (median ±CV)",
+                    "ratio (means)"):
             t.add_column(col)
         for c in comp.get("cases", []):
             if c.get("error"):
                 t.add_row(c["case"], c.get("dtype") or "", "", "", "", "[red]ERROR[/red]", c["error"][:60], "", "")
                 continue
             b, s = c.get("baseline") or {}, c.get("test") or {}
-            fmt = lambda v: f"{v:,.0f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
             t.add_row(c["case"], c["dtype"], f"{c['max_abs_diff']:.3e}", str(c["max_diff_step"]), f"{c['threshold']:.0e}",
-                      "[green]PASS[/green]" if c["passed"] else "[red]FAIL[/red]", fmt(b.get("tokens_per_s_mean")),
-                      fmt(s.get("tokens_per_s_mean")),
+                      "[green]PASS[/green]" if c["passed"] else "[red]FAIL[/red]",
+                      format_tokens_per_s(Throughput.from_json(b.get("throughput"))),
+                      format_tokens_per_s(Throughput.from_json(s.get("throughput"))),
                       f"{c['throughput_ratio']:.2f}" if isinstance(c.get("throughput_ratio"), (int, float)) else "-")
         console.print(t)
         for sk in comp.get("skipped", []):

@@ -27,6 +27,7 @@ class CompareOptions:
     include_cases: tuple[str, ...] = ()
     megatron_step2_correction: str = "auto"  # "auto" | "on" | "off"
     seq_length: int | None = None  # for Megatron-LM logs that state no sequence length
+    peak_tflops: float | None = None  # per-device peak for MFU, instead of the device table
 
     def includes(self, case: str) -> bool:
         """A case is compared when no filter is given, or when it matches any of them."""
@@ -42,4 +43,5 @@ class CompareOptions:
         return {"threshold_fp32": self.threshold_fp32, "threshold_bf16": self.threshold_bf16, "rtol": self.rtol,
                 "warmup_steps": self.warmup_steps, "min_tps_ratio": self.min_tps_ratio,
                 "include_prefixes": list(self.include_prefixes), "include_cases": list(self.include_cases),
-                "megatron_step2_correction": self.megatron_step2_correction, "seq_length": self.seq_length}
+                "megatron_step2_correction": self.megatron_step2_correction, "seq_length": self.seq_length,
+                "peak_tflops": self.peak_tflops}

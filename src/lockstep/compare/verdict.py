@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from lockstep.cases.spec import DTYPES, SP_FP32_THRESHOLD, dtype_of_case_name
 from lockstep.compare.loading import LoadedSide
 from lockstep.compare.options import MEGATRON_LM_GPT2_FP32_THRESHOLD, CompareOptions
+from lockstep.compare.throughput import Throughput, throughput_of
 from lockstep.errors import FormatError
 from lockstep.formats.logs import ORIGIN_MEGATRON_LM
 from lockstep.formats.run_record import RunRecord
@@ -43,12 +44,14 @@ class SideSummary:
     # A native log prints rounded losses: the unit of its last printed digit (1e-6 for "%.6f");
     # None for records, which hold the full float.
     loss_quantum: float | None = None
+    throughput: Throughput | None = None  # median tok/s with spread, peak memory, MFU
 
     def to_json(self) -> dict:
         return {"file": self.file, "framework": self.framework, "origin": self.origin, "losses": self.losses,
                 "steps": self.steps, "tokens_per_s_mean": self.tokens_per_s_mean, "step_ms_mean": self.step_ms_mean,
                 "throughput_steps": self.throughput_steps, "megatron_step2_corrected": self.step2_corrected,
-                "loss_quantum": self.loss_quantum}
+                "loss_quantum": self.loss_quantum,
+                "throughput": self.throughput.to_json() if self.throughput else None}
 
 
 @dataclass
@@ -128,7 +131,8 @@ class CaseVerdict:
         }
 
 
-def _summarise(side: LoadedSide, warmup_steps: int) -> SideSummary:
+def _summarise(side: LoadedSide, options: CompareOptions) -> SideSummary:
+    warmup_steps = options.warmup_steps
     summary = SideSummary(file=str(side.file.path), step2_corrected=side.step2_corrected)
     rec = side.record
     if rec is None:
@@ -142,6 +146,7 @@ def _summarise(side: LoadedSide, warmup_steps: int) -> SideSummary:
     summary.tokens_per_s_mean = rec.mean_tokens_per_s(warmup_steps)
     summary.step_ms_mean = rec.mean_step_ms(warmup_steps)
     summary.throughput_steps = [s.step for s in ordered if s.step > warmup_steps and s.tokens_per_s is not None]
+    summary.throughput = throughput_of(rec, warmup_steps, options.peak_tflops)
     return summary
 
 
@@ -226,7 +231,7 @@ def _ranges(steps: list[int]) -> str:
 
 
 def judge_case(case: str, baseline: LoadedSide, test: LoadedSide, options: CompareOptions) -> CaseVerdict:
-    verdict = CaseVerdict(case, _summarise(baseline, options.warmup_steps), _summarise(test, options.warmup_steps),
+    verdict = CaseVerdict(case, _summarise(baseline, options), _summarise(test, options),
                           rtol=options.rtol, min_tps_ratio=options.min_tps_ratio)
     errors = [e for e in (baseline.error, test.error) if e]
     if errors:

@@ -44,6 +44,8 @@ def render_html(data: ReportData, images: dict[str, bytes], trends: dict[str, by
         f'<p class="{overall_cls}"><strong>{html.escape(tables.overall_line(data))}</strong></p>',
         "<h2>Verdicts</h2>",
         _table(tables.VERDICT_HEADER, tables.verdict_rows(data), verdict_col=tables.VERDICT_HEADER.index("verdict")),
+        "<h2>Throughput</h2>", f"<p>{html.escape(tables.THROUGHPUT_NOTE)}</p>",
+        _table(tables.THROUGHPUT_HEADER, tables.throughput_rows(data)),
     ]
     problems = tables.problem_lines(data)
     if problems:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from lockstep.cases.spec import dtype_of_case_name
 from lockstep.compare.metadata import model_label
+from lockstep.compare.throughput import NOISY_CV, format_tokens_per_s, throughput_of
 from lockstep.report.data import ReportData
 
 
@@ -13,7 +14,7 @@ def _num(x: float | None, fmt: str) -> str:
 
 
 VERDICT_HEADER = ["test framework", "case", "dtype", "config", "steps", "max |Δloss|", "step of max", "threshold",
-                  "verdict", "baseline tok/s", "test tok/s", "test/baseline", "notes"]
+                  "verdict", "baseline tok/s (median ±CV)", "test tok/s (median ±CV)", "test/baseline (means)", "notes"]
 
 
 def verdict_rows(data: ReportData) -> list[list[str]]:
@@ -24,7 +25,7 @@ def verdict_rows(data: ReportData) -> list[list[str]]:
             notes = "; ".join(([c.error] if c.error else []) + c.notes)
             rows.append([fw, c.case, c.dtype or "-", c.config or "-", str(len(c.diffs)) if c.diffs else "-",
                          _num(c.max_abs_diff, ".3e"), _num(c.max_diff_step, "d"), _num(c.threshold, ".0e"), verdict,
-                         _num(c.baseline.tokens_per_s_mean, ",.0f"), _num(c.test.tokens_per_s_mean, ",.0f"),
+                         format_tokens_per_s(c.baseline.throughput), format_tokens_per_s(c.test.throughput),
                          _num(c.throughput_ratio, ".3f"), notes])
         for case, reason in sorted(report.skipped.items()):
             rows.append([fw, case, dtype_of_case_name(case), "-", "-", "-", "-", "-", "SKIPPED", "-", "-", "-", reason])
@@ -36,6 +37,29 @@ def skipped_lines(data: ReportData) -> list[str]:
     return [f"{fw} / {case}: skipped ({reason})"
             for fw in data.frameworks + sorted(set(data.skipped) - set(data.frameworks))
             for case, reason in sorted(data.skipped.get(fw, {}).items())]
+
+
+THROUGHPUT_HEADER = ["case", "framework", "tok/s median", "min", "max", "CV", "spread", "MFU", "model TFLOP/s",
+                     "peak allocated MB", "peak reserved MB"]
+THROUGHPUT_NOTE = (f"Over the steps after warm-up; every step's time is the slowest rank's. CV = sample standard "
+                   f"deviation / mean; NOISY above {NOISY_CV:.0%}. MFU = FLOPs per token (PaLM: 6·N_matmul + "
+                   f"12·L·T·C) × median tok/s ÷ (dense peak of the device for the dtype × devices).")
+
+
+def throughput_rows(data: ReportData) -> list[list[str]]:
+    rows = []
+    for case in data.cases:
+        for fw in data.frameworks:
+            rec = data.records.get(case, {}).get(fw)
+            if rec is None:
+                continue
+            t = throughput_of(rec, data.options.warmup_steps, data.options.peak_tflops)
+            s = t.tokens_per_s
+            rows.append([case, fw, _num(s and s.median, ",.0f"), _num(s and s.min, ",.0f"), _num(s and s.max, ",.0f"),
+                         _num(s and s.cv, ".1%"), "-" if s is None else "NOISY" if s.noisy else "ok",
+                         _num(t.mfu, ".1%"), _num(t.model_tflops, ".2f"), _num(t.peak_allocated_mb, ",.0f"),
+                         _num(t.peak_reserved_mb, ",.0f")])
+    return rows
 
 
 def problem_lines(data: ReportData) -> list[str]:

@@ -70,6 +70,18 @@ class GPT2Config(LLMCConfig):
             ("lnfb", (C,)),
         ]
 
+    def matmul_parameters(self) -> int:
+        """Parameters that take part in a matmul per token: all but the position table wpe (a
+        lookup); wte counts once, as the tied output head (nanoGPT's `get_num_params` convention)."""
+        return self.num_parameters() - self.max_seq_len * self.channels
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token, PaLM's convention (Chowdhery et al. 2022, appendix B):
+        6·N (forward 2·N, backward 4·N over the matmul parameters N) plus 12·L·T·C for the
+        attention scores and the weighted sum (QKᵀ and AV, forward and backward), with no
+        discount for the causal mask. Norms, GELU and softmax are not counted."""
+        return 6 * self.matmul_parameters() + 12 * self.num_layers * seq_len * self.channels
+
     def describe(self) -> str:
         return f"L={self.num_layers} NH={self.num_heads} C={self.channels} V={self.vocab_size} Vp={self.padded_vocab_size}"
 

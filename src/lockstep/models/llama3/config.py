@@ -93,6 +93,18 @@ class Llama3Config(LLMCConfig):
             ("lm_head", (V, C)),
         ]
 
+    def matmul_parameters(self) -> int:
+        """Parameters that take part in a matmul per token: all but the input embedding wte (a
+        lookup; the untied lm_head counts)."""
+        return self.num_parameters() - self.vocab_size * self.channels
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token, PaLM's convention (appendix B): 6·N over the matmul
+        parameters plus 12·L·T·(NH·hd) for QKᵀ and AV forward and backward (GQA shares K/V
+        heads but every query head still does its own products), no discount for the causal
+        mask. Norms, RoPE and SwiGLU's elementwise work are not counted."""
+        return 6 * self.matmul_parameters() + 12 * self.num_layers * seq_len * self.num_heads * self.head_dim
+
     def describe(self) -> str:
         return (f"L={self.num_layers} NH={self.num_heads} kv={self.num_kv_heads} C={self.channels} "
                 f"FFN={self.ffn_hidden} V={self.vocab_size}")

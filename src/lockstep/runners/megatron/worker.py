@@ -38,6 +38,7 @@ from lockstep.formats.logs import megatron_iteration_line, perf_step_line, perf_
 from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.launch import ResultsWriter
+from lockstep.runners.memory import peak_memory_info
 from lockstep.runners.megatron.job import DATA_SEED, LOG_MARKER, MODEL_SEED, MegatronJob
 from lockstep.runners.megatron.parallel import ParallelLayout
 from lockstep.runners.nodes import reports_results
@@ -283,6 +284,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
                                    sum(measured_rates) / len(measured_rates)))
     device_name = torch.cuda.get_device_name(layout.device) if layout.device.type == "cuda" else "cpu"
     return {
+        **peak_memory_info(layout.device, layout.world),
         "framework_version": f"megatron-core {version}",
         "megatron_core_version": version,
         "device_name": device_name,

@@ -30,6 +30,7 @@ from lockstep.models import family as model_family
 from lockstep.models import load_checkpoint
 from lockstep.models.family import OptimizerSpec
 from lockstep.runners.nodes import reports_results
+from lockstep.runners.memory import peak_memory_info
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,8 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     return {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "world_size": pg.world, "torch_threads": torch.get_num_threads(),
             "data_parallel": {0: "DDP", 1: "DDP + ZeroRedundancyOptimizer (ZeRO-1)",
-                              2: "FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2)"}[zero] if pg.world > 1 else "none"}
+                              2: "FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2)"}[zero] if pg.world > 1 else "none",
+            **peak_memory_info(device, pg.world)}
 
 
 def diagnose_step(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, out_path: str | None = None):

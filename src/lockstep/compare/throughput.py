@@ -1,0 +1,202 @@
+"""Throughput as engineers read it, computed in one place for summary.json, the terminal tables
+and the report: the median tok/s of a run with its spread (min, max, coefficient of variation)
+over the steps after warm-up, peak device memory, and MFU.
+
+Every step's time is already the slowest rank's (SPEC section 4), so a step's tok/s is the whole
+job's. MFU = model FLOPs per token (the family config's `flops_per_token`, PaLM's convention)
+× tok/s ÷ (the device's dense peak for the case's dtype × the number of devices). The peak comes
+from `DEVICE_PEAKS` by device name, or from `--peak-tflops`; an unknown device (a CPU) gets no
+MFU rather than a guess.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from lockstep.formats.run_record import RunRecord
+
+# A measurement whose coefficient of variation over the measured steps is above this is "noisy":
+# its median is shown, but the reader is told not to trust small differences.
+NOISY_CV = 0.10
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    match: str  # a substring of torch.cuda.get_device_name (case-insensitive)
+    bf16_tflops: float  # dense bf16 tensor-core peak
+    fp32_tflops: float  # IEEE FP32 (TF32 off, as the contract runs FP32 cases)
+
+
+# Vendor datasheet figures, dense (no sparsity). Order matters: the first match wins.
+DEVICE_PEAKS: tuple[DevicePeak, ...] = (
+    DevicePeak("H200", 989.5, 66.9),
+    DevicePeak("H100 PCIe", 756.0, 51.2),
+    DevicePeak("H100", 989.5, 66.9),  # SXM
+    DevicePeak("A100", 312.0, 19.5),
+)
+
+
+def device_peak_tflops(device_name: str | None, dtype: str | None) -> float | None:
+    """The device's dense peak TFLOP/s for a case's dtype, or None for an unknown device."""
+    if not device_name:
+        return None
+    for peak in DEVICE_PEAKS:
+        if peak.match.lower() in device_name.lower():
+            return peak.bf16_tflops if dtype == "bfloat16" else peak.fp32_tflops
+    return None
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median tok/s over the measured steps with its spread. `cv` is the sample standard
+    deviation over the mean (0 for a single value)."""
+
+    steps: tuple[int, ...]
+    median: float
+    mean: float
+    min: float
+    max: float
+    cv: float
+
+    @property
+    def noisy(self) -> bool:
+        return self.cv > NOISY_CV
+
+    @classmethod
+    def of(cls, steps: list[int], values: list[float]) -> "Spread | None":
+        if not values:
+            return None
+        mean = statistics.fmean(values)
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        return cls(tuple(steps), statistics.median(values), mean, min(values), max(values),
+                   sd / mean if mean > 0 else math.inf)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Spread":
+        return cls(tuple(d["steps"]), d["median"], d["mean"], d["min"], d["max"], d["cv"])
+
+    def to_json(self) -> dict:
+        return {"steps": list(self.steps), "median": self.median, "mean": self.mean, "min": self.min,
+                "max": self.max, "cv": self.cv, "noisy": self.noisy}
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """One run's throughput figures (any of them may be unknown: None)."""
+
+    tokens_per_s: Spread | None
+    peak_allocated_mb: float | None  # torch max_memory_allocated / InfiniTrain "peak used", max over ranks
+    peak_reserved_mb: float | None  # torch max_memory_reserved / InfiniTrain "peak reserved"
+    flops_per_token: int | None
+    devices: int
+    peak_tflops: float | None  # per device, for the case's dtype
+    peak_tflops_source: str | None  # "device table (NAME)" | "--peak-tflops"
+
+    @property
+    def noisy(self) -> bool:
+        return self.tokens_per_s is not None and self.tokens_per_s.noisy
+
+    @property
+    def model_tflops(self) -> float | None:
+        """Achieved model TFLOP/s (all devices together) at the median tok/s."""
+        if self.tokens_per_s is None or self.flops_per_token is None:
+            return None
+        return self.flops_per_token * self.tokens_per_s.median / 1e12
+
+    @property
+    def mfu(self) -> float | None:
+        achieved = self.model_tflops
+        if achieved is None or not self.peak_tflops:
+            return None
+        return achieved / (self.peak_tflops * self.devices)
+
+    def to_json(self) -> dict:
+        return {"tokens_per_s": self.tokens_per_s.to_json() if self.tokens_per_s else None,
+                "noisy": self.noisy, "noisy_cv_threshold": NOISY_CV,
+                "peak_allocated_mb": self.peak_allocated_mb, "peak_reserved_mb": self.peak_reserved_mb,
+                "flops_per_token": self.flops_per_token,
+                "flops_per_token_convention": "PaLM: 6*N_matmul + 12*L*T*C (no causal discount)",
+                "devices": self.devices, "peak_tflops_per_device": self.peak_tflops,
+                "peak_tflops_source": self.peak_tflops_source, "model_tflops": self.model_tflops, "mfu": self.mfu}
+
+    @classmethod
+    def from_json(cls, d: dict | None) -> "Throughput | None":
+        """Back from summary.json's block (for tables drawn from the summary)."""
+        if not d:
+            return None
+        spread = Spread.from_json(d["tokens_per_s"]) if d.get("tokens_per_s") else None
+        return cls(spread, d.get("peak_allocated_mb"), d.get("peak_reserved_mb"), d.get("flops_per_token"),
+                   d.get("devices", 1), d.get("peak_tflops_per_device"), d.get("peak_tflops_source"))
+
+
+def _flops_per_token(record: RunRecord) -> int | None:
+    """From the record's model config and case spec; None for foreign logs that state neither."""
+    from lockstep.models import config_from_dict
+
+    model, spec = record.meta.get("model"), record.meta.get("case_spec") or {}
+    seq_len = spec.get("seq_len")
+    if not isinstance(model, dict) or "family" not in model or not seq_len:
+        return None
+    try:
+        config = config_from_dict({k: v for k, v in model.items() if k != "name"})
+    except Exception:  # an older or foreign record's model block: no MFU rather than a crash
+        return None
+    return config.flops_per_token(int(seq_len))
+
+
+def _devices(record: RunRecord) -> int:
+    spec = record.meta.get("case_spec") or {}
+    if spec:
+        return int(spec.get("dp", 1)) * int(spec.get("tp", 1)) * int(spec.get("pp", 1))
+    if record.meta.get("world_size"):
+        return int(record.meta["world_size"])
+    par = record.meta.get("parallel") or {}
+    return max(1, math.prod(int(v) for k, v in par.items() if k in ("dp", "tp", "pp")))
+
+
+def _peak_memory(record: RunRecord) -> tuple[float | None, float | None]:
+    mem = record.meta.get("peak_memory_mb") or {}
+    allocated = mem.get("allocated")
+    per_step = [s.peak_mem_mb for s in record.steps if s.peak_mem_mb is not None]
+    if allocated is None and per_step:
+        allocated = max(per_step)
+    reserved = mem.get("reserved", record.meta.get("peak_reserved_mb"))
+    return allocated, reserved
+
+
+def throughput_of(record: RunRecord, warmup_steps: int = 1, peak_tflops: float | None = None) -> Throughput:
+    """The figures of one run: tok/s over the steps after `warmup_steps`; `peak_tflops`
+    (per device) overrides the device table."""
+    measured = sorted((s for s in record.steps if s.step > warmup_steps and s.tokens_per_s is not None),
+                      key=lambda s: s.step)
+    spread = Spread.of([s.step for s in measured], [float(s.tokens_per_s) for s in measured])
+    allocated, reserved = _peak_memory(record)
+    if peak_tflops is not None:
+        peak, source = peak_tflops, "--peak-tflops"
+    else:
+        name = record.meta.get("device_name")
+        peak = device_peak_tflops(name, record.dtype) if record.meta.get("device", "cuda") != "cpu" else None
+        source = f"device table ({name})" if peak is not None else None
+    return Throughput(spread, allocated, reserved, _flops_per_token(record), _devices(record), peak, source)
+
+
+def format_tokens_per_s(t: Throughput | None) -> str:
+    """`12,345 ±3%` (median and CV), with `NOISY` when the CV is above NOISY_CV; `-` if unknown."""
+    if t is None or t.tokens_per_s is None:
+        return "-"
+    s = t.tokens_per_s
+    return f"{s.median:,.0f} ±{s.cv:.0%}" + (" NOISY" if s.noisy else "")
+
+
+def format_mfu(t: Throughput | None) -> str:
+    return "-" if t is None or t.mfu is None else f"{t.mfu:.1%}"
+
+
+def format_memory(t: Throughput | None) -> str:
+    """`1,234 / 2,048 MB` (peak allocated / reserved)."""
+    if t is None or (t.peak_allocated_mb is None and t.peak_reserved_mb is None):
+        return "-"
+    fmt = lambda v: "-" if v is None else f"{v:,.0f}"  # noqa: E731
+    return f"{fmt(t.peak_allocated_mb)} / {fmt(t.peak_reserved_mb)} MB"

@@ -1,0 +1,109 @@
+"""Throughput statistics, MFU and the noisy flag on fixed inputs (compare/throughput.py), and
+that summary.json, `lockstep compare` and the report all show them."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from lockstep.cli import main
+from lockstep.compare import compare_paths
+from lockstep.compare.options import CompareOptions
+from lockstep.compare.throughput import (Spread, Throughput, device_peak_tflops, format_memory, format_mfu,
+                                         format_tokens_per_s, throughput_of)
+from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
+from lockstep.models import SHAPES
+from lockstep.report import write_report
+
+SPEC = {"name": "gpt2_2", "model": "gpt2", "dtype": "bfloat16", "micro_batch": 80, "seq_len": 64,
+        "total_batch": 5120, "steps": 5, "lr": 1e-4, "dp": 1, "tp": 1, "pp": 1}
+
+
+def record(tps: list[float], *, device="cuda", device_name="NVIDIA H200", spec=SPEC, meta=None) -> RunRecord:
+    steps = [StepRecord(i + 1, 10.0 - 0.1 * i, spec["total_batch"] / t * 1e3, t, 1e-4, 500.0 + i)
+             for i, t in enumerate(tps)]
+    return RunRecord("pytorch", spec["name"], steps, meta={
+        "case_spec": spec, "model": {"name": "gpt2", **SHAPES["gpt2"].config.to_dict()}, "device": device,
+        "device_name": device_name, **(meta or {})})
+
+
+def test_spread_of_fixed_values():
+    s = Spread.of([2, 3, 4, 5], [100.0, 110.0, 90.0, 100.0])
+    assert (s.median, s.mean, s.min, s.max) == (100.0, 100.0, 90.0, 110.0)
+    assert s.cv == pytest.approx(math.sqrt(200 / 3) / 100)  # sample standard deviation / mean = 0.0816
+    assert not s.noisy
+    assert Spread.of([2, 3, 4], [100.0, 200.0, 100.0]).noisy  # CV 0.43
+    assert Spread.of([2], [5.0]).cv == 0.0 and Spread.of([], []) is None
+
+
+def test_flops_per_token_palm_convention():
+    gpt2 = SHAPES["gpt2"].config
+    # 6 x 123,689,472 (all parameters but wpe; the tied wte counts once) + 12 x L12 x T64 x C768
+    assert gpt2.matmul_parameters() == 123_689_472
+    assert gpt2.flops_per_token(64) == 6 * 123_689_472 + 12 * 12 * 64 * 768 == 749_214_720
+    llama = SHAPES["llama3"].config  # untied: the input embedding is a lookup, lm_head a matmul
+    assert llama.matmul_parameters() == llama.num_parameters() - 128256 * 2048
+    assert llama.flops_per_token(64) == 6 * llama.matmul_parameters() + 12 * 16 * 64 * 2048
+    qwen = SHAPES["qwen3-1.7b"].config
+    assert qwen.flops_per_token(1024) == 6 * (qwen.num_parameters() - 151936 * 2048) + 12 * 28 * 1024 * 2048
+
+
+def test_median_spread_and_mfu_over_steps_after_warmup():
+    # Step 1 (warm-up, 1,000 tok/s) is left out; steps 2..5 all 100,000 tok/s.
+    t = throughput_of(record([1000.0, 100000.0, 100000.0, 100000.0, 100000.0]))
+    assert t.tokens_per_s.steps == (2, 3, 4, 5) and t.tokens_per_s.median == 100000.0 and t.tokens_per_s.cv == 0.0
+    assert t.peak_tflops == 989.5 and t.devices == 1  # H200, bf16 dense
+    assert t.model_tflops == pytest.approx(749_214_720 * 1e5 / 1e12)
+    assert t.mfu == pytest.approx(749_214_720 * 1e5 / 989.5e12)  # 7.57%
+    assert format_mfu(t) == "7.6%"
+    assert t.peak_allocated_mb == 504.0  # max of the steps' peaks when the record states no run peak
+
+
+def test_peak_for_dtype_devices_and_override():
+    assert device_peak_tflops("NVIDIA H200", "float32") == 66.9
+    assert device_peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.5
+    assert device_peak_tflops("NVIDIA A100-SXM4-80GB", "float32") == 19.5
+    assert device_peak_tflops("x86_64", "float32") is None
+    fp32_dp2 = {**SPEC, "dtype": "float32", "dp": 2}
+    t = throughput_of(record([1.0, 2e4, 2e4], spec=fp32_dp2))
+    assert t.devices == 2 and t.mfu == pytest.approx(749_214_720 * 2e4 / (66.9e12 * 2))
+    cpu = record([1.0, 2e4, 2e4], device="cpu", device_name="x86_64")
+    assert throughput_of(cpu).mfu is None and format_mfu(throughput_of(cpu)) == "-"
+    forced = throughput_of(cpu, peak_tflops=1.0)
+    assert forced.mfu == pytest.approx(749_214_720 * 2e4 / 1e12) and forced.peak_tflops_source == "--peak-tflops"
+
+
+def test_peak_memory_from_run_meta_and_infinitrain_tail():
+    t = throughput_of(record([1.0, 2.0], meta={"peak_memory_mb": {"allocated": 1234.5, "reserved": 2048.0}}))
+    assert (t.peak_allocated_mb, t.peak_reserved_mb) == (1234.5, 2048.0)
+    assert format_memory(t) == "1,234 / 2,048 MB"
+    infinitrain = throughput_of(record([1.0, 2.0], meta={"peak_reserved_mb": 4096.0}))
+    assert (infinitrain.peak_allocated_mb, infinitrain.peak_reserved_mb) == (501.0, 4096.0)
+
+
+def test_noisy_flag_in_table_text_and_json_round_trip():
+    noisy = throughput_of(record([1.0, 100.0, 200.0, 100.0, 90.0]))
+    assert noisy.noisy and format_tokens_per_s(noisy).endswith("NOISY")
+    steady = throughput_of(record([1.0, 100.0, 101.0, 99.0, 100.0]))
+    assert format_tokens_per_s(steady) == "100 ±1%"
+    back = Throughput.from_json(json.loads(json.dumps(noisy.to_json())))
+    assert back == noisy and back.mfu == noisy.mfu
+
+
+def test_summary_compare_and_report_show_spread_and_noisy(tmp_path, capsys):
+    run = tmp_path / "run"
+    write_run_record(run / "pytorch" / "gpt2_2.jsonl", record([1.0, 100.0, 101.0, 99.0, 100.0]))
+    noisy = record([1.0, 100.0, 200.0, 100.0, 90.0])
+    noisy.framework = "megatron"
+    write_run_record(run / "megatron" / "gpt2_2.jsonl", noisy)
+    verdict = compare_paths(run / "pytorch", run / "megatron").cases[0].to_json()
+    assert verdict["test"]["throughput"]["noisy"] is True and verdict["baseline"]["throughput"]["noisy"] is False
+    assert verdict["test"]["throughput"]["tokens_per_s"]["median"] == 100.0
+    assert main(["compare", str(run / "pytorch"), str(run / "megatron")]) == 0
+    out = capsys.readouterr().out
+    assert "NOISY" in out and "100 ±1%" in out
+    _, md = write_report(run, "pytorch", CompareOptions())
+    text = md.read_text()
+    assert "## Throughput" in text and "| gpt2_2 | megatron | 100 | 90 | 200 |" in text and "NOISY" in text

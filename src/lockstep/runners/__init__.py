@@ -13,6 +13,7 @@ from lockstep.runners.base import FrameworkRunner
 
 RUNNERS: dict[str, str] = {
     "pytorch": "lockstep.runners.pytorch:PyTorchRunner",
+    "pytorch-fast": "lockstep.runners.pytorch_fast:PyTorchFastRunner",
     "megatron": "lockstep.runners.megatron:MegatronRunner",
     "infinitrain": "lockstep.runners.infinitrain:InfiniTrainRunner",
 }

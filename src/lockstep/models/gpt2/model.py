@@ -19,26 +19,33 @@ from lockstep.models.gpt2.config import GPT2Config
 LN_EPS = 1e-5
 
 
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q, k, v (B, T, NH, hd) -> (B, T, NH*hd): scores scaled by 1/sqrt(hd), causal mask, softmax in FP32."""
+    B, T, NH, hd = q.shape
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    att = att.masked_fill(~causal, float("-inf"))
+    # Softmax in FP32 even under bf16 autocast (the contract; Megatron's attention_softmax_in_fp32).
+    att = F.softmax(att.float(), dim=-1).to(v.dtype)
+    return (att @ v).transpose(1, 2).contiguous().view(B, T, NH * hd)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPT2Config):
         super().__init__()
         self.n_head = cfg.num_heads
         self.c_attn = nn.Linear(cfg.channels, 3 * cfg.channels)  # rows: [Q all heads; K; V] as in LLMC
         self.c_proj = nn.Linear(cfg.channels, cfg.channels)
+        # The attention kernel, same signature in every family; the pytorch-fast runner swaps in SDPA.
+        self.attention_kernel = causal_attention
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         hd = C // self.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)
-        q = q.view(B, T, self.n_head, hd).transpose(1, 2)
-        k = k.view(B, T, self.n_head, hd).transpose(1, 2)
-        v = v.view(B, T, self.n_head, hd).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~causal, float("-inf"))
-        # Softmax in FP32 even under bf16 autocast (the contract; Megatron's attention_softmax_in_fp32).
-        att = F.softmax(att.float(), dim=-1).to(v.dtype)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        y = self.attention_kernel(q.view(B, T, self.n_head, hd), k.view(B, T, self.n_head, hd),
+                                  v.view(B, T, self.n_head, hd))
         return self.c_proj(y)
 
 

@@ -64,13 +64,15 @@ class Attention(nn.Module):
         self.n_head, self.n_kv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.c_attn = nn.Linear(cfg.channels, cfg.qkv_rows, bias=False)  # rows [Q; K; V] as in LLMC
         self.c_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.channels, bias=False)
+        # The attention kernel, same signature in every family; the pytorch-fast runner swaps in SDPA.
+        self.attention_kernel = causal_attention
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.c_attn(x).split([self.n_head * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
         q = rope_interleaved(q.view(B, T, self.n_head, self.hd), cos, sin)
         k = rope_interleaved(k.view(B, T, self.n_kv, self.hd), cos, sin)
-        return self.c_proj(causal_attention(q, k, v.view(B, T, self.n_kv, self.hd)))
+        return self.c_proj(self.attention_kernel(q, k, v.view(B, T, self.n_kv, self.hd)))
 
 
 class SwiGLU(nn.Module):

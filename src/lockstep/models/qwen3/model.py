@@ -35,6 +35,8 @@ class Attention(nn.Module):
         self.qk_norm = nn.Parameter(torch.ones(2, cfg.head_dim))
         self.eps = cfg.norm_eps
         self.c_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.channels, bias=False)
+        # The attention kernel, same signature in every family; the pytorch-fast runner swaps in SDPA.
+        self.attention_kernel = causal_attention
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -42,7 +44,7 @@ class Attention(nn.Module):
         q = F.rms_norm(q.view(B, T, self.n_head, self.hd), (self.hd,), self.qk_norm[0], self.eps)
         k = F.rms_norm(k.view(B, T, self.n_kv, self.hd), (self.hd,), self.qk_norm[1], self.eps)
         q, k = rope_half_split(q, cos, sin), rope_half_split(k, cos, sin)
-        return self.c_proj(causal_attention(q, k, v.view(B, T, self.n_kv, self.hd)))
+        return self.c_proj(self.attention_kernel(q, k, v.view(B, T, self.n_kv, self.hd)))
 
 
 class Block(nn.Module):

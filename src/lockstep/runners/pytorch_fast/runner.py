@@ -1,0 +1,44 @@
+"""`pytorch-fast` runner: in-process on one device (runners/pytorch_fast/train.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.errors import RunError
+from lockstep.formats.run_record import StepRecord
+from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback
+from lockstep.runners.pytorch_fast.train import train_fast
+
+
+class PyTorchFastRunner(FrameworkRunner):
+    name = "pytorch-fast"
+
+    def __init__(self, compile_model: bool = True):
+        self.compile_model = compile_model
+
+    def version(self) -> str:
+        return f"torch {torch.__version__} (compile, SDPA, fused optimizer)"
+
+    def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        if case.world_size > 1:
+            return "pytorch-fast is a single-device throughput anchor (parallel cases run on pytorch and megatron)"
+        return super().skip_reason(case, inputs)
+
+    def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
+        steps: list[StepRecord] = []
+
+        def emit(rec: StepRecord) -> None:
+            steps.append(rec)
+            if on_step:
+                on_step(rec)
+
+        with open(log_path, "w") as log:
+            try:
+                info = train_fast(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, emit, log,
+                                  compile_model=self.compile_model)
+            except torch.cuda.OutOfMemoryError as e:
+                raise RunError(f"{log_path}: out of device memory at step {len(steps) + 1} ({e})") from None
+        return ExecuteResult(steps=steps, meta={**info, "launcher": "in-process"})

@@ -1,0 +1,191 @@
+"""The fast PyTorch loop: the same case, data order, model semantics and contract as the reference
+trainer (runners/pytorch/train.py), trained the way a performance-minded user would:
+
+- the forward and the loss under `torch.compile` (inductor); where it cannot compile (e.g. no
+  C++ compiler for inductor on a CPU) it runs eagerly and says so in the log and the record;
+- attention by `F.scaled_dot_product_attention(is_causal=True)` (flash / memory-efficient
+  kernels on GPUs) instead of the reference's explicit FP32-softmax attention;
+- the fused optimizer (`fused=True`; `foreach=True` where fused is not available);
+- TF32 off for FP32 cases, as the contract says (a faster anchor must not change the dtype).
+
+It differs from the reference only in rounding (kernel choice and fusion), so its loss is
+compared like any framework's. Step timing is the contract's: synchronize, start; data,
+forward, loss, backward, optimizer step; synchronize, stop. The logged loss (the FP32 token
+losses' mean taken in FP64, as the reference logs it) is computed after the stop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, TextIO
+
+import torch
+import torch.nn.functional as F
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.data.loader import TokenBatches
+from lockstep.formats.logs import llmc_step_line, perf_summary_line
+from lockstep.formats.run_record import StepRecord
+from lockstep.formats.tokens import read_token_stream
+from lockstep.models import family as model_family
+from lockstep.models import load_checkpoint
+from lockstep.models.family import OptimizerSpec
+from lockstep.runners.memory import peak_memory_info
+from lockstep.runners.pytorch.train import fp32_matmul_precision, synchronize
+
+
+def sdpa_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The reference models' attention-kernel signature, by SDPA: q (B, T, NH, hd), k/v (B, T, kv, hd)
+    -> (B, T, NH*hd); scale 1/sqrt(hd) (SDPA's default), causal; GQA as repeat_interleave."""
+    B, T, NH, hd = q.shape
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != NH)
+    return y.transpose(1, 2).reshape(B, T, NH * hd)
+
+
+def use_sdpa(model: torch.nn.Module) -> int:
+    """Swap every attention module's kernel for SDPA; returns how many were swapped."""
+    n = 0
+    for module in model.modules():
+        if hasattr(module, "attention_kernel"):
+            module.attention_kernel = sdpa_causal_attention
+            n += 1
+    return n
+
+
+@dataclass
+class FastSettings:
+    """What this run actually used, for the log and the record (a fallback is never silent)."""
+
+    compiled: bool = False
+    optimizer_impl: str = ""
+    attention: str = "scaled_dot_product_attention(is_causal=True)"
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"torch_compile": self.compiled, "optimizer_impl": self.optimizer_impl, "attention": self.attention,
+                "tf32": False, "notes": self.notes}
+
+
+def build_fast_optimizer(spec: OptimizerSpec, params, lr: float, settings: FastSettings) -> torch.optim.Optimizer:
+    """The family's contract optimizer with torch's fused kernel, else the foreach one."""
+    params = list(params)
+    if spec.kind == "sgd":
+        make = lambda **kw: torch.optim.SGD(params, lr=lr, momentum=0.0, weight_decay=spec.weight_decay, **kw)  # noqa: E731
+    elif spec.kind == "adam":
+        make = lambda **kw: torch.optim.Adam(params, lr=lr, betas=(spec.beta1, spec.beta2), eps=spec.eps,  # noqa: E731
+                                             weight_decay=spec.weight_decay, **kw)
+    else:
+        raise ValueError(f"unknown optimizer kind {spec.kind!r}")
+    try:
+        optimizer, settings.optimizer_impl = make(fused=True), "fused"
+    except (RuntimeError, ValueError) as e:  # no fused kernel for this device / torch build
+        optimizer, settings.optimizer_impl = make(foreach=True), "foreach"
+        settings.notes.append(f"fused {spec.kind} unavailable ({e}); foreach instead")
+    return optimizer
+
+
+def compiler_available() -> str | None:
+    """None when torch.compile works here (forward and backward of a tiny function), else why not."""
+    try:
+        f = torch.compile(lambda x: (x * 2).sin().sum())
+        x = torch.ones(4, requires_grad=True)
+        f(x).backward()
+        return None
+    except Exception as e:  # inductor raises many kinds (no compiler, no triton, ...)
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:200]
+
+
+def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str,
+               emit: Callable[[StepRecord], None], log: TextIO, compile_model: bool = True) -> dict:
+    """Train `case.steps` steps on one device; `emit` gets each step's record."""
+    torch._dynamo.reset()  # each case compiles afresh: no cache (or recompile limit) carried between cases
+    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    ckpt = load_checkpoint(checkpoint)
+    family = model_family(ckpt.family)
+    stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
+    case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
+    model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config).to(device)
+    settings = FastSettings()
+    if not use_sdpa(model):
+        settings.attention = "the reference's (no attention kernel hook in this model)"
+    optimizer = build_fast_optimizer(family.optimizer, model.parameters(), case.lr, settings)
+    batches = TokenBatches(stream.tokens, case)
+
+    def token_losses(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # BF16 = autocast around the forward only; the loss is FP32 (as the reference).
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=case.is_bf16):
+            logits, _ = model(x)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1), reduction="none")
+
+    forward = token_losses
+    if compile_model:
+        why_not = compiler_available()
+        if why_not is None:
+            forward, settings.compiled = torch.compile(token_losses), True
+        else:
+            settings.notes.append(f"torch.compile unavailable here, eager instead ({why_not})")
+    else:
+        settings.notes.append("torch.compile off (asked)")
+    print(f"lockstep pytorch-fast runner | case {case.name} | {case.parallel_label} | dtype {case.dtype} | "
+          f"B={case.micro_batch} T={case.seq_len} tokens/step={case.total_batch} accum={case.accum} | "
+          f"{family.title} {ckpt.config.describe()} | {family.optimizer.label} ({settings.optimizer_impl}) lr {case.lr:g} | "
+          f"torch.compile {'on' if settings.compiled else 'off'} | attention {settings.attention} | "
+          f"device {device} | torch {torch.__version__}", file=log, flush=True)
+    for note in settings.notes:
+        print(f"note: {note}", file=log, flush=True)
+
+    def one_step(step: int) -> tuple[float, list[torch.Tensor]]:
+        synchronize(device)
+        t0 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        micro_losses = []
+        for micro in range(case.accum):
+            x, y = batches.micro_batch(step, micro)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            losses = forward(x, y)
+            (losses.mean() / case.accum).backward()
+            micro_losses.append(losses.detach())
+        optimizer.step()
+        synchronize(device)
+        return time.perf_counter() - t0, micro_losses
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times_ms, rates = [], []
+    with fp32_matmul_precision(enabled_tf32=False):
+        for step in range(case.steps):
+            try:
+                elapsed_s, micro_losses = one_step(step)
+            except Exception as e:
+                # Compilation happens at the first call; a compiler that fails there (after the
+                # probe passed) leaves the weights untouched: retry the step eagerly, say so.
+                if not (settings.compiled and step == 0):
+                    raise
+                forward, settings.compiled = token_losses, False
+                settings.notes.append(f"torch.compile failed at step 1, eager instead ({type(e).__name__}: "
+                                      f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''})")
+                print(f"note: {settings.notes[-1]}", file=log, flush=True)
+                elapsed_s, micro_losses = one_step(step)
+            # After the stop: the logged loss, the reference's FP64 mean of the FP32 token losses.
+            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+            for losses in micro_losses:
+                loss_sum += losses.double().mean() / case.accum
+            step_ms = elapsed_s * 1e3
+            tokens_per_s = case.total_batch / elapsed_s
+            loss = float(loss_sum.item())
+            peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+            print(llmc_step_line(step + 1, case.steps, loss, case.lr, step_ms, tokens_per_s), file=log, flush=True)
+            emit(StepRecord(step=step + 1, loss=loss, step_ms=step_ms, tokens_per_s=tokens_per_s, lr=case.lr,
+                            peak_mem_mb=peak))
+            times_ms.append(step_ms)
+            rates.append(tokens_per_s)
+    measured_ms, measured_rates = (times_ms[1:], rates[1:]) if len(times_ms) > 1 else (times_ms, rates)
+    print(perf_summary_line(len(measured_ms), sum(measured_ms) / len(measured_ms),
+                            sum(measured_rates) / len(measured_rates)), file=log, flush=True)
+    return {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "world_size": 1, "torch_threads": torch.get_num_threads(), "fast_settings": settings.to_dict(),
+            **peak_memory_info(device, 1)}

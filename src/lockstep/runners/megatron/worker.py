@@ -104,8 +104,37 @@ def loss_func(labels: torch.Tensor, loss_mask: torch.Tensor, vocab_mask: torch.T
     mask = loss_mask.float()
     loss_sum = torch.sum(per_token * mask)
     num_tokens = mask.sum().detach().to(torch.int)
-    mean_fp64 = (per_token.detach().double() * mask.double()).sum() / mask.double().sum()
-    return loss_sum, num_tokens, {"lm loss": mean_fp64}
+    # The logged FP64 mean is lockstep's bookkeeping, not training: the schedule only stores these
+    # references, and the worker takes the mean after the step's clock has stopped.
+    return loss_sum, num_tokens, {"lm loss tokens": (per_token.detach(), loss_mask)}
+
+
+def logged_micro_loss(reported: dict) -> float:
+    """The micro batch's mean token loss in FP64, from what `loss_func` reported."""
+    per_token, loss_mask = reported["lm loss tokens"]
+    mask = loss_mask.double()
+    return float((per_token.double() * mask).sum() / mask.sum())
+
+
+def optimizer_step(optimizer) -> tuple[bool, float | None]:
+    """megatron-core's `optimizer.step()` less the gradient norm that nothing here uses.
+
+    `ChainedOptimizer.step()` computes the global gradient norm on every step, even with
+    clip_grad 0: a multi-tensor L2 norm, an all-reduce and a `.item()` that stalls the host
+    until the device drains. The norm only feeds clipping (off in the contract: clip_grad 0) and
+    the log. With clip_grad 0 and log_num_zeros_in_grad off, `step()` is exactly
+    `prepare_grads()` (the found-inf check of a loss scaler) then `step_with_ready_grads()`, so
+    calling those two runs the same optimizer math on the same gradients. Otherwise, or on a
+    megatron-core without those methods, the plain `step()` runs. Returns (updated, grad norm)."""
+    configs = [getattr(o, "config", None) for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+    plain = (not hasattr(optimizer, "prepare_grads") or not hasattr(optimizer, "step_with_ready_grads")
+             or any(c is None or c.clip_grad > 0.0 or c.log_num_zeros_in_grad for c in configs))
+    if plain:
+        updated, grad_norm, _zeros = optimizer.step()
+        return updated, grad_norm
+    if optimizer.prepare_grads():
+        return False, None
+    return optimizer.step_with_ready_grads(), None
 
 
 def make_forward_step(attention_mask: torch.Tensor, vocab_mask: torch.Tensor | None):
@@ -249,7 +278,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
             decoder_seq_length=T,
             forward_only=False,
         )
-        _update_ok, grad_norm, _zeros = optimizer.step()
+        _update_ok, grad_norm = optimizer_step(optimizer)
         scheduler.step(increment=1)
         _synchronize(layout)
         elapsed_s = time.perf_counter() - t0
@@ -257,7 +286,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
         # The step's loss lives on the last stage's TP rank 0 of every DP replica: sum loss/DP there.
         contribution = 0.0
         if layout.reports_loss:
-            micro_means = [float(r["lm loss"]) for r in results]
+            micro_means = [logged_micro_loss(r) for r in results]
             contribution = sum(micro_means) / len(micro_means) / layout.dp
         loss_t = torch.tensor([contribution], dtype=torch.float64, device=layout.device)
         dist.all_reduce(loss_t, op=dist.ReduceOp.SUM)

@@ -155,7 +155,7 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
             synchronize(device)
             t0 = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
-            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+            micro_losses = []
             for micro in range(case.accum):
                 x, y = batches.micro_batch(step, micro)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -167,25 +167,31 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
                         logits, _ = train_model(x)
                     token_losses = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1), reduction="none")
                     (token_losses.mean() / case.accum).backward()
-                # The gradient comes from the FP32 mean, as the contract says; the logged value is the
-                # same mean taken in FP64, so that how the batch is split (DP ranks, micro steps)
-                # does not move the logged loss by an FP32 ulp (~1e-6 at loss 10).
-                loss_sum += token_losses.detach().double().mean() / case.accum
+                micro_losses.append(token_losses.detach())
+            optimizer.step()
+            synchronize(device)
+            elapsed_s = time.perf_counter() - t0
+            # After the stop (lockstep's bookkeeping, not training). The gradient came from the FP32
+            # mean, as the contract says; the logged value is the same mean taken in FP64, so that
+            # how the batch is split (DP ranks, micro steps) does not move the logged loss by an
+            # FP32 ulp (~1e-6 at loss 10).
+            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+            for token_losses in micro_losses:
+                loss_sum += token_losses.double().mean() / case.accum
             if pg.world > 1:
                 dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if device.type == "cuda" else dist.ReduceOp.SUM)
                 if device.type != "cuda":
                     loss_sum /= pg.world  # gloo has no AVG
-            optimizer.step()
-            synchronize(device)
             peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
-            slowest = torch.tensor([time.perf_counter() - t0, peak], dtype=torch.float64, device=device)
             if pg.world > 1:
                 # The step time is the slowest rank's over every node (and the peak memory the largest).
+                slowest = torch.tensor([elapsed_s, peak], dtype=torch.float64, device=device)
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            step_ms = float(slowest[0].item()) * 1e3
+                elapsed_s, peak = float(slowest[0].item()), float(slowest[1].item())
+            step_ms = elapsed_s * 1e3
             tokens_per_s = case.total_batch / (step_ms / 1e3)
             loss_value = float(loss_sum.item())
-            peak = float(slowest[1].item()) if device.type == "cuda" else None
+            peak = peak if device.type == "cuda" else None
             if pg.reports:
                 rec = StepRecord(step=step + 1, loss=loss_value, step_ms=step_ms, tokens_per_s=tokens_per_s,
                                  lr=case.lr, peak_mem_mb=peak)

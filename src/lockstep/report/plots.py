@@ -1,5 +1,5 @@
 """One PNG per case: loss curves of every framework, |Δloss| against the baseline on a log axis
-with the threshold, and mean tok/s bars. Drawn with matplotlib's Agg canvas (no display, no
+with the threshold, and median tok/s bars (min-max whiskers). Drawn with matplotlib's Agg canvas (no display, no
 pyplot global state)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import textwrap
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from lockstep.compare.throughput import throughput_of
 from lockstep.report.data import ReportData
 
 # A log axis cannot show an exact match (|Δloss| = 0); such steps are drawn at this floor and said so.
@@ -84,20 +85,25 @@ def case_figure_png(data: ReportData, case: str) -> bytes:
         # No empty 0-1 axes pretending to be a plot: say why there is nothing to draw.
         _not_shown(ax_diff, f"not compared: {data.not_compared_reason(case)}")
 
-    names, values = [], []
+    names, spreads = [], []
     for fw in data.frameworks:
         rec = records.get(fw)
-        tps = rec.mean_tokens_per_s(data.options.warmup_steps) if rec is not None else None
-        if tps is not None and math.isfinite(tps):
+        spread = throughput_of(rec, data.options.warmup_steps).tokens_per_s if rec is not None else None
+        if spread is not None and math.isfinite(spread.median):
             names.append(fw)
-            values.append(tps)
-    if values:
-        bars = ax_tps.bar(names, values, color=[framework_color(data, n) for n in names])
-        ax_tps.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize="small")
+            spreads.append(spread)
+    if spreads:
+        # Median with a min-max whisker (compare/throughput.py: the numbers every table shows).
+        values = [s.median for s in spreads]
+        whiskers = [[s.median - s.min for s in spreads], [s.max - s.median for s in spreads]]
+        bars = ax_tps.bar(names, values, yerr=whiskers, capsize=3,
+                          color=[framework_color(data, n) for n in names])
+        ax_tps.bar_label(bars, labels=[f"{s.median:,.0f}" + (" NOISY" if s.noisy else "") for s in spreads],
+                         fontsize="small")
         ax_tps.set_ylabel("tokens/s")
     else:
         _not_shown(ax_tps, "no tok/s recorded")
-    ax_tps.set_title(f"tok/s (mean after step {data.options.warmup_steps})")
+    ax_tps.set_title(f"tok/s (median, min-max, after step {data.options.warmup_steps})")
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png")

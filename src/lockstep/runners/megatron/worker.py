@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import sys
 import time
@@ -122,13 +123,16 @@ def optimizer_step(optimizer) -> tuple[bool, float | None]:
     `ChainedOptimizer.step()` computes the global gradient norm on every step, even with
     clip_grad 0: a multi-tensor L2 norm, an all-reduce and a `.item()` that stalls the host
     until the device drains. The norm only feeds clipping (off in the contract: clip_grad 0) and
-    the log. With clip_grad 0 and log_num_zeros_in_grad off, `step()` is exactly
+    the log. With clip_grad 0, log_num_zeros_in_grad off and no grad_norm_skip_threshold (0.19's
+    skip-the-update-when-the-norm-is-large, infinite by default), `step()` is exactly
     `prepare_grads()` (the found-inf check of a loss scaler) then `step_with_ready_grads()`, so
-    calling those two runs the same optimizer math on the same gradients. Otherwise, or on a
-    megatron-core without those methods, the plain `step()` runs. Returns (updated, grad norm)."""
+    calling those two runs the same optimizer math on the same gradients (read in megatron-core
+    0.16.1 and 0.19.2). Otherwise, or on a megatron-core without those methods, the plain
+    `step()` runs. Returns (updated, grad norm)."""
     configs = [getattr(o, "config", None) for o in getattr(optimizer, "chained_optimizers", [optimizer])]
     plain = (not hasattr(optimizer, "prepare_grads") or not hasattr(optimizer, "step_with_ready_grads")
-             or any(c is None or c.clip_grad > 0.0 or c.log_num_zeros_in_grad for c in configs))
+             or any(c is None or c.clip_grad > 0.0 or c.log_num_zeros_in_grad
+                    or math.isfinite(getattr(c, "grad_norm_skip_threshold", math.inf)) for c in configs))
     if plain:
         updated, grad_norm, _zeros = optimizer.step()
         return updated, grad_norm

@@ -102,7 +102,9 @@ def capture_step(*, job, layout, chunks, forward_backward, forward_step, batches
     # The loss of micro batch 0 and the step's loss, where megatron holds them.
     step_loss, first_loss = 0.0, None
     if layout.reports_loss:
-        means = [float(r["lm loss"]) for r in results]
+        from lockstep.runners.megatron.worker import logged_micro_loss
+
+        means = [logged_micro_loss(r) for r in results]
         step_loss = sum(means) / len(means) / layout.dp
         if layout.dp_rank == 0:
             first_loss = means[0]

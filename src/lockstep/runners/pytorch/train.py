@@ -31,6 +31,8 @@ from lockstep.models import load_checkpoint
 from lockstep.models.family import OptimizerSpec
 from lockstep.runners.nodes import reports_results
 from lockstep.runners.memory import peak_memory_info
+from lockstep.models.reference import llmc_state
+from lockstep.runners.base import write_final_params
 
 
 @dataclass(frozen=True)
@@ -122,8 +124,11 @@ def no_sync(wrapped: torch.nn.Module, case: CaseSpec):
 
 
 def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, pg: ProcessGroupInfo,
-               emit: Callable[[StepRecord], None], log: TextIO) -> dict:
-    """Train `case.steps` steps; rank 0 calls `emit` per step and writes llm.c-style log lines."""
+               emit: Callable[[StepRecord], None], log: TextIO, final_params_path: str | None = None) -> dict:
+    """Train `case.steps` steps; rank 0 calls `emit` per step and writes llm.c-style log lines.
+
+    With `final_params_path`, rank 0 writes every parameter after the last step there, under
+    its canonical LLMC name (DDP keeps the replicas equal, so rank 0's are the model's)."""
     if device_kind == "cuda":
         device = torch.device("cuda", pg.local_rank)
         torch.cuda.set_device(device)
@@ -199,6 +204,8 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
                 emit(rec)
             times_ms.append(step_ms)
             tps.append(tokens_per_s)
+    if final_params_path and pg.reports:
+        write_final_params(final_params_path, llmc_state(model))
     measured = times_ms[1:] or times_ms
     if pg.reports:
         print(perf_summary_line(len(measured), sum(measured) / len(measured), sum(tps[1:] or tps) / len(measured)),
@@ -231,6 +238,9 @@ def main(argv: list[str]) -> int:
     """torchrun entry point: `python -m lockstep.runners.pytorch.train JOB.json`."""
     from lockstep.runners.launch import ResultsWriter
 
+    from lockstep.runners.test_plugins import apply_test_plugins
+
+    apply_test_plugins()
     job = json.loads(open(argv[0]).read())
     case = CaseSpec.from_dict(job["case"])
     pg = ProcessGroupInfo.from_env()
@@ -240,7 +250,8 @@ def main(argv: list[str]) -> int:
     dist.init_process_group(backend=backend)
     try:
         writer = ResultsWriter(job["results_path"] if pg.reports else None)
-        info = train_case(case, job["checkpoint"], job["tokens"], job["device"], pg, writer.step, sys.stdout)
+        info = train_case(case, job["checkpoint"], job["tokens"], job["device"], pg, writer.step, sys.stdout,
+                          final_params_path=job.get("final_params_path"))
         writer.info(**info)
     finally:
         dist.destroy_process_group()

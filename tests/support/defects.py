@@ -1,0 +1,156 @@
+"""Known defects the numerics tests inject to prove that their comparisons can fail.
+
+Each defect patches lockstep (or megatron-core) at run time, through the model-family seam
+(`FAMILIES["gpt2"]` pointing at a defective subclass of the reference GPT-2) or a module
+attribute, never by editing source. In the test process a defect goes in through pytest's
+`monkeypatch` (`inject(name, monkeypatch)`), so it is undone after the test; in torchrun
+workers through `worker_env(name)`: the workers' entry points call
+`lockstep.runners.test_plugins.apply_test_plugins`, which imports this module (tests/ on
+PYTHONPATH) and calls `from_env`, which applies LOCKSTEP_TEST_DEFECT for the worker's life.
+
+The defects are the ones issue 16's audit found hidden under the contract's lr 1e-4:
+- exact_gelu: erf GELU instead of GPT-2's tanh approximation (forward only; ~1e-3 relative);
+- frozen_layernorm: the optimizer never updates the LayerNorm weights and biases;
+- transposed_bias_grad: c_attn's and c_fc's bias gradients read as (k x C) transposed, the
+  shape of InfiniTrain's CUDA column-reduction bug;
+- broken_tie: the head trains as its own copy of wte (the tie lost, as on InfiniTrain CUDA);
+- data_order_off_by_one: every micro batch starts one micro batch (B*T tokens) late;
+- megatron_pp_tie_unsynced: megatron's first and last pipeline stages stop all-reducing the
+  tied word-embedding gradient (the head's gradient never reaches wte);
+- megatron_tp_input_grad_unreduced: megatron's column-parallel layers stop all-reducing their
+  input gradient over TP ranks (each rank back-propagates only its slice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from lockstep.models.gpt2.model import GPT2, MLP
+
+DEFECT_ENV = "LOCKSTEP_TEST_DEFECT"
+TESTS_DIR = Path(__file__).resolve().parents[1]
+
+
+class ExactGeluMLP(MLP):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x)))  # approximate="none": the defect
+
+
+class ExactGeluGPT2(GPT2):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        for blk in self.h:
+            blk.mlp.__class__ = ExactGeluMLP
+
+
+class FrozenLayerNormGPT2(GPT2):
+    """LayerNorm parameters get no gradient, so SGD skips them: a frozen parameter group."""
+
+    @classmethod
+    def from_llmc(cls, tensors, cfg):
+        model = super().from_llmc(tensors, cfg)
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.requires_grad_(False)
+                module.bias.requires_grad_(False)
+        return model
+
+
+def _transposed(k: int):
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        return grad.reshape(k, -1).t().reshape(-1)
+
+    return hook
+
+
+class TransposedBiasGradGPT2(GPT2):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        for blk in self.h:
+            blk.attn.c_attn.bias.register_hook(_transposed(3))
+            blk.mlp.c_fc.bias.register_hook(_transposed(4))
+
+
+class BrokenTieGPT2(GPT2):
+    """The head is a second parameter, a copy of wte at load time, trained on its own."""
+
+    @classmethod
+    def from_llmc(cls, tensors, cfg):
+        model = super().from_llmc(tensors, cfg)
+        model.lm_head = torch.nn.Parameter(model.wte.weight.detach()[: cfg.vocab_size].clone())
+        return model
+
+    def forward(self, idx, targets=None):
+        B, T = idx.shape
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for block in self.h:
+            x = block(x)
+        logits = self.ln_f(x) @ self.lm_head.t()
+        return logits, None
+
+
+REFERENCE_DEFECTS = {"exact_gelu": ExactGeluGPT2, "frozen_layernorm": FrozenLayerNormGPT2,
+                     "transposed_bias_grad": TransposedBiasGradGPT2, "broken_tie": BrokenTieGPT2}
+OTHER_DEFECTS = ("data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced")
+DEFECTS = (*REFERENCE_DEFECTS, *OTHER_DEFECTS)
+
+
+class _Forever:
+    """monkeypatch's setattr/setitem for a worker process: nothing is undone."""
+
+    @staticmethod
+    def setattr(target, name, value):
+        setattr(target, name, value)
+
+    @staticmethod
+    def setitem(mapping, key, value):
+        mapping[key] = value
+
+
+def inject(name: str, patch) -> None:
+    """Apply defect `name` with `patch` (pytest's monkeypatch, or _Forever in a worker)."""
+    if name in REFERENCE_DEFECTS:
+        from lockstep.models import FAMILIES
+
+        cls = REFERENCE_DEFECTS[name]
+        family = dataclasses.replace(FAMILIES["gpt2"], reference=f"{__name__}:{cls.__name__}")
+        patch.setitem(FAMILIES, "gpt2", family)
+    elif name == "data_order_off_by_one":
+        from lockstep.data import loader
+
+        right = loader.window_start
+
+        def late(case, step, micro_step, dp_rank):
+            return right(case, step, micro_step, dp_rank) + case.micro_batch * case.seq_len
+
+        patch.setattr(loader, "window_start", late)
+    elif name == "megatron_pp_tie_unsynced":
+        import importlib
+
+        finalize = importlib.import_module("megatron.core.distributed.finalize_model_grads")
+        patch.setattr(finalize, "_allreduce_word_embedding_grads", lambda *args, **kwargs: None)
+    elif name == "megatron_tp_input_grad_unreduced":
+        from megatron.core.tensor_parallel import mappings
+
+        patch.setattr(mappings._CopyToModelParallelRegion, "backward",
+                      staticmethod(lambda ctx, grad_output: (grad_output, None)))
+    else:
+        raise ValueError(f"unknown defect {name!r}; known: {', '.join(DEFECTS)}")
+
+
+def from_env() -> None:
+    """The torchrun workers' plugin: apply LOCKSTEP_TEST_DEFECT for this process's life."""
+    inject(os.environ[DEFECT_ENV], _Forever)
+
+
+def worker_env(name: str, monkeypatch) -> None:
+    """Make every torchrun worker started from now on (in this test) apply defect `name`."""
+    monkeypatch.setenv("LOCKSTEP_TEST_PLUGINS", f"{__name__}:from_env")
+    monkeypatch.setenv(DEFECT_ENV, name)
+    path = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(TESTS_DIR), path) if p))

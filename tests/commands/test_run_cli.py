@@ -17,19 +17,34 @@ def run_cli(capsys, *args) -> tuple[int, str, str]:
     return rc, out, err
 
 
-def test_run_writes_the_layout_and_compares(capsys, tmp_path, tiny_checkpoint, tiny_shakespeare_train):
+def test_run_writes_the_layout_and_compares(capsys, tmp_path, tiny_checkpoint, training_tokens):
+    """pytorch and megatron on gpt2_1 (gpt2_3 is DP=8: skipped), then the comparison's verdicts."""
+    pytest.importorskip("megatron.core")
     out_dir = tmp_path / "out"
-    rc, out, err = run_cli(capsys, "--frameworks", "pytorch", "--cases", "gpt2_1,gpt2_3", "--steps", "2",
-                           "--llmc", str(tiny_checkpoint), "--data", str(tiny_shakespeare_train),
+    rc, out, err = run_cli(capsys, "--frameworks", "pytorch,megatron", "--cases", "gpt2_1,gpt2_3", "--steps", "3",
+                           "--llmc", str(tiny_checkpoint), "--data", str(training_tokens),
                            "--device", "cpu", "--out", str(out_dir))
     assert rc == 0, err
     assert "gpt2_3" in out and "skipped" in out  # DP=8 on a 2-core machine: listed, not dropped
-    rec = read_run_record(out_dir / "pytorch" / "gpt2_1.jsonl")
-    assert rec.ok and [s.step for s in rec.steps] == [1, 2]
-    assert (out_dir / "pytorch" / "gpt2_1.log").read_text().count("train loss") == 2
+    for fw in ("pytorch", "megatron"):
+        rec = read_run_record(out_dir / fw / "gpt2_1.jsonl")
+        assert rec.ok and [s.step for s in rec.steps] == [1, 2, 3], fw
+    assert (out_dir / "pytorch" / "gpt2_1.log").read_text().count("train loss") == 3
     manifest = json.loads((out_dir / "run.json").read_text())
-    assert manifest["skipped"][0]["case"] == "gpt2_3" and "needs 8 devices" in manifest["skipped"][0]["reason"]
-    assert (out_dir / "summary.json").is_file() and (out_dir / "report.html").is_file()
+    assert {(s["case"], s["framework"]) for s in manifest["skipped"]} == {("gpt2_3", "pytorch"), ("gpt2_3", "megatron")}
+    assert all("needs 8 devices" in s["reason"] for s in manifest["skipped"])
+    # The comparison: megatron against the pytorch baseline, gpt2_1 judged step by step.
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["passed"] is True and summary["baseline"] == "pytorch"
+    [comparison] = summary["comparisons"]
+    assert comparison["test_framework"] == "megatron" and comparison["counts"]["passed"] == 1
+    [verdict] = comparison["cases"]
+    assert verdict["case"] == "gpt2_1" and verdict["passed"] is True and verdict["steps"] == 3
+    assert verdict["threshold"] == 1e-5 and len(verdict["abs_diffs"]) == 3 and verdict["max_abs_diff"] < 1e-6
+    pt, mg = (read_run_record(out_dir / fw / "gpt2_1.jsonl").losses() for fw in ("pytorch", "megatron"))
+    assert verdict["abs_diffs"] == pytest.approx([abs(a - b) for a, b in zip(pt, mg)], abs=1e-12)
+    assert [s["case"] for s in comparison["skipped"]] == ["gpt2_3"]
+    assert (out_dir / "report.html").is_file()
 
 
 def test_impossible_batch_split_is_refused_before_running(capsys, tmp_path, tiny_checkpoint, tiny_shakespeare_train):

@@ -1,10 +1,13 @@
-"""llm.c's seeded GPT-2 init: golden bytes (a change of RNG or transform must be noticed), the
+"""llm.c's seeded GPT-2 init: its bytes against an independent statement of the rule (plain
+Python: PCG64's raw stream, Marsaglia's polar method with math.log, llm.c's stds / ones / zeros
+and the LLMC file layout), golden digests (a change of RNG or transform must be noticed), the
 statistics SPEC section 3 asks for, independence from threads and request splitting, the
 deterministic log, and GPT-2 124M's exact size."""
 
 from __future__ import annotations
 
 import math
+import struct
 import time
 
 import numpy as np
@@ -60,6 +63,85 @@ def tiny42_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("init") / "tiny42.bin"
     write_initial_checkpoint(path, TINY, 42)
     return path
+
+
+# --- an independent statement of the init ------------------------------------------------------
+# Written from the documented rule, sharing no code with lockstep.models.init: numpy is used only
+# for PCG64's raw 64-bit stream (which numpy keeps stable across versions); the uniforms, the
+# polar method and the log are plain Python floats and math.log.
+
+PAIRS_PER_BLOCK = 65536  # pcg64-polar-v1: blocks of 2*65536 raw draws, u from the first half, v from the second
+
+
+def uniform_from_raw(raw: int) -> float:
+    """The top 52 bits of a raw draw as a uniform on [-1, 1): k / 2**51 - 1, exact in float64."""
+    return (raw >> 12) / 2.0**51 - 1.0
+
+
+def independent_normals(seed: int, n: int) -> list[float]:
+    """The first n standard normals of pcg64-polar-v1, one accepted pair at a time."""
+    bits = np.random.PCG64(seed)
+    out: list[float] = []
+    while len(out) < n:
+        raw = [int(r) for r in bits.random_raw(2 * PAIRS_PER_BLOCK)]
+        us, vs = [], []
+        for i in range(PAIRS_PER_BLOCK):
+            u, v = uniform_from_raw(raw[i]), uniform_from_raw(raw[PAIRS_PER_BLOCK + i])
+            s = u * u + v * v
+            if 0.0 < s < 1.0:
+                r = math.sqrt(-2.0 * math.log(s) / s)
+                us.append(u * r)
+                vs.append(v * r)
+        out += us + vs  # a block gives its accepted u*r in order, then its accepted v*r
+    return out[:n]
+
+
+def independent_llmc_gpt2_init(L, NH, C, V, Vp, maxT, seed) -> bytes:
+    """llm.c's gpt2_build_from_random as an LLMC v3 file: header, then tensors in file order;
+    weights N(0, 0.02), attprojw/fcprojw N(0, 0.02/sqrt(2L)), LayerNorm weights 1, biases 0,
+    wte's rows V..Vp-1 0; normals drawn in file order, scaled in float64, rounded to float32."""
+    header = [20240326, 3, maxT, V, L, NH, C, Vp] + [0] * 248
+    residual = 0.02 / math.sqrt(2 * L)
+    layout = [("wte", Vp * C, 0.02), ("wpe", maxT * C, 0.02), ("ln1w", L * C, 1), ("ln1b", L * C, 0),
+              ("qkvw", L * 3 * C * C, 0.02), ("qkvb", L * 3 * C, 0), ("attprojw", L * C * C, residual),
+              ("attprojb", L * C, 0), ("ln2w", L * C, 1), ("ln2b", L * C, 0), ("fcw", L * 4 * C * C, 0.02),
+              ("fcb", L * 4 * C, 0), ("fcprojw", L * 4 * C * C, residual), ("fcprojb", L * C, 0),
+              ("lnfw", C, 1), ("lnfb", C, 0)]
+    drawn = sum(V * C if name == "wte" else n for name, n, std in layout if std not in (0, 1))
+    z = iter(independent_normals(seed, drawn))
+    values: list[float] = []
+    for name, n, std in layout:
+        if std in (0, 1):
+            values += [float(std)] * n
+        elif name == "wte":
+            values += [next(z) * std for _ in range(V * C)] + [0.0] * ((Vp - V) * C)
+        else:
+            values += [next(z) * std for _ in range(n)]
+    return struct.pack("<256i", *header) + struct.pack(f"<{len(values)}f", *values)
+
+
+def test_a_small_checkpoint_equals_the_independent_statement_byte_for_byte(tmp_path):
+    """A shape whose ~150k draws cross two block boundaries and both halves of each block."""
+    cfg = GPT2Config(max_seq_len=64, vocab_size=1000, num_layers=2, num_heads=4, channels=32, padded_vocab_size=1024)
+    path = tmp_path / "small.bin"
+    write_initial_checkpoint(path, cfg, 7)
+    expected = independent_llmc_gpt2_init(L=2, NH=4, C=32, V=1000, Vp=1024, maxT=64, seed=7)
+    got = path.read_bytes()
+    assert len(got) == len(expected)
+    if got != expected:
+        a, b = np.frombuffer(got[1024:], "<f4"), np.frombuffer(expected[1024:], "<f4")
+        first = int(np.flatnonzero(a != b)[0]) if got[:1024] == expected[:1024] else "header"
+        pytest.fail(f"init differs from the independent statement at float index {first}")
+
+
+def test_gpt2_tiny_and_124m_start_with_the_independent_normals(tiny42):
+    """The first 60,000 drawn values of the golden seed (all in wte, past the first block's u
+    half) from the independent statement; gpt2 124M draws the same stream in the same order."""
+    z = independent_normals(42, 60_000)
+    expected = (np.array(z) * 0.02).astype(np.float32)
+    assert np.array_equal(tiny42["wte"].reshape(-1)[:60_000], expected)
+    assert tiny42["wte"][0, :4].tolist() == GOLDEN_TINY_WTE_ROW0
+    assert NormalStream(0, threads=1).standard_normal(4).tolist() == independent_normals(0, 4)
 
 
 # --- golden values and determinism --------------------------------------------------------------

@@ -1,5 +1,10 @@
-"""The megatron runner end to end on gpt2-tiny, CPU (gloo): losses against the pytorch reference,
-TP=2 and PP=2 against TP=1, its log, failures and skips.
+"""The megatron runner end to end on gpt2-tiny, CPU (gloo): losses and final parameters against
+the pytorch reference, TP=2 and PP=2 against TP=1, its log, failures and skips.
+
+Every equality test runs at the contract's lr and at TRAINING_LR (tests/support/numerics.py),
+where training moves the parameters far past the limits and every parameter is compared after
+the last step under its canonical LLMC name. Each kind of comparison has negative controls: a
+known defect injected into one side (tests/support/defects.py) must make it fail.
 
 Every run here launches torchrun workers that import megatron-core (about 10 s each on the
 CI machine), so the cases are few and short.
@@ -16,50 +21,107 @@ import pytest
 from lockstep.cases.spec import CaseSpec
 from lockstep.models.gpt2 import FAMILY as GPT2_FAMILY
 from lockstep.formats.run_record import read_run_record
-from lockstep.models import SHAPES
+from lockstep.models import SHAPES, load_checkpoint
 from lockstep.runners.base import RunInputs
 from lockstep.runners.megatron import MegatronRunner
 from lockstep.runners.megatron import runner as megatron_runner_module
 from lockstep.runners.pytorch import PyTorchRunner
+from support import defects
+from support.numerics import (LOSS_LIMIT, PARAM_LIMITS, TRAINING_LR, TRAINING_STEPS, assert_loss_falls, assert_trained,
+                              final_params, loss_gap, param_gap)
 
 pytest.importorskip("megatron.core")
 
 TINY = SHAPES["gpt2-tiny"].config
-FP32_TOLERANCE = 1e-5
+FP32_TOLERANCE = 1e-5  # the contract's FP32 loss threshold, for the contract-lr cases
 
 
-def case(name="c", steps=10, B=4, T=64, total=256, dtype="float32", **parallel) -> CaseSpec:
+def case(name="c", steps=10, B=4, T=64, total=256, dtype="float32", lr=1e-4, **parallel) -> CaseSpec:
     return CaseSpec(name=name, model="gpt2", dtype=dtype, micro_batch=B, seq_len=T, total_batch=total, steps=steps,
-                    lr=1e-4, **parallel)
+                    lr=lr, **parallel)
+
+
+def training_case(name, B=4, **parallel) -> CaseSpec:
+    return case(name, steps=TRAINING_STEPS, B=B, lr=TRAINING_LR, **parallel)
 
 
 @pytest.fixture(scope="module")
-def inputs(tiny_checkpoint, tiny_shakespeare_train) -> RunInputs:
-    return RunInputs(checkpoint=tiny_checkpoint, tokens=tiny_shakespeare_train, model=TINY, device="cpu")
+def inputs(tiny_checkpoint, training_tokens) -> RunInputs:
+    return RunInputs(checkpoint=tiny_checkpoint, tokens=training_tokens, model=TINY, device="cpu",
+                     save_final_params=True)
 
 
 @pytest.fixture(scope="module")
 def gpt2_1_runs(inputs, tmp_path_factory):
-    """gpt2_1's shape (B=4, T=64, 256 tokens/step), 10 FP32 steps, on both frameworks."""
+    """gpt2_1's shape (B=4, T=64, 256 tokens/step), 10 FP32 steps at the contract's lr, on both frameworks."""
     out = tmp_path_factory.mktemp("gpt2_1")
     c = case("gpt2_1")
     return MegatronRunner().run(c, inputs, out), PyTorchRunner().run(c, inputs, out), out
 
 
+@dataclasses.dataclass(frozen=True)
+class Trained:
+    """One run at TRAINING_LR: its record and its final canonical parameters."""
+
+    record: object
+    params: dict
+
+    @classmethod
+    def run(cls, runner, c: CaseSpec, inputs: RunInputs, out) -> "Trained":
+        rec = runner.run(c, inputs, out)
+        assert rec.ok, rec.error
+        return cls(rec, final_params(out, runner.name, c.name))
+
+
+@pytest.fixture(scope="module")
+def trained(inputs, tmp_path_factory) -> dict[str, Trained]:
+    """gpt2_1's shape at TRAINING_LR: the pytorch reference and megatron TP=1, accum 1."""
+    out = tmp_path_factory.mktemp("trained")
+    runs = {"pytorch": Trained.run(PyTorchRunner(), training_case("one"), inputs, out),
+            "megatron": Trained.run(MegatronRunner(), training_case("one"), inputs, out)}
+    assert_loss_falls(runs["pytorch"].record)
+    assert_trained(runs["pytorch"].params, load_checkpoint(inputs.checkpoint).tensors, TINY)
+    return runs
+
+
+def disagreements(a: Trained, b: Trained, param_limit: float) -> list[str]:
+    """What the equality check finds between two trained runs (empty: they agree)."""
+    found = []
+    dloss, gap = loss_gap(a.record, b.record), param_gap(a.params, b.params, TINY)
+    print(f"max |dloss| {dloss:.3e}, {gap}")
+    if dloss >= LOSS_LIMIT:
+        found.append(f"max |dloss| {dloss:.3e} >= {LOSS_LIMIT:g}")
+    if gap.max_abs >= param_limit:
+        found.append(f"{gap} >= {param_limit:g}")
+    return found
+
+
 def max_diff(a, b) -> float:
-    assert len(a.losses()) == len(b.losses()) > 0
-    return max(abs(x - y) for x, y in zip(a.losses(), b.losses()))
+    return loss_gap(a, b)
 
 
 def test_gpt2_1_shape_matches_pytorch_over_10_steps(gpt2_1_runs):
-    mega, ref, _ = gpt2_1_runs
+    mega, ref, out = gpt2_1_runs
     assert mega.ok, mega.error
     assert ref.ok, ref.error
     assert [s.step for s in mega.steps] == list(range(1, 11))
     diff = max_diff(mega, ref)
     print(f"gpt2_1-shaped max |dloss| megatron vs pytorch over 10 steps: {diff:.3e}")
     assert diff < FP32_TOLERANCE
-    assert mega.losses()[0] != mega.losses()[-1]  # training moved the weights
+    gap = param_gap(final_params(out, "megatron", "gpt2_1"), final_params(out, "pytorch", "gpt2_1"), TINY)
+    assert gap.max_abs < PARAM_LIMITS["megatron_vs_pytorch"], gap
+
+
+def test_megatron_trains_the_same_model_as_pytorch(trained):
+    assert disagreements(trained["megatron"], trained["pytorch"], PARAM_LIMITS["megatron_vs_pytorch"]) == []
+
+
+@pytest.mark.parametrize("defect", [*defects.REFERENCE_DEFECTS, "data_order_off_by_one"])
+def test_megatron_vs_pytorch_catches_a_defective_reference(defect, trained, inputs, tmp_path, monkeypatch):
+    """The reference with one known defect (in-process) must FAIL against the clean megatron run."""
+    defects.inject(defect, monkeypatch)
+    broken = Trained.run(PyTorchRunner(), training_case("one"), inputs, tmp_path)
+    assert disagreements(trained["megatron"], broken, PARAM_LIMITS["megatron_vs_pytorch"]) != []
 
 
 @pytest.mark.slow
@@ -72,21 +134,56 @@ def test_gpt2_2_shape_with_accumulation_matches_pytorch(inputs, tmp_path):
     diff = max_diff(mega, ref)
     print(f"gpt2_2-shaped (B=8, accum=2) max |dloss| megatron vs pytorch over 10 steps: {diff:.3e}")
     assert diff < FP32_TOLERANCE
+    gap = param_gap(final_params(tmp_path, "megatron", "gpt2_2"), final_params(tmp_path, "pytorch", "gpt2_2"), TINY)
+    assert gap.max_abs < PARAM_LIMITS["megatron_vs_pytorch"], gap
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallel", [{"tp": 2}, {"pp": 2}], ids=["tp2", "pp2"])
-def test_tp2_and_pp2_match_tp1(parallel, gpt2_1_runs, inputs, tmp_path):
+def test_megatron_accumulation_trains_the_same_model_as_pytorch(trained, inputs, tmp_path):
+    """B=2, accum 2 on megatron against the unsplit reference at TRAINING_LR."""
+    acc = Trained.run(MegatronRunner(), training_case("acc", B=2), inputs, tmp_path)
+    assert acc.record.meta["case_spec"]["micro_batch"] == 2
+    assert disagreements(acc, trained["pytorch"], PARAM_LIMITS["megatron_vs_pytorch"]) == []
+
+
+PARALLEL = {"tp2": ({"tp": 2}, 4, "megatron_tp2"), "pp2": ({"pp": 2}, 2, "megatron_vs_pytorch")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(PARALLEL))
+def test_tp2_and_pp2_match_tp1_at_contract_lr(layout, gpt2_1_runs, inputs, tmp_path):
     """Two gloo processes: TP=2 (vocab padded to Vp and masked) or PP=2 (tied weight on the last stage)."""
+    parallel, B, _ = PARALLEL[layout]
     tp1 = gpt2_1_runs[0]
-    rec = MegatronRunner().run(case("split", steps=2, **parallel), inputs, tmp_path)
+    rec = MegatronRunner().run(case("split", steps=5, B=B, **parallel), inputs, tmp_path)
     assert rec.ok, rec.error
     assert rec.meta["tp"] == parallel.get("tp", 1) and rec.meta["pp"] == parallel.get("pp", 1)
-    diffs = [abs(a - b) for a, b in zip(rec.losses(), tp1.losses()[:2])]
-    print(f"{parallel} vs TP=1 |dloss| steps 1-2: {diffs}")
-    assert len(diffs) == 2 and max(diffs) < FP32_TOLERANCE
+    diffs = [abs(a - b) for a, b in zip(rec.losses(), tp1.losses()[:5])]
+    print(f"{parallel} vs TP=1 |dloss| steps 1-5: {diffs}")
+    assert len(diffs) == 5 and max(diffs) < FP32_TOLERANCE
     if "tp" in parallel:
         assert rec.meta["megatron_vocab_size"] == TINY.padded_vocab_size
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(PARALLEL))
+def test_tp2_and_pp2_train_the_same_model_as_tp1(layout, trained, inputs, tmp_path):
+    parallel, B, limit = PARALLEL[layout]
+    split = Trained.run(MegatronRunner(), training_case(layout, B=B, **parallel), inputs, tmp_path)
+    assert (split.record.meta["tp"], split.record.meta["pp"]) == (parallel.get("tp", 1), parallel.get("pp", 1))
+    assert disagreements(split, trained["megatron"], PARAM_LIMITS[limit]) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout,defect", [("tp2", "megatron_tp_input_grad_unreduced"),
+                                           ("pp2", "megatron_pp_tie_unsynced")])
+def test_tp2_and_pp2_comparisons_catch_a_parallel_defect(layout, defect, trained, inputs, tmp_path, monkeypatch):
+    """TP=2 whose column-parallel input gradients are not all-reduced; PP=2 whose tied word
+    embedding's gradient is not all-reduced between the first and last stage: both must FAIL."""
+    parallel, B, limit = PARALLEL[layout]
+    defects.worker_env(defect, monkeypatch)
+    split = Trained.run(MegatronRunner(), training_case(layout, B=B, **parallel), inputs, tmp_path)
+    assert disagreements(split, trained["megatron"], PARAM_LIMITS[limit]) != []
 
 
 def test_log_has_marker_config_iteration_and_perf_lines(gpt2_1_runs):

@@ -1,4 +1,13 @@
-"""CUDA paths of the pytorch and megatron runners on gpt2-tiny (marked gpu; run on the device)."""
+"""CUDA paths of the pytorch and megatron runners on gpt2-tiny (marked gpu; run on the device).
+
+Like the CPU tests, each equality test runs at the contract's lr and at TRAINING_LR, where every
+parameter is compared after the last step, and one negative control proves the CUDA comparison
+can fail. Limits: FP32 the CPU-measured ones of tests/support/numerics.py (TF32 is off, so CUDA
+FP32 differs from the reference by reduction order only); BF16 10x the gap recorded on H200
+(docs/results/2026-11-29-h200: gpt2_1_bfloat16 megatron vs pytorch 6.1e-4). NOT yet measured on
+CUDA for gpt2-tiny at TRAINING_LR (no device time was left on 2026-11-30): the tests print every
+gap (`pytest -m gpu -s`); set the limits from those prints (10x) at the next device run.
+"""
 
 from __future__ import annotations
 
@@ -10,52 +19,92 @@ from lockstep.models import SHAPES
 from lockstep.runners.base import RunInputs
 from lockstep.runners.megatron import MegatronRunner
 from lockstep.runners.pytorch import PyTorchRunner
+from support import defects
+from support.numerics import (LOSS_LIMIT, PARAM_LIMITS, TRAINING_LR, TRAINING_STEPS, assert_loss_falls, final_params,
+                              loss_gap, param_gap)
 
 pytestmark = pytest.mark.gpu
 TINY = SHAPES["gpt2-tiny"].config
+BF16_LOSS_LIMIT = 6.1e-3  # 10x the H200-recorded BF16 megatron vs pytorch gap (6.1e-4)
+BF16_PARAM_LIMIT = 2.1e-3  # 10x the CPU-measured BF16-vs-FP32 parameter gap at TRAINING_LR (2.1e-4)
 
 
-def case(name, dtype="float32", B=4, total=256, dp=1, tp=1, pp=1, steps=5) -> CaseSpec:
+def case(name, dtype="float32", B=4, total=256, dp=1, tp=1, pp=1, steps=5, lr=1e-4) -> CaseSpec:
     return CaseSpec(name=name, model="gpt2", dtype=dtype, micro_batch=B, seq_len=64, total_batch=total, steps=steps,
-                    lr=1e-4, dp=dp, tp=tp, pp=pp)
+                    lr=lr, dp=dp, tp=tp, pp=pp)
+
+
+def training(name, **kw) -> CaseSpec:
+    return case(name, steps=TRAINING_STEPS, lr=TRAINING_LR, **kw)
 
 
 @pytest.fixture
-def cuda_inputs(tiny_checkpoint, tiny_shakespeare_train) -> RunInputs:
-    return RunInputs(checkpoint=tiny_checkpoint, tokens=tiny_shakespeare_train, model=TINY, device="cuda")
+def cuda_inputs(tiny_checkpoint, training_tokens) -> RunInputs:
+    return RunInputs(checkpoint=tiny_checkpoint, tokens=training_tokens, model=TINY, device="cuda",
+                     save_final_params=True)
 
 
-def max_diff(a, b) -> float:
-    assert len(a.steps) == len(b.steps) > 0
-    return max(abs(x - y) for x, y in zip(a.losses(), b.losses()))
+def check_gaps(a, b, out, fw_a, fw_b, name_a, name_b, loss_limit, param_limit) -> list[str]:
+    """What the equality check finds between two runs (empty: they agree); prints the gaps."""
+    assert a.ok and b.ok, (a.error, b.error)
+    dloss = loss_gap(a, b)
+    gap = param_gap(final_params(out, fw_a, name_a), final_params(out, fw_b, name_b), TINY)
+    print(f"{fw_a}/{name_a} vs {fw_b}/{name_b}: max |dloss| {dloss:.3e}, {gap}")
+    found = [f"dloss {dloss:.3e}"] if dloss >= loss_limit else []
+    return found + ([str(gap)] if gap.max_abs >= param_limit else [])
 
 
-@pytest.mark.parametrize("dtype,limit", [("float32", 1e-5), ("bfloat16", 1e-2)])
-def test_megatron_matches_pytorch_on_cuda(cuda_inputs, tmp_path, dtype, limit):
-    c = case("c_bfloat16" if dtype == "bfloat16" else "c", dtype=dtype)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_megatron_matches_pytorch_on_cuda(cuda_inputs, tmp_path, dtype):
+    bf16 = dtype == "bfloat16"
+    c = case("c_bfloat16" if bf16 else "c", dtype=dtype)
     ref = PyTorchRunner().run(c, cuda_inputs, tmp_path)
     meg = MegatronRunner().run(c, cuda_inputs, tmp_path)
     assert ref.ok and meg.ok, (ref.error, meg.error)
-    assert "H200" in ref.meta["device_name"] or ref.meta["device_name"]  # a real device name, not "cpu"
+    # The records name the CUDA device the runs used, as torch names it.
+    assert ref.meta["device_name"] == meg.meta["device_name"] == torch.cuda.get_device_name(0) != "cpu"
     assert ref.steps[-1].peak_mem_mb and ref.steps[-1].peak_mem_mb > 0
-    assert max_diff(ref, meg) < limit
+    assert loss_gap(ref, meg) < (BF16_LOSS_LIMIT if bf16 else 1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_megatron_trains_the_same_model_as_pytorch_on_cuda(cuda_inputs, tmp_path, dtype):
+    bf16 = dtype == "bfloat16"
+    c = training("t_bfloat16" if bf16 else "t", dtype=dtype)
+    ref, meg = PyTorchRunner().run(c, cuda_inputs, tmp_path), MegatronRunner().run(c, cuda_inputs, tmp_path)
+    assert_loss_falls(ref)
+    limits = (BF16_LOSS_LIMIT, BF16_PARAM_LIMIT) if bf16 else (LOSS_LIMIT, PARAM_LIMITS["megatron_vs_pytorch"])
+    assert check_gaps(ref, meg, tmp_path, "pytorch", "megatron", c.name, c.name, *limits) == []
+
+
+def test_cuda_comparison_catches_a_frozen_layernorm(cuda_inputs, tmp_path, monkeypatch):
+    c = training("t")
+    meg = MegatronRunner().run(c, cuda_inputs, tmp_path)
+    defects.inject("frozen_layernorm", monkeypatch)
+    ref = PyTorchRunner().run(c, cuda_inputs, tmp_path)
+    assert check_gaps(ref, meg, tmp_path, "pytorch", "megatron", "t", "t", LOSS_LIMIT,
+                      PARAM_LIMITS["megatron_vs_pytorch"]) != []
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_pytorch_dp2_nccl_matches_dp1(cuda_inputs, tmp_path):
-    one = PyTorchRunner().run(case("one", B=4), cuda_inputs, tmp_path)
-    two = PyTorchRunner().run(case("two", B=2, dp=2), cuda_inputs, tmp_path)
-    assert one.ok and two.ok, two.error
-    assert max_diff(one, two) < 1e-6
+@pytest.mark.parametrize("lr", [1e-4, TRAINING_LR])
+def test_pytorch_dp2_nccl_matches_dp1(cuda_inputs, tmp_path, lr):
+    one = PyTorchRunner().run(case("one", B=4, lr=lr, steps=TRAINING_STEPS), cuda_inputs, tmp_path)
+    two = PyTorchRunner().run(case("two", B=2, dp=2, lr=lr, steps=TRAINING_STEPS), cuda_inputs, tmp_path)
+    assert check_gaps(one, two, tmp_path, "pytorch", "pytorch", "one", "two", LOSS_LIMIT,
+                      PARAM_LIMITS["pytorch_split"]) == []
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("lr", [1e-4, TRAINING_LR])
 @pytest.mark.parametrize("tp,pp,B", [(2, 1, 4), (1, 2, 2)])
-def test_megatron_tp2_pp2_nccl_match_tp1(cuda_inputs, tmp_path, tp, pp, B):
-    one = MegatronRunner().run(case("one"), cuda_inputs, tmp_path)
-    par = MegatronRunner().run(case(f"tp{tp}pp{pp}", B=B, tp=tp, pp=pp), cuda_inputs, tmp_path)
-    assert one.ok and par.ok, par.error
-    assert max_diff(one, par) < 1e-5
+def test_megatron_tp2_pp2_nccl_match_tp1(cuda_inputs, tmp_path, tp, pp, B, lr):
+    one = MegatronRunner().run(case("one", lr=lr, steps=TRAINING_STEPS), cuda_inputs, tmp_path)
+    name = f"tp{tp}pp{pp}"
+    par = MegatronRunner().run(case(name, B=B, tp=tp, pp=pp, lr=lr, steps=TRAINING_STEPS), cuda_inputs, tmp_path)
+    limit = PARAM_LIMITS["megatron_tp2" if tp > 1 else "megatron_vs_pytorch"]
+    assert check_gaps(one, par, tmp_path, "megatron", "megatron", "one", name, LOSS_LIMIT, limit) == []
+
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")

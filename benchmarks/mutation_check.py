@@ -82,6 +82,13 @@ MUTATIONS = [
              "    config.finalize_model_grads_func = finalize_model_grads\n"
              "    sys.modules['megatron.core.distributed.finalize_model_grads']._allreduce_word_embedding_grads = "
              "lambda *a, **k: None\n", (PP2,)),
+    Mutation("megatron_tp_input_grad_unreduced", "megatron TP=2 column-parallel layers skip the input-gradient all-reduce",
+             "src/lockstep/runners/megatron/worker.py",
+             "    config.finalize_model_grads_func = finalize_model_grads\n",
+             "    config.finalize_model_grads_func = finalize_model_grads\n"
+             "    from megatron.core.tensor_parallel.layers import ColumnParallelLinear\n"
+             "    for m in (m for c in chunks for m in c.modules() if isinstance(m, ColumnParallelLinear)):\n"
+             "        m.allreduce_dgrad, m.disable_grad_reduce = False, True\n", (TP2,)),
     Mutation("megatron_qkv_bias_not_regrouped", "megatron qkv bias mapped without the per-head regrouping",
              "src/lockstep/runners/megatron/families/gpt2.py",
              '"qkvb" + at, "rows", per_head, from_heads)', '"qkvb" + at, "rows")', (MEGA_VS_PT,)),

@@ -135,10 +135,18 @@ def inject(name: str, patch) -> None:
         finalize = importlib.import_module("megatron.core.distributed.finalize_model_grads")
         patch.setattr(finalize, "_allreduce_word_embedding_grads", lambda *args, **kwargs: None)
     elif name == "megatron_tp_input_grad_unreduced":
-        from megatron.core.tensor_parallel import mappings
+        from megatron.core.tensor_parallel import layers
 
-        patch.setattr(mappings._CopyToModelParallelRegion, "backward",
-                      staticmethod(lambda ctx, grad_output: (grad_output, None)))
+        built = layers.ColumnParallelLinear.__init__
+
+        def init_without_dgrad_reduce(self, *args, **kwargs):
+            built(self, *args, **kwargs)
+            # No all-reduce of the input gradient, neither inside the linear's backward nor
+            # through copy_to_tensor_model_parallel_region: each TP rank keeps its partial sum.
+            self.allreduce_dgrad = False
+            self.disable_grad_reduce = True
+
+        patch.setattr(layers.ColumnParallelLinear, "__init__", init_without_dgrad_reduce)
     else:
         raise ValueError(f"unknown defect {name!r}; known: {', '.join(DEFECTS)}")
 

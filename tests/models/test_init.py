@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import struct
-import time
 
 import numpy as np
 import pytest
@@ -279,9 +278,7 @@ def test_gpt2_124m_size_is_computed_exactly():
 def test_gpt2_124m_written_once(tmp_path):
     """~5-8 s on two cores; also pins the 124M digest, which covers draws past the tiny model's."""
     path = tmp_path / "gpt2_124m.bin"
-    started = time.perf_counter()
     write_initial_checkpoint(path, GPT2, 42)
-    assert time.perf_counter() - started < 60
     assert path.stat().st_size == 497_904_640
     assert sha256_file(path) == GOLDEN_GPT2_124M_SEED42_FP32
     t = GPT2_FAMILY.load(path).tensors

@@ -2,7 +2,7 @@
 and run the tests that must catch each; print caught / not caught, with and without ../shared.
 
     python benchmarks/mutation_check.py [--modes with-shared,without-shared] [--only NAME,...]
-                                        [--out TABLE.md] [--full]
+                                        [--out TABLE.md] [--full] [--shared DIR]
 
 Each defect is a source patch applied to a copy made with `git archive HEAD` (the repo is never
 touched); the copy's tests run with PYTHONPATH=<copy>/src, so torchrun workers import the
@@ -102,15 +102,15 @@ class Outcome:
     seconds: float
 
 
-def scratch_copy(root: Path, with_shared: bool) -> Path:
+def scratch_copy(root: Path, with_shared: bool, shared: Path = SHARED) -> Path:
     copy = root / "repo"
     copy.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(REPO), "archive", "HEAD"], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(copy)], input=archive, check=True)
     if with_shared:
-        if not SHARED.is_dir():
-            raise SystemExit(f"{SHARED} is not present: cannot run the with-shared mode")
-        (root / "shared").symlink_to(SHARED)
+        if not shared.is_dir():
+            raise SystemExit(f"{shared} is not present: cannot run the with-shared mode (--shared DIR)")
+        (root / "shared").symlink_to(shared.resolve())
     return copy
 
 
@@ -134,19 +134,19 @@ def run_tests(copy: Path, tests: list[str], log: Path) -> tuple[int, list[str], 
     return rc, failed, time.perf_counter() - started
 
 
-def check_mode(mode: str, mutations: list[Mutation], full: bool, logs: Path) -> dict[str, Outcome]:
+def check_mode(mode: str, mutations: list[Mutation], full: bool, logs: Path, shared: Path) -> dict[str, Outcome]:
     with_shared = mode == "with-shared"
     selected = ["tests"] if full else sorted({t for m in mutations for t in m.tests})
     out: dict[str, Outcome] = {}
     with tempfile.TemporaryDirectory(prefix=f"mutation-{mode}-") as td:
-        clean = scratch_copy(Path(td) / "clean", with_shared)
+        clean = scratch_copy(Path(td) / "clean", with_shared, shared)
         rc, failed, secs = run_tests(clean, selected, logs / f"{mode}-baseline.log")
         out["(none: baseline)"] = Outcome("passes" if rc == 0 else "baseline failed", failed, secs)
         print(f"[{mode}] baseline: rc {rc} in {secs:.0f} s {failed}", flush=True)
         if rc != 0:
             return out
         for m in mutations:
-            copy = scratch_copy(Path(td) / m.name, with_shared)
+            copy = scratch_copy(Path(td) / m.name, with_shared, shared)
             apply(copy, m)
             tests = ["tests"] if full else list(m.tests)
             rc, failed, secs = run_tests(copy, tests, logs / f"{mode}-{m.name}.log")
@@ -180,6 +180,7 @@ def main() -> int:
     ap.add_argument("--full", action="store_true", help="run the whole suite for every defect")
     ap.add_argument("--out", type=Path, help="write the table (Markdown) here")
     ap.add_argument("--logs", type=Path, default=None, help="keep pytest logs here (default: a temp dir)")
+    ap.add_argument("--shared", type=Path, default=SHARED, help=f"the shared folder to link (default {SHARED})")
     args = ap.parse_args()
     mutations = [m for m in MUTATIONS if not args.only or m.name in args.only.split(",")]
     logs = args.logs or Path(tempfile.mkdtemp(prefix="mutation-logs-"))
@@ -187,7 +188,7 @@ def main() -> int:
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     started = dt.datetime.now(dt.timezone.utc)
-    results = {mode: check_mode(mode, mutations, args.full, logs) for mode in args.modes.split(",")}
+    results = {mode: check_mode(mode, mutations, args.full, logs, args.shared) for mode in args.modes.split(",")}
     head = (f"Mutation check: {started:%Y-%m-%d %H:%M} UTC, commit {commit}, {platform.node()} "
             f"({os.cpu_count()} CPUs, {platform.machine()}), Python {platform.python_version()}; "
             f"tests: {'whole suite' if args.full else 'the selected tests per defect (-x)'}")

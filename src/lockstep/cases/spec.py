@@ -33,6 +33,10 @@ class CaseSpec:
     # ZeRO stage over the DP ranks: 0 plain data parallel, 1 optimizer state sharded, 2 also
     # gradients sharded. Every stage must train exactly like plain DP (only memory differs).
     zero: int = 0
+    # megatron-core's pipeline_model_parallel_layout (e.g. "Et*5|t*5|t*4L": one `|`-separated
+    # stage per PP x VPP chunk, E embedding, t a transformer layer, L the loss), for uneven
+    # splits; None: megatron-core's even split. Only pipeline-parallel frameworks read it.
+    pp_layout: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -62,7 +66,8 @@ class CaseSpec:
         if self.tp > 1:
             parts.append(f"TP={self.tp}" + ("+SP" if self.sp else ""))
         if self.pp > 1:
-            parts.append(f"PP={self.pp}" + (f"xVPP={self.vpp}" if self.vpp > 1 else ""))
+            parts.append(f"PP={self.pp}" + (f"xVPP={self.vpp}" if self.vpp > 1 else "")
+                         + (f" layout {self.pp_layout}" if self.pp_layout else ""))
         if self.zero:
             parts.append(f"ZeRO-{self.zero}")
         return " ".join(parts)
@@ -87,6 +92,13 @@ class CaseSpec:
             raise CaseError(f"case {n}: zero is {self.zero}, must be one of {', '.join(map(str, ZERO_STAGES))}")
         if self.zero and self.dp == 1:
             raise CaseError(f"case {n}: ZeRO shards over data-parallel ranks, so zero={self.zero} needs dp > 1")
+        if self.pp_layout is not None:
+            from lockstep.cases.pipeline_layout import parse_pipeline_layout
+
+            stages = parse_pipeline_layout(self.pp_layout, where=f"case {n}")
+            if len(stages) != self.pp * self.vpp:
+                raise CaseError(f"case {n}: pp_layout {self.pp_layout!r} has {len(stages)} stage(s), but PP x VPP = "
+                                f"{self.pp} x {self.vpp} = {self.pp * self.vpp}")
         if max_seq_len is not None and self.seq_len > max_seq_len:
             raise CaseError(f"case {n}: sequence length {self.seq_len} exceeds the model's maximum {max_seq_len}")
         if available_tokens is not None and self.tokens_needed > available_tokens:

@@ -68,6 +68,9 @@ def transformer_config(case: CaseSpec, model, adapter: MegatronFamily, precision
         tensor_model_parallel_size=case.tp,
         pipeline_model_parallel_size=case.pp,
         virtual_pipeline_model_parallel_size=case.vpp if case.vpp > 1 else None,
+        # An uneven split (e.g. "Et*5|t*5|t*4L"); megatron-core places the layers and numbers
+        # them globally, so chunk_layers() reads each chunk's global layers back as for an even split.
+        pipeline_model_parallel_layout=case.pp_layout,
         sequence_parallel=case.sp,
         # the family's math (norm, activation, biases, RoPE pairing, QK-norm)
         **adapter.config_overrides(model),

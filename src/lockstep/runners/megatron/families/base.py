@@ -115,7 +115,17 @@ class MegatronFamily:
         if self.ffn_hidden(model) % case.tp:
             return f"TP={case.tp} does not divide the MLP width {self.ffn_hidden(model)}"
         chunks = case.pp * case.vpp
-        if model.num_layers % chunks:
+        if case.pp_layout is not None:
+            # An explicit layout may split unevenly; it must hold exactly the model's layers.
+            from lockstep.cases.pipeline_layout import parse_pipeline_layout
+
+            stages = parse_pipeline_layout(case.pp_layout, where=f"case {case.name}")
+            held = sum(s.layers for s in stages)
+            if len(stages) != chunks:
+                return f"pp_layout {case.pp_layout} has {len(stages)} stage(s), PP x VPP is {chunks}"
+            if held != model.num_layers:
+                return f"pp_layout {case.pp_layout} holds {held} layers, the model has {model.num_layers}"
+        elif model.num_layers % chunks:
             what = f"PP={case.pp}" + (f" x VPP={case.vpp}" if case.vpp > 1 else "")
             return f"{what} does not divide the model's {model.num_layers} layers evenly"
         if case.vpp > 1 and case.pp == 1:

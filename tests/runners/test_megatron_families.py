@@ -85,14 +85,17 @@ def max_dloss(a, b, steps: int | None = None) -> float:
     return max(abs(x - y) for x, y in zip(la, lb))
 
 
-def param_agreement(a: dict[str, np.ndarray], b: dict[str, np.ndarray], lr: float) -> dict[str, tuple]:
-    """Per tensor: (max |diff|, rms diff, fraction of elements differing by more than 1e-3 of one Adam step)."""
+def param_agreement(a: dict[str, np.ndarray], b: dict[str, np.ndarray], lr: float) -> tuple[dict, float, float]:
+    """(rms |diff| per tensor, largest |diff|, fraction of all elements differing by more than 1e-3 of one Adam step)."""
     assert set(a) == set(b), sorted(set(a) ^ set(b))[:5]
-    out = {}
+    rms, largest, beyond, total = {}, 0.0, 0, 0
     for name in a:
         d = np.abs(a[name].astype(np.float64) - b[name])
-        out[name] = (float(d.max()), float(np.sqrt((d * d).mean())), float((d > 1e-3 * lr).mean()))
-    return out
+        rms[name] = float(np.sqrt((d * d).mean()))
+        largest = max(largest, float(d.max()))
+        beyond += int((d > 1e-3 * lr).sum())
+        total += d.size
+    return rms, largest, beyond / total
 
 
 # --- 10 steps, megatron vs pytorch, at the contract's lr and at 1e-3 ---------------------------
@@ -126,28 +129,30 @@ def ten_step_runs(family_inputs, tmp_path_factory):
 def test_ten_steps_match_pytorch_losses_and_final_parameters(ten_step_runs, model, lr):
     """Adam (eps 1e-8) moves an element whose gradient is near eps by an amount steep in that
     gradient, so FP32 rounding moves a few such elements visibly (measured: a fcprojw element
-    with gradient 9e-9 against a median of 1.3e-3, and wte rows of tokens seen in one step);
-    every other element must agree to a thousandth of one Adam step, and none by more than
-    Adam can move an element in the run."""
+    with gradient 9e-9 against a median of 1.3e-3, and wte rows of tokens seen in one step).
+    So: every tensor's rms difference within 1e-2 of one Adam step (lr), all but 1e-4 of the
+    elements within 1e-3 of one step, and none further apart than Adam moves an element in
+    the run (about lr per step). A tensor mapped to the wrong place misses the first by far."""
     mega, ref, mega_params, ref_params, initial = ten_step_runs(model, lr)
     assert [s.step for s in mega.steps] == list(range(1, 11))
     assert mega.meta["framework_version"].startswith("megatron-core")
     diff = max_dloss(mega, ref)
     losses = ref.losses()
     assert set(mega_params) == set(initial)
-    agree = param_agreement(mega_params, ref_params, lr)
-    worst_max = max(agree, key=lambda n: agree[n][0])
-    worst_frac = max(agree, key=lambda n: agree[n][2])
-    worst_rms = max(agree, key=lambda n: agree[n][1])
+    rms, largest, beyond = param_agreement(mega_params, ref_params, lr)
+    worst = max(rms, key=rms.get)
     print(f"{model} lr {lr:g}: max |dloss| megatron vs pytorch {diff:.3e}; loss {losses[0]:.6f} -> {losses[-1]:.6f}; "
-          f"params: max |d| {agree[worst_max][0]:.3e} ({worst_max}), max rms {agree[worst_rms][1]:.3e} ({worst_rms}), "
-          f"largest fraction beyond {1e-3 * lr:.0e} {agree[worst_frac][2]:.2e} ({worst_frac})")
+          f"params: max |d| {largest:.3e}, largest rms {rms[worst]:.3e} ({worst}), "
+          f"fraction beyond {1e-3 * lr:.0e}: {beyond:.2e}")
     assert diff < FP32_TOLERANCE
     if lr == 1e-3:
         assert losses[0] - losses[-1] > 0.5  # Adam really trained: far more than any tolerance here
-    assert agree[worst_frac][2] <= 5e-3
-    assert agree[worst_rms][1] <= 1e-2 * lr
-    assert agree[worst_max][0] <= 10 * lr  # 10 steps, each moving an element by about lr at most
+    assert rms[worst] <= 1e-2 * lr
+    assert beyond <= 1e-4
+    assert largest <= 10 * lr  # 10 steps
+    # The same check, given megatron's gate and up of layer 1 the wrong way round, fails by far.
+    swapped = dict(mega_params, **{"fcw[1]": mega_params["fcw2[1]"], "fcw2[1]": mega_params["fcw[1]"]})
+    assert param_agreement(swapped, ref_params, lr)[0]["fcw[1]"] > 100 * 1e-2 * lr
 
 
 # --- logits: reference module vs megatron-core's GPTModel, and injected defects ------------------

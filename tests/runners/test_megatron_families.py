@@ -313,9 +313,14 @@ def test_parallel_layouts_match_one_process(ten_step_runs, family_inputs, tmp_pa
     from lockstep.models.family import canonical_tensor_names
 
     assert set(params) == set(canonical_tensor_names(cfg))
-    if "pp_layout" in spec:
+    if "pp_layout" in spec:  # stage 0 holds the embedding and layers 0-2, stage 1 layer 3 and the head
+        import re
+
+        stages = [set(np.load(tmp_path / "params" / f"megatron_rank{r}.npz").files) for r in (0, 1)]
+        assert {n for n in stages[0] if n.startswith("ln1w")} == {"ln1w[0]", "ln1w[1]", "ln1w[2]"} and "wte" in stages[0]
+        assert {n for n in stages[1] if n.startswith("ln1w")} == {"ln1w[3]"} and "lm_head" in stages[1]
         log = (out / "megatron" / "split.log").read_text()
-        assert "pipeline_model_parallel_size=2" in log
+        assert re.search(r"pipeline_model_parallel_size=2 .*pipeline_model_parallel_layout=Et\*3\|tL", log)
 
 
 @pytest.mark.slow

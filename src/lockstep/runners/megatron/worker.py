@@ -198,6 +198,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
                  f"max_position_embeddings={job.model.max_seq_len} micro_batch_size={B} global_batch_size={global_batch} "
                  f"num_microbatches={case.accum} data_parallel_size={case.dp} tensor_model_parallel_size={case.tp} "
                  f"pipeline_model_parallel_size={case.pp} virtual_pipeline_model_parallel_size={case.vpp} "
+                 + (f"pipeline_model_parallel_layout={case.pp_layout} " if case.pp_layout else "") +
                  f"sequence_parallel={case.sp} vocab_size={job.model.vocab_size} padded_vocab_size={vocab_rows} "
                  f"optimizer={family.optimizer.kind} lr={case.lr:.6E} weight_decay=0.0 clip_grad=0.0 "
                  f"train_iters={case.steps}")

@@ -128,6 +128,8 @@ class CaseSpec:
             raise CaseError(f"{label}: missing field(s) {', '.join(missing)}")
         for key, value in d.items():
             want = FIELD_TYPES[key]
+            if value is None and key in OPTIONAL_FIELDS:
+                continue
             if not _has_type(value, want):
                 raise CaseError(f"{label}: {key} = {value!r:.40} is {_toml_type(value)}, "
                                 f"but {key} must be {_toml_type_name(want)}")
@@ -137,7 +139,9 @@ class CaseSpec:
 # The TOML type of each CaseSpec field (lr may be written as an integer, e.g. `lr = 1`).
 FIELD_TYPES: dict[str, type] = {"name": str, "model": str, "dtype": str, "micro_batch": int, "seq_len": int,
                                 "total_batch": int, "steps": int, "lr": float, "dp": int, "tp": int, "pp": int,
-                                "vpp": int, "sp": bool, "zero": int}
+                                "vpp": int, "sp": bool, "zero": int, "pp_layout": str}
+# Fields whose "not set" is None (a record's case, written back by to_dict()); TOML never writes None.
+OPTIONAL_FIELDS = frozenset({"pp_layout"})
 
 
 def _has_type(value, want: type) -> bool:

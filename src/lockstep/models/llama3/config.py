@@ -33,8 +33,35 @@ def grouped_attention_problems(config, positive: tuple[str, ...]) -> list[str]:
     return out
 
 
+class GroupedAttentionShape(LLMCConfig):
+    """What Llama 3 and Qwen3 shapes share: GQA head sizes, FLOPs, and the header as stored."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.channels // self.num_heads  # Qwen3's v4 layout too: head_dim = C/NH
+
+    @property
+    def qkv_rows(self) -> int:
+        return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+
+    def matmul_parameters(self) -> int:
+        """Parameters that take part in a matmul per token: all but the input embedding wte (a
+        lookup; the untied lm_head counts)."""
+        return self.num_parameters() - self.vocab_size * self.channels
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token, PaLM's convention (appendix B): 6·N over the matmul
+        parameters plus 12·L·T·(NH·hd) for QKᵀ and AV forward and backward (GQA shares K/V
+        heads but every query head still does its own products), no discount for the causal
+        mask. Norms, RoPE and SwiGLU's elementwise work are not counted."""
+        return 6 * self.matmul_parameters() + 12 * self.num_layers * seq_len * self.num_heads * self.head_dim
+
+    def header_fields(self) -> dict:
+        return self.to_dict()
+
+
 @dataclass(frozen=True)
-class Llama3Config(LLMCConfig):
+class Llama3Config(GroupedAttentionShape):
     max_seq_len: int = 8192
     vocab_size: int = 128256  # V (no padded vocab: the file holds V rows)
     num_layers: int = 16
@@ -59,16 +86,8 @@ class Llama3Config(LLMCConfig):
             object.__setattr__(self, name, float32(getattr(self, name)))
 
     @property
-    def head_dim(self) -> int:
-        return self.channels // self.num_heads
-
-    @property
     def ffn_hidden(self) -> int:
         return llama3_ffn_hidden(self.channels, self.ffn_dim_multiplier, self.multiple_of)
-
-    @property
-    def qkv_rows(self) -> int:
-        return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
 
     def problems(self) -> list[str]:
         out = grouped_attention_problems(self, ("max_seq_len", "vocab_size", "num_layers", "num_heads",
@@ -93,24 +112,9 @@ class Llama3Config(LLMCConfig):
             ("lm_head", (V, C)),
         ]
 
-    def matmul_parameters(self) -> int:
-        """Parameters that take part in a matmul per token: all but the input embedding wte (a
-        lookup; the untied lm_head counts)."""
-        return self.num_parameters() - self.vocab_size * self.channels
-
-    def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token, PaLM's convention (appendix B): 6·N over the matmul
-        parameters plus 12·L·T·(NH·hd) for QKᵀ and AV forward and backward (GQA shares K/V
-        heads but every query head still does its own products), no discount for the causal
-        mask. Norms, RoPE and SwiGLU's elementwise work are not counted."""
-        return 6 * self.matmul_parameters() + 12 * self.num_layers * seq_len * self.num_heads * self.head_dim
-
     def describe(self) -> str:
         return (f"L={self.num_layers} NH={self.num_heads} kv={self.num_kv_heads} C={self.channels} "
                 f"FFN={self.ffn_hidden} V={self.vocab_size}")
-
-    def header_fields(self) -> dict:
-        return self.to_dict()
 
     def to_dict(self) -> dict:
         return {"family": self.family, **asdict(self), "ffn_hidden": self.ffn_hidden}

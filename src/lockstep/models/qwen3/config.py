@@ -7,12 +7,11 @@ from typing import ClassVar
 
 from lockstep.formats.llmc import float32
 
-from lockstep.models.family import LLMCConfig
-from lockstep.models.llama3.config import grouped_attention_problems
+from lockstep.models.llama3.config import GroupedAttentionShape, grouped_attention_problems
 
 
 @dataclass(frozen=True)
-class Qwen3Config(LLMCConfig):
+class Qwen3Config(GroupedAttentionShape):
     max_seq_len: int = 40960
     vocab_size: int = 151936
     num_layers: int = 28
@@ -32,16 +31,8 @@ class Qwen3Config(LLMCConfig):
             object.__setattr__(self, name, float32(getattr(self, name)))
 
     @property
-    def head_dim(self) -> int:
-        return self.channels // self.num_heads  # SPEC: head_dim = C/NH in the v4 layout
-
-    @property
     def ffn_hidden(self) -> int:
         return self.intermediate_size
-
-    @property
-    def qkv_rows(self) -> int:
-        return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
 
     def problems(self) -> list[str]:
         return grouped_attention_problems(self, ("max_seq_len", "vocab_size", "num_layers", "num_heads",
@@ -64,21 +55,7 @@ class Qwen3Config(LLMCConfig):
             ("lm_head", (V, C)),
         ]
 
-    def matmul_parameters(self) -> int:
-        """Parameters that take part in a matmul per token: all but the input embedding wte (a
-        lookup; the untied lm_head counts)."""
-        return self.num_parameters() - self.vocab_size * self.channels
-
-    def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token, PaLM's convention (appendix B): 6·N over the matmul
-        parameters plus 12·L·T·(NH·hd) for QKᵀ and AV forward and backward (GQA shares K/V
-        heads but every query head still does its own products), no discount for the causal
-        mask. Norms, RoPE and SwiGLU's elementwise work are not counted."""
-        return 6 * self.matmul_parameters() + 12 * self.num_layers * seq_len * self.num_heads * self.head_dim
-
     def describe(self) -> str:
         return (f"L={self.num_layers} NH={self.num_heads} kv={self.num_kv_heads} C={self.channels} "
                 f"I={self.intermediate_size} V={self.vocab_size}")
 
-    def header_fields(self) -> dict:
-        return self.to_dict()

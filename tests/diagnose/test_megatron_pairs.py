@@ -39,3 +39,20 @@ def test_pytorch_and_megatron_agree_on_every_gradient(shape, parallel, tmp_path)
     assert len(names) == 3 + 6 * config.num_layers + 1
     assert max(d.rel for d in v.forward) < 1e-6
     assert abs(v.loss.test - v.loss.ref) < 1e-6
+
+
+@pytest.mark.slow
+def test_one_sequence_micro_batches_keep_megatrons_logits(tmp_path):
+    """B=1: megatron hands the loss a view of the captured logits (its [b, s] transpose needs no copy)
+    and its vocab-parallel cross entropy turns them into softmax in place; the capture must copy."""
+    config = SHAPES["qwen3-tiny"].config
+    family = FAMILIES[config.family]
+    ckpt, tokens = tmp_path / "init.bin", tmp_path / "tokens.bin"
+    write_initial_checkpoint(ckpt, family, config, seed=42)
+    write_token_stream(tokens, np.random.default_rng(0).integers(0, 50257, size=4000), kind=family.name)
+    case = CaseSpec(name="c", model="qwen3-tiny", dtype="float32", micro_batch=1, seq_len=64, total_batch=64,
+                    steps=1, lr=1e-5)
+    inputs = RunInputs(checkpoint=ckpt, tokens=tokens, model=config, device="cpu")
+    v = diagnose_captures(capture("pytorch", case, inputs, tmp_path), capture("megatron", case, inputs, tmp_path), case)
+    logits = next(d for d in v.forward if d.name == "logits")
+    assert logits.rel < 1e-6 and v.findings == []

@@ -77,7 +77,8 @@ def capture_step(*, job, layout, chunks, forward_backward, forward_step, batches
 
     def record(name, t):
         if layout.dp_rank == 0 and name not in local:
-            local[name] = t.detach().float()
+            # A copy: megatron's vocab-parallel cross entropy turns the FP32 logits into softmax in place.
+            local[name] = t.detach().float().clone()
             order.append(name)
 
     handles = [h for c in chunks for h in register_forward_hooks(c.module, record)]

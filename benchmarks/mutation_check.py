@@ -3,6 +3,7 @@ and run the tests that must catch each; print caught / not caught, with and with
 
     python benchmarks/mutation_check.py [--modes with-shared,without-shared] [--only NAME,...]
                                         [--out TABLE.md] [--full] [--shared DIR]
+                                        [--infinitrain-build CLEAN_DIR --infinitrain-defect NAME=DIR ...]
 
 Each defect is a source patch applied to a copy made with `git archive HEAD` (the repo is never
 touched); the copy's tests run with PYTHONPATH=<copy>/src, so torchrun workers import the
@@ -12,6 +13,11 @@ corpus. Before the defects, the same tests run on the unpatched copy and must pa
 "caught" would mean nothing. A defect is caught when pytest exits 1 (tests failed) and at least
 one selected test failed; an error in collecting or a crash is reported as such, not as caught.
 `--full` runs the whole suite for every defect instead of the selected tests (slow).
+
+A defect in InfiniTrain lives in a build, not in this repo: `--infinitrain-build` names a clean
+build (the baseline and every other row run the InfiniTrain tests against it) and each
+`--infinitrain-defect NAME=DIR` a build with one known defect, made by the user outside this
+repo (this script builds nothing); that row runs the InfiniTrain tests against DIR.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ PP2 = "tests/runners/test_megatron_runner.py::test_tp2_and_pp2_train_the_same_mo
 TP2 = "tests/runners/test_megatron_runner.py::test_tp2_and_pp2_train_the_same_model_as_tp1[tp2]"
 ACCUM = "tests/runners/test_pytorch_runner.py::test_grad_accumulation_split_trains_the_same_model"
 DATA = ["tests/data/test_loader.py", "tests/runners/test_megatron_dataset.py"]
+LLAMA3_LOGITS = "tests/runners/test_megatron_families.py::test_reference_and_megatron_logits_agree[llama3-tiny]"
+INFINITRAIN = ("tests/runners/test_infinitrain_runner.py", "tests/diagnose/test_diagnose_cli.py")
+INFINITRAIN_BUILD_ENV = "LOCKSTEP_INFINITRAIN_BUILD"
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,7 @@ class Mutation:
     old: str  # must occur exactly once
     new: str
     tests: tuple[str, ...]  # the tests that must catch it
+    build: str = ""  # an external InfiniTrain build with the defect: no patch, the tests run against it
 
 
 MUTATIONS = [
@@ -92,7 +102,21 @@ MUTATIONS = [
     Mutation("megatron_qkv_bias_not_regrouped", "megatron qkv bias mapped without the per-head regrouping",
              "src/lockstep/runners/megatron/families/gpt2.py",
              '"qkvb" + at, "rows", per_head, from_heads)', '"qkvb" + at, "rows")', (MEGA_VS_PT,)),
+    Mutation("wrong_rope_pairing", "reference Llama 3 rotates pairs (i, i + hd/2) instead of (2i, 2i+1)",
+             "src/lockstep/models/llama3/model.py",
+             "even, odd = x[..., 0::2], x[..., 1::2]",
+             "even, odd = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]", (LLAMA3_LOGITS,)),
 ]
+
+
+def infinitrain_defect(spec: str) -> Mutation:
+    """`NAME=DIR`: a row for an InfiniTrain build with a known defect (its INFINITRAIN_COMMIT file says which)."""
+    name, sep, build = spec.partition("=")
+    if not sep or not Path(build, "gpt2").is_file():
+        raise SystemExit(f"--infinitrain-defect {spec!r}: expected NAME=DIR with DIR/gpt2 an InfiniTrain build")
+    label = Path(build, "INFINITRAIN_COMMIT")
+    what = f"InfiniTrain build {label.read_text().strip() if label.is_file() else build}"
+    return Mutation(name, what, "", "", "", INFINITRAIN, build=str(Path(build).resolve()))
 
 
 @dataclass
@@ -115,6 +139,8 @@ def scratch_copy(root: Path, with_shared: bool, shared: Path = SHARED) -> Path:
 
 
 def apply(copy: Path, m: Mutation) -> None:
+    if m.build:
+        return  # the defect is in the build the tests run against
     path = copy / m.path
     text = path.read_text()
     if text.count(m.old) != 1:
@@ -123,9 +149,11 @@ def apply(copy: Path, m: Mutation) -> None:
     path.write_text(text.replace(m.old, m.new))
 
 
-def run_tests(copy: Path, tests: list[str], log: Path) -> tuple[int, list[str], float]:
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCKSTEP_TEST_TEXT", "PYTHONPATH")}
+def run_tests(copy: Path, tests: list[str], log: Path, infinitrain_build: str = "") -> tuple[int, list[str], float]:
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCKSTEP_TEST_TEXT", "PYTHONPATH", INFINITRAIN_BUILD_ENV)}
     env["PYTHONPATH"] = str(copy / "src")
+    if infinitrain_build:
+        env[INFINITRAIN_BUILD_ENV] = infinitrain_build
     started = time.perf_counter()
     with open(log, "w") as f:
         rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider", *tests],
@@ -134,13 +162,14 @@ def run_tests(copy: Path, tests: list[str], log: Path) -> tuple[int, list[str], 
     return rc, failed, time.perf_counter() - started
 
 
-def check_mode(mode: str, mutations: list[Mutation], full: bool, logs: Path, shared: Path) -> dict[str, Outcome]:
+def check_mode(mode: str, mutations: list[Mutation], full: bool, logs: Path, shared: Path,
+               clean_build: str = "") -> dict[str, Outcome]:
     with_shared = mode == "with-shared"
     selected = ["tests"] if full else sorted({t for m in mutations for t in m.tests})
     out: dict[str, Outcome] = {}
     with tempfile.TemporaryDirectory(prefix=f"mutation-{mode}-") as td:
         clean = scratch_copy(Path(td) / "clean", with_shared, shared)
-        rc, failed, secs = run_tests(clean, selected, logs / f"{mode}-baseline.log")
+        rc, failed, secs = run_tests(clean, selected, logs / f"{mode}-baseline.log", clean_build)
         out["(none: baseline)"] = Outcome("passes" if rc == 0 else "baseline failed", failed, secs)
         print(f"[{mode}] baseline: rc {rc} in {secs:.0f} s {failed}", flush=True)
         if rc != 0:
@@ -149,7 +178,7 @@ def check_mode(mode: str, mutations: list[Mutation], full: bool, logs: Path, sha
             copy = scratch_copy(Path(td) / m.name, with_shared, shared)
             apply(copy, m)
             tests = ["tests"] if full else list(m.tests)
-            rc, failed, secs = run_tests(copy, tests, logs / f"{mode}-{m.name}.log")
+            rc, failed, secs = run_tests(copy, tests, logs / f"{mode}-{m.name}.log", m.build or clean_build)
             verdict = "caught" if rc == 1 and failed else ("NOT CAUGHT" if rc == 0 else f"error (pytest rc {rc})")
             out[m.name] = Outcome(verdict, failed, secs)
             print(f"[{mode}] {m.name}: {verdict} in {secs:.0f} s {failed}", flush=True)
@@ -181,17 +210,26 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="write the table (Markdown) here")
     ap.add_argument("--logs", type=Path, default=None, help="keep pytest logs here (default: a temp dir)")
     ap.add_argument("--shared", type=Path, default=SHARED, help=f"the shared folder to link (default {SHARED})")
+    ap.add_argument("--infinitrain-build", default="", help="a clean InfiniTrain build for the InfiniTrain tests")
+    ap.add_argument("--infinitrain-defect", action="append", default=[], metavar="NAME=DIR",
+                    help="an InfiniTrain build with a known defect (repeatable); needs --infinitrain-build")
     args = ap.parse_args()
-    mutations = [m for m in MUTATIONS if not args.only or m.name in args.only.split(",")]
+    if args.infinitrain_defect and not args.infinitrain_build:
+        raise SystemExit("--infinitrain-defect needs --infinitrain-build (the clean build the baseline runs)")
+    clean_build = str(Path(args.infinitrain_build).resolve()) if args.infinitrain_build else ""
+    candidates = MUTATIONS + [infinitrain_defect(spec) for spec in args.infinitrain_defect]
+    mutations = [m for m in candidates if not args.only or m.name in args.only.split(",")]
     logs = args.logs or Path(tempfile.mkdtemp(prefix="mutation-logs-"))
     logs.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     started = dt.datetime.now(dt.timezone.utc)
-    results = {mode: check_mode(mode, mutations, args.full, logs, args.shared) for mode in args.modes.split(",")}
+    results = {mode: check_mode(mode, mutations, args.full, logs, args.shared, clean_build)
+               for mode in args.modes.split(",")}
     head = (f"Mutation check: {started:%Y-%m-%d %H:%M} UTC, commit {commit}, {platform.node()} "
             f"({os.cpu_count()} CPUs, {platform.machine()}), Python {platform.python_version()}; "
-            f"tests: {'whole suite' if args.full else 'the selected tests per defect (-x)'}")
+            f"tests: {'whole suite' if args.full else 'the selected tests per defect (-x)'}"
+            + (f"; clean InfiniTrain build {clean_build}" if clean_build else "; no InfiniTrain build (its tests skip)"))
     text = head + "\n\n" + table(results, mutations) + "\n"
     print("\n" + text)
     if args.out:

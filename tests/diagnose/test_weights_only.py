@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lockstep.diagnose import weights_only
+from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint, write_infinitrain_checkpoint
 from lockstep.diagnose.capture import GRAD_SGD_RECOVERED, StepCapture
 from lockstep.diagnose.classify import GRADIENT_ONLY
 from lockstep.diagnose.reference_capture import capture_reference
@@ -15,6 +16,7 @@ from lockstep.diagnose.verdict import diagnose_captures
 from lockstep.errors import FormatError
 from lockstep.models.family import split_canonical
 from lockstep.models.gpt2.model import GPT2
+from lockstep.runners.infinitrain.families import adapter_for
 
 
 def one_step(model, case, tokens, optimizer):
@@ -86,13 +88,13 @@ def test_infinitrain_checkpoint_reads_back_under_llmc_names(gpt2_tiny, tmp_path)
         names[f"transformer.h.{i}.attn.c_attn.bias"] = w[f"qkvb[{i}]"]
         names[f"transformer.h.{i}.mlp.c_proj.weight"] = w[f"fcprojw[{i}]"]
     path = tmp_path / "model.ckpt"
-    weights_only.write_infinitrain_state(path, names)
+    write_infinitrain_checkpoint(path, names)
     raw = path.read_bytes()
     assert raw[:4] == b"CKPT"
-    got = weights_only.canonical_state("gpt2", weights_only.read_infinitrain_state(path), config)
+    got = adapter_for("gpt2").canonical_state(read_infinitrain_checkpoint(path), config)
     assert set(got) == {"wte", "wpe", "lnfw", "lnfb", "qkvb[0]", "qkvb[1]", "fcprojw[0]", "fcprojw[1]"}
     assert got["wte"].shape == w["wte"].shape and np.array_equal(got["wte"], w["wte"])
     assert np.array_equal(got["qkvb[1]"], w["qkvb[1]"])
     path.write_bytes(raw[:-3])
     with pytest.raises(FormatError, match="file ends early|ends in the middle"):
-        weights_only.read_infinitrain_state(path)
+        read_infinitrain_checkpoint(path)

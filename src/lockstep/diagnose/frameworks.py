@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -77,6 +78,7 @@ def capture_infinitrain(case: CaseSpec, inputs: RunInputs, work_dir: Path, refer
     import numpy as np
 
     from lockstep.diagnose import weights_only
+    from lockstep.runners.base import final_params_path
     from lockstep.runners.infinitrain import InfiniTrainRunner
 
     family = inputs.family
@@ -88,26 +90,17 @@ def capture_infinitrain(case: CaseSpec, inputs: RunInputs, work_dir: Path, refer
         lr = weights_only.sgd_recovery_lr(w0, reference.grads)
     else:
         lr = weights_only.ADAM_RECOVERY_LR
-    save_root = (work_dir / f"infinitrain_{case.name}_save").resolve()
-
-    class SavingRunner(InfiniTrainRunner):
-        def command(self, c, i):
-            return super().command(c, i) + ["--save", str(save_root), "--save_interval", "1",
-                                            "--save_optimizer_state=false"]
-
-    runner = SavingRunner(build_dir)
     step_case = case.with_overrides(steps=1, lr=lr, name=f"{case.name}_recovery_lr{lr:g}")
-    record = runner.run(step_case, inputs, work_dir)
+    record = InfiniTrainRunner(build_dir).run(step_case, dataclasses.replace(inputs, save_final_params=True), work_dir)
     if not record.ok:
         raise RunError(f"InfiniTrain's recovery step failed: {record.error}")
-    ckpt_path = save_root / "checkpoint_step_000001" / "model.ckpt"
-    if not ckpt_path.is_file():
-        raise RunError(f"{ckpt_path}: InfiniTrain saved no checkpoint after step 1 (its --save flags may differ)")
-    w1 = weights_only.canonical_state(family.name, weights_only.read_infinitrain_state(ckpt_path), ckpt.config)
+    params_path = final_params_path(Path(record.source).with_suffix(".log"))
+    with np.load(params_path) as saved:
+        w1 = {name: saved[name] for name in saved.files}
     cap = StepCapture(framework="infinitrain", loss=record.steps[0].loss)
     for name, before in w0.items():
         if name not in w1:
-            raise RunError(f"{ckpt_path}: has no tensor for {name}")
+            raise RunError(f"{params_path}: InfiniTrain's checkpoint has no tensor for {name}")
         if family.optimizer.kind == "sgd":
             cap.grads[name], cap.grad_precision[name] = weights_only.recover_sgd(before, w1[name], lr)
         else:
@@ -122,5 +115,5 @@ def capture_infinitrain(case: CaseSpec, inputs: RunInputs, work_dir: Path, refer
         cap.grad_kind = GRAD_ADAM_SIGN
         cap.notes.append(f"infinitrain trains {family.title} with Adam, whose first step moves every weight by "
                          f"~lr·sign(g): only each gradient's sign is recoverable (lr {lr:g}); magnitudes are not")
-    cap.meta = {"recovery_lr": lr, "checkpoint": str(ckpt_path), "log": record.source}
+    cap.meta = {"recovery_lr": lr, "weights_after_step": str(params_path), "log": record.source}
     return cap

@@ -6,6 +6,7 @@ each is a skip or a refusal with the reason, never a crash of the executable.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,9 +41,47 @@ class InfiniTrainFamily:
     def skip_reason(self, case: CaseSpec, model, checkpoint: Path) -> str | None:
         return None
 
+    def canonical_state(self, state: dict[str, np.ndarray], config) -> dict[str, np.ndarray]:
+        """InfiniTrain's saved tensors (its module names, TP=1, one stage) under LLMC names."""
+        raise LockstepError(f"lockstep cannot map InfiniTrain's {self.family} checkpoint names to LLMC names")
+
+
+_GPT2_LAYER = {"ln_1.weight": "ln1w", "ln_1.bias": "ln1b", "attn.c_attn.weight": "qkvw", "attn.c_attn.bias": "qkvb",
+               "attn.c_proj.weight": "attprojw", "attn.c_proj.bias": "attprojb", "ln_2.weight": "ln2w",
+               "ln_2.bias": "ln2b", "mlp.c_fc.weight": "fcw", "mlp.c_fc.bias": "fcb", "mlp.c_proj.weight": "fcprojw",
+               "mlp.c_proj.bias": "fcprojb"}
+_GPT2_TOP = {"transformer.wte.weight": "wte", "transformer.wpe.weight": "wpe", "transformer.ln_f.weight": "lnfw",
+             "transformer.ln_f.bias": "lnfb"}
+# example/llama3/checkpoint_loader.cc's names
+_LLAMA3_LAYER = {"ln_1.weight": "ln1w", "attn.c_attn.weight": "qkvw", "attn.c_proj.weight": "attprojw",
+                 "ln_2.weight": "ln2w", "mlp.c_fc.weight": "fcw", "mlp.c_fc2.weight": "fcw2",
+                 "mlp.c_proj.weight": "fcprojw"}
+_LLAMA3_TOP = {"transformer.wte.weight": "wte", "transformer.ln_f.weight": "lnfw", "lm_head.weight": "lm_head"}
+
+
+def _rename(state: dict[str, np.ndarray], layer: dict[str, str], top: dict[str, str]) -> dict[str, np.ndarray]:
+    out = {}
+    for name, a in state.items():
+        m = re.match(r"^transformer\.h\.(\d+)\.(.+)$", name)
+        if m and m.group(2) in layer:
+            out[f"{layer[m.group(2)]}[{int(m.group(1))}]"] = a
+        elif name in top:
+            out[top[name]] = a
+    return out
+
 
 @dataclass(frozen=True)
 class GPT2Family(InfiniTrainFamily):
+    def canonical_state(self, state: dict[str, np.ndarray], config) -> dict[str, np.ndarray]:
+        """wte's V rows padded to Vp with zeros; `lm_head.weight` (a separate copy when a build loses
+        the tie) is not a canonical tensor and is left out."""
+        out = _rename(state, _GPT2_LAYER, _GPT2_TOP)
+        if "wte" in out and out["wte"].shape[0] < config.padded_vocab_size:
+            padded = np.zeros((config.padded_vocab_size, out["wte"].shape[1]), dtype=np.float32)
+            padded[: out["wte"].shape[0]] = out["wte"]
+            out["wte"] = padded
+        return out
+
     def skip_reason(self, case: CaseSpec, model, checkpoint: Path) -> str | None:
         if model.num_heads != GPT2_LOADER_HEADS:
             return (f"InfiniTrain's GPT-2 LLMC loader accepts only {GPT2_LOADER_HEADS} heads, "
@@ -56,6 +95,9 @@ class GPT2Family(InfiniTrainFamily):
 
 @dataclass(frozen=True)
 class Llama3Family(InfiniTrainFamily):
+    def canonical_state(self, state: dict[str, np.ndarray], config) -> dict[str, np.ndarray]:
+        return _rename(state, _LLAMA3_LAYER, _LLAMA3_TOP)
+
     def preflight(self, model, checkpoint: Path, optimizer: OptimizerSpec) -> None:
         if model.vocab_size < LLAMA3_MIN_VOCAB:
             raise LockstepError(f"InfiniTrain's {self.executable} hard-codes buffers for a vocabulary of at least "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -34,10 +35,12 @@ from pathlib import Path
 
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import CaseError, FormatError, LockstepError, RunError
+from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint
 from lockstep.formats.logs import parse_infinitrain_log
 from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
-from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback
+from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
+                                   write_final_params)
 from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.launch import kill_process_group, worker_env
 from lockstep.runners.nodes import srun_per_node
@@ -163,6 +166,12 @@ class InfiniTrainRunner(FrameworkRunner):
         self.preflight(inputs)
         check_enough_tokens(case, inputs.tokens)
         cmd = self.command(case, inputs)
+        save_dir = Path(log_path).with_name(f"{case.name}.save")
+        if inputs.save_final_params:
+            # Its own checkpoint after the last step (weights only), turned into LLMC names below.
+            shutil.rmtree(save_dir, ignore_errors=True)
+            cmd += ["--save", str(_absolute(save_dir)), "--save_interval", str(case.steps),
+                    "--save_optimizer_state=false"]
         env = worker_env({"GLOG_logtostderr": "1"})
         for key in INFINITRAIN_PROCESS_ENV:
             env.pop(key, None)
@@ -213,6 +222,8 @@ class InfiniTrainRunner(FrameworkRunner):
         if inputs.nodes.writes_records and [s.step for s in steps] != list(range(1, case.steps + 1)):
             raise RunError(f"{log_path}: InfiniTrain exited normally but logged {len(steps)} of {case.steps} step(s)"
                            + _tail(text))
+        if inputs.save_final_params and inputs.nodes.writes_records:
+            write_final_params_from_save(save_dir, case, inputs, final_params_path(log_path))
         meta = {
             "worker_command": shlex.join(cmd),
             "infinitrain_build": str(self.build_dir),
@@ -224,6 +235,19 @@ class InfiniTrainRunner(FrameworkRunner):
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def write_final_params_from_save(save_dir: Path, case: CaseSpec, inputs: RunInputs, out_path: Path) -> None:
+    """InfiniTrain's checkpoint after the last step -> `<case>.final.npz` under LLMC names; the
+    checkpoint itself (a second copy of the model) is removed."""
+    ckpt = save_dir / f"checkpoint_step_{case.steps:06d}" / "model.ckpt"
+    if not ckpt.is_file():
+        raise RunError(f"{ckpt}: InfiniTrain saved no checkpoint after step {case.steps} "
+                       "(this build's --save/--save_interval flags may differ)")
+    state = adapter_for(inputs.model.family).canonical_state(read_infinitrain_checkpoint(ckpt), inputs.model)
+    write_final_params(out_path, state)
+    shutil.rmtree(save_dir, ignore_errors=True)
+
 
 
 def _absolute(path: Path) -> Path:

@@ -45,11 +45,30 @@ def test_drift_runs_each_lr_on_both_sides(inputs, tmp_path):
                     steps=10, lr=1e-4)
     plan = DiagnosePlan(case=case, inputs=RunInputs(checkpoint=ckpt, tokens=tokens, model=SHAPES["gpt2-tiny"].config,
                                                     device="cpu"), frameworks=["pytorch", "pytorch"], out_dir=tmp_path)
-    runs = drift_runs(plan, "pytorch", "pytorch", steps=2)
-    assert [r.lr for r in runs] == [1e-12, 1e-5, 1e-4]
+    runs, note = drift_runs(plan, "pytorch", "pytorch", steps=2)
+    assert note == "" and [r.lr for r in runs] == [1e-12, 1e-5, 1e-4]
     assert all(len(r.steps) == 2 and r.max_abs_diff == 0.0 for r in runs)
     assert runs[0].steps[0].ref == runs[2].steps[0].ref  # step 1 is before any update
     assert runs[0].steps[1].ref != runs[2].steps[1].ref  # step 2 sees lr 1e-12's weights vs lr 1e-4's
+
+
+def test_drift_of_a_pipeline_case_runs_the_reference_on_one_device_and_a_side_that_cannot_run_leaves_a_note(
+        inputs, tmp_path):
+    from lockstep.cases.spec import CaseSpec
+    from lockstep.diagnose.run import DiagnosePlan, drift_runs
+    from lockstep.runners.base import RunInputs
+
+    ckpt, tokens = inputs
+    run_inputs = RunInputs(checkpoint=ckpt, tokens=tokens, model=SHAPES["gpt2-tiny"].config, device="cpu")
+    pp2 = CaseSpec(name="gpt2_pp2", model="gpt2-tiny", dtype="float32", micro_batch=2, seq_len=64, total_batch=256,
+                   steps=10, lr=1e-4, pp=2)
+    runs, note = drift_runs(DiagnosePlan(case=pp2, inputs=run_inputs, frameworks=["pytorch", "pytorch"],
+                                         out_dir=tmp_path / "pp"), "pytorch", "pytorch", steps=1)
+    assert note == "" and [len(r.steps) for r in runs] == [1, 1, 1]
+    bf16 = pp2.with_overrides(name="gpt2_1_bfloat16", dtype="bfloat16", pp=1, micro_batch=4)
+    runs, note = drift_runs(DiagnosePlan(case=bf16, inputs=run_inputs, frameworks=["pytorch", "megatron"],
+                                         out_dir=tmp_path / "bf16"), "pytorch", "megatron", steps=1)
+    assert runs == [] and note.startswith("drift not measured: megatron cannot run case gpt2_1_bfloat16 here (")
 
 
 def test_hint_names_the_command():

@@ -130,12 +130,12 @@ def _failed_pair(run_dir: Path, manifest: dict, case: str) -> list[str]:
     return [baseline] + (failed or [f for f in manifest["frameworks"] if f != baseline])
 
 
-def drift_runs(plan: DiagnosePlan, base: str, test: str, steps: int) -> list[DriftRun]:
-    """Both frameworks' losses at lr 1e-12, 1e-5 and the case's lr over a few steps."""
+def drift_runs(plan: DiagnosePlan, base: str, test: str, steps: int) -> tuple[list[DriftRun], str]:
+    """Both frameworks' losses at lr 1e-12, 1e-5 and the case's lr over a few steps; and, when some
+    could not be measured, why (the drift is evidence beside step 1, so it never stops the verdict)."""
     out = []
-    lrs = [lr for lr in DRIFT_LRS if lr != plan.case.lr] + [plan.case.lr]
     n = min(steps, plan.case.steps)
-    for lr in lrs:
+    for lr in drift_lrs(plan.case):
         losses = {}
         for fw in (base, test):
             reused = _run_dir_losses(plan, fw) if lr == plan.case.lr else None
@@ -143,18 +143,25 @@ def drift_runs(plan: DiagnosePlan, base: str, test: str, steps: int) -> list[Dri
                 losses[fw] = reused
                 continue
             drift_case = plan.case.with_overrides(lr=lr, steps=n, name=f"{plan.case.name}_lr{lr:g}")
+            if fw == "pytorch" and (drift_case.tp > 1 or drift_case.pp > 1):
+                # The reference trains the same global batch on one device (its step-1 capture does too).
+                drift_case = drift_case.with_overrides(tp=1, pp=1, vpp=1, sp=False, pp_layout=None)
             runner = get_runner(fw, **plan.options.get(fw, {}))
             reason = runner.skip_reason(drift_case, plan.inputs)
             if reason:
-                raise LockstepError(f"{fw} cannot run case {plan.case.name} here: {reason}")
+                return out, f"drift not measured: {fw} cannot run case {plan.case.name} here ({reason})"
             record = runner.run(drift_case, plan.inputs, plan.out_dir / "drift")
             if not record.ok:
-                raise LockstepError(f"{fw} failed at lr {lr:g}: {record.error}")
+                return out, f"drift not measured from lr {lr:g} on: {fw} failed ({record.error})"
             losses[fw] = {s.step: s.loss for s in record.steps}
         common = sorted(set(losses[base]) & set(losses[test]))
         note = "from the run directory's records" if lr == plan.case.lr and plan.run_dir else ""
         out.append(DriftRun(lr, [DriftStep(s, losses[base][s], losses[test][s]) for s in common], note))
-    return out
+    return out, ""
+
+
+def drift_lrs(case) -> list[float]:
+    return [lr for lr in DRIFT_LRS if lr != case.lr] + [case.lr]
 
 
 def _run_dir_losses(plan: DiagnosePlan, framework: str) -> dict[int, float] | None:
@@ -190,13 +197,16 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
     verdicts = []
     for test in tests:
         t0 = time.perf_counter()
-        runs = []
+        runs, drift_note = [], ""
         if drift:
-            say(f"drift {base} vs {test} at lr {', '.join(f'{lr:g}' for lr in DRIFT_LRS)} and {plan.case.lr:g} ...")
-            runs = drift_runs(plan, base, test, drift_steps)
+            say(f"drift {base} vs {test} at lr {', '.join(f'{lr:g}' for lr in drift_lrs(plan.case))} ...")
+            runs, drift_note = drift_runs(plan, base, test, drift_steps)
+            if drift_note:
+                say(drift_note)
         t1 = time.perf_counter()
         verdict = diagnose_captures(captures[base], captures[test], plan.case, drift=runs,
                                     structure=captures["pytorch"])
+        verdict.notes += [drift_note] if drift_note else []
         verdict.notes += [f"logged loss, {fw}: {LOGGED_LOSS[fw]}" for fw in (base, test) if fw in LOGGED_LOSS]
         verdict.seconds = {"capture_" + fw: round(captures[fw].meta["seconds"], 2) for fw in (base, test)}
         verdict.seconds |= {"drift": round(t1 - t0, 2), "compare": round(time.perf_counter() - t1, 2)}

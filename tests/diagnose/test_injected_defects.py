@@ -128,8 +128,9 @@ def test_identical_pair_reports_no_divergence(reference, gpt2_tiny, token_ids):
 def test_transposed_bias_gradient_is_named_as_that_bias_only(reference, gpt2_tiny, token_ids):
     config, tensors = gpt2_tiny
     v = verdict_against(reference, gpt2_with(tensors, config, c_attn=True), token_ids)
-    assert [(f.kind, f.where) for f in v.findings] == [(GRADIENT_ONLY, "qkvb[0]"), (GRADIENT_ONLY, "qkvb[1]")]
-    assert "backward kernel of qkv[0]" in v.findings[0].line
+    assert [(f.kind, f.where, f.tensors) for f in v.findings] == [(GRADIENT_ONLY, "qkvb[0..1]",
+                                                                    ("qkvb[0]", "qkvb[1]"))]
+    assert "gradient of qkvb only, in 2 layers (0..1) (backward kernel of qkv, Linear)" in v.findings[0].line
     worst = v.ranked()[0]
     assert worst.name in ("qkvb[0]", "qkvb[1]") and worst.rel > 0.5 and worst.cosine < 0.5
     assert max(d.rel for d in v.forward) == 0.0  # the forward is untouched

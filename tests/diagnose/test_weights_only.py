@@ -60,7 +60,8 @@ def test_recovered_gradients_name_a_transposed_bias(gpt2_tiny, token_ids, gpt2_c
     for name in w0:
         test.grads[name], test.grad_precision[name] = weights_only.recover_sgd(w0[name], w1[name], lr)
     v = diagnose_captures(ref, test, case)
-    assert [(f.kind, f.where) for f in v.findings] == [(GRADIENT_ONLY, "qkvb[0]"), (GRADIENT_ONLY, "qkvb[1]")]
+    assert [(f.kind, f.where, f.tensors) for f in v.findings] == [(GRADIENT_ONLY, "qkvb[0..1]",
+                                                                    ("qkvb[0]", "qkvb[1]"))]
     assert max(d.rel for d in v.grads if not d.name.startswith("qkvb")) < 1e-6
 
 

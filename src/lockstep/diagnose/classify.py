@@ -48,11 +48,13 @@ NONE = "no divergence"
 @dataclass(frozen=True)
 class Finding:
     kind: str
-    where: str  # the module or tensor named
+    where: str  # the module or tensor named (`qkvb[0..11]` for one tensor of every layer)
     line: str  # the one-line classification people read
+    tensors: tuple[str, ...] = ()  # every tensor the finding covers, when it is more than one
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "where": self.where, "classification": self.line}
+        return {"kind": self.kind, "where": self.where, "classification": self.line,
+                **({"tensors": list(self.tensors)} if self.tensors else {})}
 
 
 @dataclass
@@ -175,15 +177,11 @@ def classify(ref: StepCapture, test: StepCapture, forward: list[TensorDiff], gra
                                         f"the backward from the loss on: every gradient differs (median relative "
                                         f"{median:.2e}), including the output head's"))
             outliers = [d for d in wrong if d.rel > OUTLIER_FACTOR * median]
-            named = set()
-            for d in outliers:
-                findings.append(_gradient_only(d, kind_of))
-                named.add(d.name)
+            findings += _gradient_only_findings(outliers, kind_of)
             isolated = [d for d in differing if d.name not in {u.name for u in upstream}]
         else:
             isolated = differing
-        for d in isolated:
-            findings.append(_gradient_only(d, kind_of))
+        findings += _gradient_only_findings(isolated, kind_of)
 
     if not findings:
         if loss.delta is not None and loss.delta > loss.tolerance and _logging_explains(loss):
@@ -196,6 +194,31 @@ def classify(ref: StepCapture, test: StepCapture, forward: list[TensorDiff], gra
 
 def _logging_explains(loss: LossCheck) -> bool:
     return loss.fp32_sum_shift is not None and loss.delta is not None and loss.delta <= 2 * loss.fp32_sum_shift + 1e-7
+
+
+def _gradient_only_findings(diffs: list[TensorDiff], kind_of: dict[str, str]) -> list[Finding]:
+    """One finding per tensor, except that the same tensor of several layers (one kernel's defect,
+    e.g. every c_attn bias) is one finding naming the layers, worst layer first."""
+    groups: dict[str, list[TensorDiff]] = {}
+    for d in diffs:
+        groups.setdefault(re.sub(r"\[\d+\]$", "", d.name), []).append(d)
+    out = []
+    for base, members in groups.items():
+        if len(members) == 1 or members[0].kind == "gradient sign":
+            out += [_gradient_only(d, kind_of) for d in members]
+            continue
+        layers = sorted(int(re.search(r"\[(\d+)\]$", d.name).group(1)) for d in members)
+        span = (f"{layers[0]}..{layers[-1]}" if layers == list(range(layers[0], layers[-1] + 1))
+                else ",".join(map(str, layers)))
+        rel = [d.rel for d in members]
+        cos = [d.cosine for d in members]
+        kind = kind_of.get(members[0].name, "module")
+        out.append(Finding(GRADIENT_ONLY, f"{base}[{span}]",
+                           f"gradient of {base} only, in {len(members)} layers ({span}) (backward kernel of "
+                           f"{module_of(base)}, {kind}): relative {min(rel):.2e} to {max(rel):.2e}, cosine "
+                           f"{min(cos):.3f} to {max(cos):.3f}, while their neighbours agree",
+                           tensors=tuple(d.name for d in members)))
+    return out
 
 
 def _gradient_only(d: TensorDiff, kind_of: dict[str, str]) -> Finding:

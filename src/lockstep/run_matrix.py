@@ -49,6 +49,9 @@ class RunRequest:
     cache_dir: str | None = None
     oversubscribe: bool = False  # CPU: run cases with more ranks than cores (gloo, 1 torch thread per rank)
     nodes: NodeLayout = field(default_factory=NodeLayout)  # --nnodes/--node-rank/--rdzv-endpoint/--launcher
+    # Start each framework's workers once per world size and run every case that fits in them
+    # (--no-persistent-workers: one process per case).
+    persistent_workers: bool = True
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class RunPlan:
     notes: list[str] = field(default_factory=list)  # what defaults were chosen, said to the user
     unrunnable: dict[str, str] = field(default_factory=dict)  # case -> why no framework can run it here
     nodes: NodeLayout = field(default_factory=NodeLayout)
+    persistent_workers: bool = True
 
     def models(self) -> list[RunInputs]:
         """One RunInputs per distinct model, in case order (for headers and run.json)."""
@@ -297,7 +301,7 @@ def plan_run(req: RunRequest) -> RunPlan:
         for m in {i.model_name: i for c, i in inputs.items() if c not in unrunnable}.values():
             runner.preflight(m)  # e.g. a missing InfiniTrain binary stops here, before any run
     return RunPlan(out_dir=out_dir, device=device, cases=cases, inputs=inputs, runners=runners, notes=notes,
-                   unrunnable=unrunnable, nodes=nodes)
+                   unrunnable=unrunnable, nodes=nodes, persistent_workers=req.persistent_workers)
 
 
 def prepare_tokens(cache: Path, text: str | None, tokenizer: str):
@@ -342,27 +346,47 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
                  on_step: Callable[[StepRecord], None] | None = None,
                  on_end: Callable[[CaseOutcome], None] | None = None, repeat: int = 1) -> list[CaseOutcome]:
     """Run every pair `repeat` times; repeat 1's record is the outcome's (and where compare reads
-    it), repeats 2..N go under `<out>/repeats/<k>/` for the determinism check."""
+    it), repeats 2..N go under `<out>/repeats/<k>/` for the determinism check.
+
+    Pairs run in plan order (case by case, each framework in turn), except that when a pair's
+    runner offers a persistent worker group for it (`worker_group_key`), every later pair of the
+    same runner and key runs then too, in plan order, in that one group (start once, run many);
+    `plan.persistent_workers` False runs every pair on its own. Outcomes come back in plan order.
+    Every node of a multi-node run computes the same order from the same plan."""
     from lockstep.determinism import repeat_dir
 
-    outcomes = []
     plan.out_dir.mkdir(parents=True, exist_ok=True)
-    for case in plan.cases:
-        inputs = plan.inputs[case.name]
-        for runner in plan.runners:
-            reason = plan.unrunnable.get(case.name) or runner.skip_reason(case, inputs)
-            if reason:
-                outcome = CaseOutcome(case, runner.name, skipped=reason)
-            else:
-                records = []
-                for k in range(1, repeat + 1):
-                    if on_start:
-                        on_start(case, runner.name)
-                    records.append(runner.run(case, inputs, repeat_dir(plan.out_dir, k), on_step))
-                    if not records[-1].ok:
-                        break  # a failed run has no losses to repeat
-                outcome = CaseOutcome(case, runner.name, record=records[0])
-            outcomes.append(outcome)
+    out_dirs = [repeat_dir(plan.out_dir, k) for k in range(1, repeat + 1)]
+    pairs = [(case, runner) for case in plan.cases for runner in plan.runners]
+    outcomes: dict[tuple[str, str], CaseOutcome] = {}
+
+    def skip_reason(case: CaseSpec, runner: FrameworkRunner) -> str | None:
+        return plan.unrunnable.get(case.name) or runner.skip_reason(case, plan.inputs[case.name])
+
+    def key_of(case: CaseSpec, runner: FrameworkRunner):
+        return runner.worker_group_key(case, plan.inputs[case.name]) if plan.persistent_workers else None
+
+    def finished(runner: FrameworkRunner):
+        def on_done(case: CaseSpec, records: list[RunRecord]) -> None:
+            outcome = CaseOutcome(case, runner.name, record=records[0])
+            outcomes[(case.name, runner.name)] = outcome
             if on_end:
                 on_end(outcome)
-    return outcomes
+        return on_done
+
+    for case, runner in pairs:
+        if (case.name, runner.name) in outcomes:
+            continue  # ran earlier, in a worker group with an earlier case
+        reason = skip_reason(case, runner)
+        if reason:
+            outcome = outcomes[(case.name, runner.name)] = CaseOutcome(case, runner.name, skipped=reason)
+            if on_end:
+                on_end(outcome)
+            continue
+        key = key_of(case, runner)
+        group = [case] if key is None else [
+            c for c, r in pairs if r is runner and (c.name, r.name) not in outcomes
+            and not skip_reason(c, r) and key_of(c, r) == key]
+        runner.run_many([(c, plan.inputs[c.name]) for c in group], out_dirs, on_start=on_start, on_step=on_step,
+                        on_done=finished(runner), persistent=key is not None)
+    return [outcomes[(case.name, runner.name)] for case, runner in pairs]

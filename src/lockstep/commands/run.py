@@ -59,6 +59,9 @@ def add_parser(sub) -> None:
                    help="write into a non-empty --out that is not a lockstep run directory (its files are kept)")
     p.add_argument("--oversubscribe", action="store_true",
                    help="CPU: run cases with more ranks than cores anyway (gloo, 1 torch thread per rank; slow)")
+    p.add_argument("--no-persistent-workers", action="store_true",
+                   help="start a framework's workers once per case, as before (default: once per framework and "
+                        "world size, running every case that fits in them)")
     p.add_argument("--nnodes", type=int, default=1, help="nodes the run spans (start lockstep on each; default 1)")
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1 (node 0 writes the records)")
     p.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous for several nodes (node 0's address)")
@@ -88,7 +91,8 @@ def run(args) -> int:
                      model=args.model, llmc=args.llmc, data=args.data, text=args.text, steps=args.steps,
                      device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
                      infinitrain_build=args.infinitrain_build, megatron_native_bf16=args.megatron_native_bf16,
-                     oversubscribe=args.oversubscribe, nodes=node_layout(args))
+                     oversubscribe=args.oversubscribe, nodes=node_layout(args),
+                     persistent_workers=not getattr(args, "no_persistent_workers", False))
     if args.repeat < 1:
         raise LockstepError(f"--repeat must be at least 1, not {args.repeat}")
     check_out_dir(Path(args.out), force=args.force)  # a bad --out is refused before any work

@@ -15,9 +15,10 @@ import shlex
 import subprocess
 import sys
 from abc import ABC, abstractmethod
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Hashable, Sequence
 
 from lockstep import __version__
 from lockstep.cases.spec import CaseSpec
@@ -28,6 +29,8 @@ from lockstep.models.family import ModelFamily
 from lockstep.runners.nodes import NodeLayout
 
 StepCallback = Callable[[StepRecord], None]
+StartCallback = Callable[[CaseSpec, str], None]  # (case, framework) before each run
+DoneCallback = Callable[[CaseSpec, list[RunRecord]], None]  # a case's records (one per repeat that ran)
 
 
 @dataclass(frozen=True)
@@ -79,9 +82,47 @@ class FrameworkRunner(ABC):
 
     @abstractmethod
     def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
-        """Train the case, writing the native log to `log_path`. Raise RunError on failure."""
+        """Train the case, writing the native log to `log_path`. Raise RunError on failure.
 
-    def run(self, case: CaseSpec, inputs: RunInputs, out_dir: Path, on_step: StepCallback | None = None) -> RunRecord:
+        Runners with persistent workers also take `workers=`: the group (from `open_workers`)
+        to run the case in, or None for a process of its own."""
+
+    def worker_group_key(self, case: CaseSpec, inputs: RunInputs) -> Hashable | None:
+        """Cases with equal keys can share one persistent worker group (start once, run many);
+        None (the default): the case runs on its own (in-process, or a process per case)."""
+        return None
+
+    def open_workers(self, case: CaseSpec, inputs: RunInputs):
+        """A persistent worker group (runners/workers.WorkerGroup, started on its first case) for
+        the cases of `case`'s key; called only when the key is not None."""
+        raise NotImplementedError(f"{self.name} has no persistent workers")
+
+    def run_many(self, pairs: Sequence[tuple[CaseSpec, RunInputs]], out_dirs: Sequence[Path],
+                 on_start: StartCallback | None = None, on_step: StepCallback | None = None,
+                 on_done: DoneCallback | None = None, persistent: bool = False) -> list[list[RunRecord]]:
+        """Run every (case, inputs) in order, once per directory of `out_dirs` (the repeats; the
+        repeats after a failed one are not run: it has no losses to repeat).
+
+        With `persistent` (the pairs share one `worker_group_key`), every run goes to one worker
+        group, started once; otherwise each run is `run` on its own, as one case always was."""
+        results: list[list[RunRecord]] = []
+        group = self.open_workers(*pairs[0]) if persistent and pairs else None
+        with group if group is not None else nullcontext():
+            for case, inputs in pairs:
+                records: list[RunRecord] = []
+                for out_dir in out_dirs:
+                    if on_start:
+                        on_start(case, self.name)
+                    records.append(self.run(case, inputs, out_dir, on_step, workers=group))
+                    if not records[-1].ok:
+                        break
+                if on_done:
+                    on_done(case, records)
+                results.append(records)
+        return results
+
+    def run(self, case: CaseSpec, inputs: RunInputs, out_dir: Path, on_step: StepCallback | None = None,
+            workers=None) -> RunRecord:
         out_dir = Path(out_dir)
         if not inputs.nodes.writes_records:
             # Another node's logs, kept apart from node 0's records (the out dir may be shared).
@@ -92,7 +133,8 @@ class FrameworkRunner(ABC):
         meta = base_meta(self, case, inputs)
         record = RunRecord(framework=self.name, case=case.name, meta=meta, source=str(record_path))
         try:
-            result = self.execute(case, inputs, log_path, on_step)
+            result = (self.execute(case, inputs, log_path, on_step) if workers is None
+                      else self.execute(case, inputs, log_path, on_step, workers=workers))
             record.meta.update(result.meta)
             record.steps = result.steps
             if inputs.nodes.writes_records:  # other nodes train their ranks; node 0 gets the steps

@@ -1,8 +1,10 @@
 """Where this worker sits in the Megatron grid: the one place the parallel state is read.
 
 megatron-core keeps its process groups in module globals (`megatron.core.parallel_state`).
-`init_parallel` creates them once per worker; everything else in the worker reads ranks and
-stage flags from the `ParallelLayout` it returns, never from parallel_state directly.
+`init_parallel` creates them once per case (a persistent worker, runners/workers.py, runs several
+cases in one torch.distributed process group and calls `release_model_parallel` between them);
+everything else in the worker reads ranks and stage flags from the `ParallelLayout` it returns,
+never from parallel_state directly.
 
 Rank order is megatron-core's default "tp-cp-ep-dp-pp": TP ranks are adjacent, then DP, then
 pipeline stages. With DP=2, TP=2, PP=2: ranks 0-3 are stage 0 (TP pairs 0,1 and 2,3, which are
@@ -11,6 +13,7 @@ DP ranks 0 and 1), ranks 4-7 stage 1.
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 
@@ -51,21 +54,29 @@ class ParallelLayout:
         return self.is_last_stage and self.tp_rank == 0
 
 
+def start_process_group(device_kind: str) -> torch.device:
+    """torch.distributed's one process group (NCCL on CUDA, gloo on the CPU), once per process."""
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if device_kind == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        if not dist.is_initialized():
+            dist.init_process_group(backend="nccl", device_id=device)
+        return device
+    if not dist.is_initialized():
+        dist.init_process_group(backend="gloo")
+    return torch.device("cpu")
+
+
 def init_parallel(case: CaseSpec, device_kind: str) -> ParallelLayout:
-    """Start torch.distributed (NCCL on CUDA, gloo on the CPU) and megatron's model-parallel groups."""
+    """Start torch.distributed (unless a persistent worker already did) and megatron's model-parallel groups."""
     from megatron.core import parallel_state
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if world != case.world_size:
         raise LockstepError(f"case {case.name} needs DP*TP*PP = {case.world_size} processes but torchrun started {world}")
-    if device_kind == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-        dist.init_process_group(backend="nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group(backend="gloo")
+    device = start_process_group(device_kind)
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=case.tp,
         pipeline_model_parallel_size=case.pp,
@@ -89,6 +100,32 @@ def chunk_stages(layout: ParallelLayout, chunk: int) -> tuple[bool, bool]:
         return parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage()
     return (parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=chunk),
             parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=chunk))
+
+
+def release_model_parallel() -> None:
+    """Between the cases of a persistent worker: megatron-core's per-run global state back to what
+    a fresh process has, keeping torch.distributed's default process group.
+
+    `destroy_model_parallel` forgets every model-parallel group, rank and the global memory
+    buffer (megatron-core 0.16 and 0.19), but destroys only its gloo groups; the NCCL/gloo
+    subgroups it made are destroyed here, so a group of many cases does not pile up
+    communicators. The rerun state machine and the microbatch calculator are megatron's other
+    module globals (unused by this runner's schedule calls, reset all the same); the CUDA RNG
+    tracker is reset by every case's `model_parallel_cuda_manual_seed` (or the CPU shims)."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()  # also after a case that failed half-way through initialising
+    for module, fn in (("megatron.core.rerun_state_machine", "destroy_rerun_state_machine"),
+                       ("megatron.core.num_microbatches_calculator", "destroy_num_microbatches_calculator")):
+        try:
+            getattr(importlib.import_module(module), fn)()
+        except (ImportError, AttributeError):
+            pass
+    if dist.is_initialized():
+        world = dist.GroupMember.WORLD
+        for group in list(dist.distributed_c10d._world.pg_map):
+            if group is not world and group is not None:
+                dist.destroy_process_group(group)
 
 
 def shutdown() -> None:

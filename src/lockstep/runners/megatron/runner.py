@@ -27,6 +27,7 @@ from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, St
                                    launch_meta, oversubscribed_env)
 from lockstep.runners.launch import run_workers
 from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions
+from lockstep.runners.workers import WorkerGroup
 
 INSTALL_HINT = "pip install 'lockstep[megatron]'"
 
@@ -95,7 +96,17 @@ class MegatronRunner(FrameworkRunner):
             return f"megatron-core cannot lay this model out: {problem}"
         return super().skip_reason(case, inputs)
 
-    def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
+    def worker_group_key(self, case: CaseSpec, inputs: RunInputs):
+        # Cases of one world size share a torchrun; each sets up its own TP/PP/DP grid inside it.
+        return ("torchrun", case.world_size, inputs.device, inputs.nodes,
+                tuple(sorted(oversubscribed_env(case, inputs).items())))
+
+    def open_workers(self, case: CaseSpec, inputs: RunInputs) -> WorkerGroup:
+        return WorkerGroup(WORKER_MODULE, case.world_size, inputs.device, env=oversubscribed_env(case, inputs),
+                           nodes=inputs.nodes, label=f"megatron-core, {case.world_size} rank(s)")
+
+    def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None,
+                workers: WorkerGroup | None = None) -> ExecuteResult:
         # Checked here too (cheap: header only) so an impossible case fails before torchrun starts.
         case.check(max_seq_len=inputs.model.max_seq_len,
                    available_tokens=len(read_token_stream(inputs.tokens, check_ids=False)))
@@ -107,8 +118,11 @@ class MegatronRunner(FrameworkRunner):
                               final_params_path=str(final_params_path(log_path)) if inputs.save_final_params else None)
             env = oversubscribed_env(case, inputs)
             try:
-                steps, info = run_workers(WORKER_MODULE, job.to_dict(), nproc=case.world_size, log_path=log_path,
-                                          timeout_s=inputs.timeout_s, on_step=on_step, env=env, nodes=inputs.nodes)
+                if workers is not None:
+                    steps, info = workers.run_job(job.to_dict(), log_path, timeout_s=inputs.timeout_s, on_step=on_step)
+                else:
+                    steps, info = run_workers(WORKER_MODULE, job.to_dict(), nproc=case.world_size, log_path=log_path,
+                                              timeout_s=inputs.timeout_s, on_step=on_step, env=env, nodes=inputs.nodes)
             except RunError:
                 # A worker that failed with a known cause left one sentence naming it (tensor, rank, ...).
                 if error_path.is_file() and error_path.read_text().strip():

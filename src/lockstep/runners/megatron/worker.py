@@ -394,12 +394,40 @@ def _write_error(job: MegatronJob, text: str) -> None:
         pass
 
 
-def main(argv: list[str]) -> int:
-    from lockstep.runners.megatron.parallel import shutdown
+class PersistentTraining:
+    """The persistent worker's jobs (runners/workers.py): one case each; megatron-core is imported
+    and the process group started once, the model-parallel state made and released per case."""
 
+    def run(self, job_dict: dict, writer: ResultsWriter) -> dict:
+        job = MegatronJob.from_dict(job_dict)
+        try:
+            return train(job, writer)
+        except LockstepError as e:
+            print(f"{LOG_MARKER}: error: {e}", flush=True)
+            _write_error(job, str(e))
+            raise
+        except Exception as e:
+            _write_error(job, f"rank {int(os.environ.get('RANK', 0))}: {type(e).__name__}: {e}")
+            raise
+
+    def release(self) -> None:
+        from lockstep.runners.megatron.parallel import release_model_parallel
+
+        release_model_parallel()
+
+
+def main(argv: list[str]) -> int:
+    from lockstep.runners.megatron.parallel import shutdown, start_process_group
     from lockstep.runners.test_plugins import apply_test_plugins
+    from lockstep.runners.workers import serve_arguments, serve_jobs
 
     apply_test_plugins()
+    serving = serve_arguments(argv)
+    if serving is not None:
+        queue_dir, device = serving
+        _set_ieee_fp32()
+        start_process_group(device)
+        return serve_jobs(queue_dir, PersistentTraining())
     job = MegatronJob.from_dict(json.loads(Path(argv[0]).read_text()))
     rank = int(os.environ.get("RANK", 0))
     writer = ResultsWriter(job.results_path if reports_results() else None)

@@ -13,6 +13,9 @@ from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, St
                                    launch_meta, oversubscribed_env)
 from lockstep.runners.launch import run_workers
 from lockstep.runners.pytorch.train import ProcessGroupInfo, train_case
+from lockstep.runners.workers import WorkerGroup
+
+TRAIN_MODULE = "lockstep.runners.pytorch.train"
 
 
 class PyTorchRunner(FrameworkRunner):
@@ -26,7 +29,19 @@ class PyTorchRunner(FrameworkRunner):
             return "the pytorch reference trainer is data parallel only (TP/PP cases run on megatron)"
         return super().skip_reason(case, inputs)
 
-    def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
+    def worker_group_key(self, case: CaseSpec, inputs: RunInputs):
+        # One device trains in this process already; DP groups of one size share a torchrun.
+        if case.world_size == 1:
+            return None
+        return ("torchrun", case.world_size, inputs.device, inputs.nodes,
+                tuple(sorted(oversubscribed_env(case, inputs).items())))
+
+    def open_workers(self, case: CaseSpec, inputs: RunInputs) -> WorkerGroup:
+        return WorkerGroup(TRAIN_MODULE, case.world_size, inputs.device, env=oversubscribed_env(case, inputs), nodes=inputs.nodes,
+                           label=f"pytorch, {case.world_size} ranks")
+
+    def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None,
+                workers: WorkerGroup | None = None) -> ExecuteResult:
         params_path = str(final_params_path(log_path)) if inputs.save_final_params else None
         if case.world_size == 1:
             steps: list[StepRecord] = []
@@ -46,6 +61,9 @@ class PyTorchRunner(FrameworkRunner):
         job = {"case": case.to_dict(), "checkpoint": str(inputs.checkpoint), "tokens": str(inputs.tokens),
                "device": inputs.device, "final_params_path": params_path}
         env = oversubscribed_env(case, inputs)
-        steps, info = run_workers("lockstep.runners.pytorch.train", job, nproc=case.world_size, log_path=log_path,
-                                  timeout_s=inputs.timeout_s, on_step=on_step, env=env, nodes=inputs.nodes)
+        if workers is not None:
+            steps, info = workers.run_job(job, log_path, timeout_s=inputs.timeout_s, on_step=on_step)
+        else:
+            steps, info = run_workers(TRAIN_MODULE, job, nproc=case.world_size, log_path=log_path,
+                                      timeout_s=inputs.timeout_s, on_step=on_step, env=env, nodes=inputs.nodes)
         return ExecuteResult(steps=steps, meta={**info, **launch_meta(case, inputs, env)})

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from lockstep.cases.spec import CaseSpec
 from lockstep.data.loader import TokenBatches
+from lockstep.errors import RunError
 from lockstep.formats.logs import llmc_step_line, perf_summary_line
 from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
@@ -234,20 +235,45 @@ def diagnose_step(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind
     return capture
 
 
-def main(argv: list[str]) -> int:
-    """torchrun entry point: `python -m lockstep.runners.pytorch.train JOB.json`."""
-    from lockstep.runners.launch import ResultsWriter
+def _start_process_group(device: str, pg: ProcessGroupInfo) -> None:
+    if device == "cuda":
+        torch.cuda.set_device(pg.local_rank)
+    dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
 
+
+class PersistentTraining:
+    """The persistent worker's jobs (runners/workers.py): one case each, in this rank's process
+    group, started once for the group."""
+
+    def run(self, job: dict, writer) -> dict:
+        case = CaseSpec.from_dict(job["case"])
+        pg = ProcessGroupInfo.from_env()
+        if pg.world != case.world_size:
+            raise RunError(f"case {case.name} needs {case.world_size} ranks, this worker group has {pg.world}")
+        return train_case(case, job["checkpoint"], job["tokens"], job["device"], pg, writer.step, sys.stdout,
+                          final_params_path=job.get("final_params_path"))
+
+    def release(self) -> None:
+        pass  # train_case's model and optimizer are its locals: gone once it returns
+
+
+def main(argv: list[str]) -> int:
+    """torchrun entry point: `python -m lockstep.runners.pytorch.train JOB.json`, or
+    `... --serve QUEUE_DIR` as a persistent worker."""
+    from lockstep.runners.launch import ResultsWriter
     from lockstep.runners.test_plugins import apply_test_plugins
+    from lockstep.runners.workers import serve_arguments, serve_jobs
 
     apply_test_plugins()
+    pg = ProcessGroupInfo.from_env()
+    serving = serve_arguments(argv)
+    if serving is not None:
+        queue_dir, device = serving
+        _start_process_group(device, pg)
+        return serve_jobs(queue_dir, PersistentTraining())
     job = json.loads(open(argv[0]).read())
     case = CaseSpec.from_dict(job["case"])
-    pg = ProcessGroupInfo.from_env()
-    backend = "nccl" if job["device"] == "cuda" else "gloo"
-    if job["device"] == "cuda":
-        torch.cuda.set_device(pg.local_rank)
-    dist.init_process_group(backend=backend)
+    _start_process_group(job["device"], pg)
     try:
         writer = ResultsWriter(job["results_path"] if pg.reports else None)
         info = train_case(case, job["checkpoint"], job["tokens"], job["device"], pg, writer.step, sys.stdout,

@@ -3,7 +3,8 @@
 Repeat 1 of a pair is written where every record lives (`<out>/<fw>/<case>.jsonl`), so the
 comparison and the report read it unchanged; repeats 2..N go to
 `<out>/repeats/<k>/<fw>/<case>.jsonl`. The analysis reads them back from disk, so it judges what
-was written, not what a runner returned.
+was written, not what a runner returned. It also pools each pair's tok/s over the repeats
+(compare/throughput.py: the pooled median and the spread of the per-repeat medians).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.cases.spec import THRESHOLDS
+from lockstep.compare.throughput import RepeatedThroughput, throughput_over_repeats
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import read_run_record
 from lockstep.fsutil import atomic_write
@@ -43,12 +45,14 @@ class PairDeterminism:
     max_diff_repeat: int | None
     problems: list[str] = field(default_factory=list)  # repeats that failed or lack steps
     dtype: str | None = None  # from the record's case spec
+    throughput: RepeatedThroughput | None = None  # tok/s pooled over the repeats that finished
 
     def to_json(self) -> dict:
         return {"framework": self.framework, "case": self.case, "repeats": self.repeats,
                 "bitwise_identical": self.bitwise_identical, "max_abs_diff": self.max_abs_diff,
                 "max_diff_step": self.max_diff_step, "max_diff_repeat": self.max_diff_repeat,
-                "problems": self.problems, "dtype": self.dtype}
+                "problems": self.problems, "dtype": self.dtype,
+                "tokens_per_s_over_repeats": self.throughput.to_json() if self.throughput else None}
 
 
 @dataclass
@@ -78,6 +82,7 @@ class DeterminismReport:
 
 def analyse_pair(out_dir: Path, framework: str, case: str, repeats: int) -> PairDeterminism:
     losses: dict[int, list[float]] = {}
+    finished = []
     problems = []
     dtype = None
     for k in range(1, repeats + 1):
@@ -91,9 +96,11 @@ def analyse_pair(out_dir: Path, framework: str, case: str, repeats: int) -> Pair
             problems.append(f"repeat {k}: {path}: the run failed: {rec.error}")
             continue
         losses[k] = [s.loss for s in sorted(rec.steps, key=lambda s: s.step)]
+        finished.append(rec)
         dtype = dtype or rec.dtype
     result = PairDeterminism(framework, case, len(losses), bitwise_identical=not problems, max_abs_diff=0.0,
-                             max_diff_step=None, max_diff_repeat=None, problems=problems, dtype=dtype)
+                             max_diff_step=None, max_diff_repeat=None, problems=problems, dtype=dtype,
+                             throughput=throughput_over_repeats(finished))
     if not losses:
         result.bitwise_identical = False
         return result

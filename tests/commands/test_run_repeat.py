@@ -37,10 +37,15 @@ def test_gpt2_tiny_pytorch_repeat_2_is_bitwise_identical(tmp_path, capsys, tiny_
     assert len(first.steps) == 3 and first.losses() == second.losses()
     det = json.loads((out / "summary.json").read_text())["determinism"]
     assert det["repeats"] == 2 and det["bitwise_identical"] is True and det["warnings"] == []
+    pooled = det["pairs"][0].pop("tokens_per_s_over_repeats")
     assert det["pairs"] == [{"framework": "pytorch", "case": "gpt2_1", "repeats": 2, "bitwise_identical": True,
                              "max_abs_diff": 0.0, "max_diff_step": None, "max_diff_repeat": None, "problems": [],
                              "dtype": "float32"}]
-    assert "determinism over 2 repeats" in stdout
+    measured = sorted(s.tokens_per_s for r in (first, second) for s in r.steps[1:])
+    assert pooled["repeats"] == 2 and pooled["pooled"]["median"] == pytest.approx(sum(measured[1:3]) / 2)
+    assert pooled["repeat_medians"]["values"] == [pytest.approx(np.median([s.tokens_per_s for s in r.steps[1:]]))
+                                                  for r in (first, second)]
+    assert "determinism over 2 repeats" in stdout and "tok/s over repeats" in stdout
     assert json.loads((out / "summary.json").read_text())["frameworks"] == ["pytorch"]  # repeats/ is no framework
     (run,) = HistoryStore(private_history).runs()
     (row,) = run.results

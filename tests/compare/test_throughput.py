@@ -12,7 +12,8 @@ from lockstep.cli import main
 from lockstep.compare import compare_paths
 from lockstep.compare.options import CompareOptions
 from lockstep.compare.throughput import (Spread, Throughput, device_peak_tflops, format_memory, format_mfu,
-                                         format_tokens_per_s, throughput_of)
+                                         format_repeated_tokens_per_s, format_tokens_per_s, throughput_of,
+                                         throughput_over_repeats)
 from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
 from lockstep.models import SHAPES
 from lockstep.report import write_report
@@ -36,6 +37,21 @@ def test_spread_of_fixed_values():
     assert not s.noisy
     assert Spread.of([2, 3, 4], [100.0, 200.0, 100.0]).noisy  # CV 0.43
     assert Spread.of([2], [5.0]).cv == 0.0 and Spread.of([], []) is None
+
+
+def test_throughput_pooled_over_repeats():
+    # Step 1 of each repeat is warm-up; the pooled median is over all nine measured steps.
+    repeats = [record([1.0, 100.0, 110.0, 120.0]), record([1.0, 90.0, 95.0, 100.0]), record([9.0, 200.0, 210.0, 220.0])]
+    t = throughput_over_repeats(repeats)
+    assert t.repeats == 3 and t.medians == (110.0, 95.0, 210.0)
+    assert t.pooled.median == 110.0 and (t.pooled.min, t.pooled.max) == (90.0, 220.0) and len(t.pooled.steps) == 9
+    m = t.repeat_medians
+    assert (m.median, m.min, m.max) == (110.0, 95.0, 210.0) and m.cv == pytest.approx(62.517 / 138.333, abs=1e-4)
+    assert t.noisy and format_repeated_tokens_per_s(t) == "110 (repeats 95-210 ±45%) NOISY"
+    steady = throughput_over_repeats([record([1.0, 100.0, 100.0]), record([1.0, 101.0, 101.0])])
+    assert not steady.noisy and format_repeated_tokens_per_s(steady) == "100 (repeats 100-101 ±1%)"
+    assert steady.to_json()["repeat_medians"]["values"] == [100.0, 101.0]
+    assert throughput_over_repeats([record([5.0])]) is None and format_repeated_tokens_per_s(None) == "-"
 
 
 def test_flops_per_token_palm_convention():

@@ -13,8 +13,8 @@ from rich.table import Table
 from lockstep.commands.ci_options import add_history_arguments, add_junit_argument, append_history, history_path
 from lockstep.determinism import REPEATS_DIR
 from lockstep.compare.options import CompareOptions
-from lockstep.compare.throughput import (NOISY_CV, Throughput, format_memory, format_mfu, format_tokens_per_s,
-                                         throughput_of)
+from lockstep.compare.throughput import (NOISY_CV, Throughput, format_memory, format_mfu,
+                                         format_repeated_tokens_per_s, format_tokens_per_s, throughput_of)
 from lockstep.errors import LockstepError
 from lockstep.outdir import STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
 from lockstep.run_matrix import CaseOutcome, RunPlan, RunRequest, execute_plan, plan_run
@@ -150,12 +150,13 @@ def report_determinism(console: Console, plan: RunPlan, outcomes: list[CaseOutco
     report = analyse_repeats(plan.out_dir, [(o.framework, o.case.name) for o in outcomes if not o.skipped],
                              repeat, baseline=plan.runners[0].name)
     t = Table(title=f"determinism over {repeat} repeats")
-    for col in ("framework", "case", "repeats", "bitwise identical", "max |Δloss| between repeats", "at step"):
+    for col in ("framework", "case", "repeats", "bitwise identical", "max |Δloss| between repeats", "at step",
+                "tok/s over repeats (median; per-repeat medians min-max ±CV)"):
         t.add_column(col)
     for p in report.pairs:
         same = "[green]yes[/green]" if p.bitwise_identical else "[red]no[/red]"
         t.add_row(p.framework, p.case, str(p.repeats), same, f"{p.max_abs_diff:.3e}",
-                  "-" if p.max_diff_step is None else str(p.max_diff_step))
+                  "-" if p.max_diff_step is None else str(p.max_diff_step), format_repeated_tokens_per_s(p.throughput))
     console.print(t)
     for p in report.pairs:
         for problem in p.problems:

@@ -182,6 +182,60 @@ def throughput_of(record: RunRecord, warmup_steps: int = 1, peak_tflops: float |
     return Throughput(spread, allocated, reserved, _flops_per_token(record), _devices(record), peak, source)
 
 
+@dataclass(frozen=True)
+class RepeatedThroughput:
+    """tok/s of one (framework, case) over `--repeat N`: the median over the measured steps of
+    every repeat pooled, and the spread of the per-repeat medians (how far one run's figure moves
+    from run to run, which a single run's CV cannot show)."""
+
+    pooled: Spread  # every repeat's steps after warm-up, together
+    medians: tuple[float, ...]  # each repeat's own median, in repeat order
+
+    @property
+    def repeats(self) -> int:
+        return len(self.medians)
+
+    @property
+    def repeat_medians(self) -> Spread:
+        """min, max and CV of the per-repeat medians (its `steps` are the repeat numbers)."""
+        return Spread.of(list(range(1, len(self.medians) + 1)), list(self.medians))
+
+    @property
+    def noisy(self) -> bool:
+        return self.pooled.noisy or self.repeat_medians.noisy
+
+    def to_json(self) -> dict:
+        return {"repeats": self.repeats, "pooled": self.pooled.to_json(),
+                "repeat_medians": {**self.repeat_medians.to_json(), "values": list(self.medians)},
+                "noisy": self.noisy, "noisy_cv_threshold": NOISY_CV}
+
+
+def throughput_over_repeats(records: list[RunRecord], warmup_steps: int = 1) -> RepeatedThroughput | None:
+    """Pooled tok/s over the repeats' records (each a whole run of the same pair); None when no
+    repeat has a measured step."""
+    pooled_steps, pooled_values, medians = [], [], []
+    for record in records:
+        measured = [s for s in record.steps if s.step > warmup_steps and s.tokens_per_s is not None]
+        if not measured:
+            continue
+        pooled_steps += [s.step for s in measured]
+        pooled_values += [float(s.tokens_per_s) for s in measured]
+        medians.append(statistics.median(float(s.tokens_per_s) for s in measured))
+    if not medians:
+        return None
+    return RepeatedThroughput(Spread.of(pooled_steps, pooled_values), tuple(medians))
+
+
+def format_repeated_tokens_per_s(t: RepeatedThroughput | None) -> str:
+    """`12,345 (repeats 12,001-12,600 ±2%)`: the pooled median, then the per-repeat medians' range
+    and CV; `NOISY` when either spread is above NOISY_CV."""
+    if t is None:
+        return "-"
+    m = t.repeat_medians
+    return (f"{t.pooled.median:,.0f} (repeats {m.min:,.0f}-{m.max:,.0f} ±{m.cv:.0%})"
+            + (" NOISY" if t.noisy else ""))
+
+
 def format_tokens_per_s(t: Throughput | None) -> str:
     """`12,345 ±3%` (median and CV), with `NOISY` when the CV is above NOISY_CV; `-` if unknown."""
     if t is None or t.tokens_per_s is None:

@@ -58,7 +58,12 @@ STOP_GRACE_S = 60.0  # after "stop", how long the ranks get to exit before they 
 
 
 class WorkerGroupDied(RunError):
-    """The whole group ended (crash, a rank exiting, timeout) while it ran a case."""
+    """The whole group ended (crash, a rank exiting, timeout) while it ran a case. `what` says
+    how, `tail` is the case log's last lines (both are in the message too)."""
+
+    def __init__(self, log_path: Path, what: str, tail: str):
+        super().__init__(f"{log_path}: {what}{tail}")
+        self.what, self.tail = what, tail
 
 
 class WorkerGroup:
@@ -175,10 +180,10 @@ class WorkerGroup:
         rc = self.proc.wait()
         self._discard()
         if timed_out:
-            raise WorkerGroupDied(f"{log_path}: timed out after {timeout_s:.0f} s at step {len(steps)} (the worker "
-                                  "group was stopped; the next case starts a fresh one)" + _tail(log_path))
-        raise WorkerGroupDied(f"{log_path}: the worker group exited with status {rc} during this case, after "
-                              f"{len(steps)} step(s)" + _tail(log_path))
+            raise WorkerGroupDied(log_path, f"timed out after {timeout_s:.0f} s at step {len(steps)} (the worker "
+                                  "group was stopped; the next case starts a fresh one)", _tail(log_path))
+        raise WorkerGroupDied(log_path, f"the worker group exited with status {rc} during this case, after "
+                              f"{len(steps)} step(s)", _tail(log_path))
 
     def close(self) -> None:
         """Ask the ranks to stop and wait for them (killed after STOP_GRACE_S)."""

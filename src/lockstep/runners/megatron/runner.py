@@ -27,7 +27,7 @@ from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, St
                                    launch_meta, oversubscribed_env)
 from lockstep.runners.launch import run_workers
 from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions
-from lockstep.runners.workers import WorkerGroup
+from lockstep.runners.workers import WorkerGroup, WorkerGroupDied
 
 INSTALL_HINT = "pip install 'lockstep[megatron]'"
 
@@ -123,10 +123,11 @@ class MegatronRunner(FrameworkRunner):
                 else:
                     steps, info = run_workers(WORKER_MODULE, job.to_dict(), nproc=case.world_size, log_path=log_path,
                                               timeout_s=inputs.timeout_s, on_step=on_step, env=env, nodes=inputs.nodes)
-            except RunError:
+            except RunError as e:
                 # A worker that failed with a known cause left one sentence naming it (tensor, rank, ...).
                 if error_path.is_file() and error_path.read_text().strip():
-                    raise RunError(f"{log_path}: {error_path.read_text().strip()}") from None
+                    ended = f"; {e.what}{e.tail}" if isinstance(e, WorkerGroupDied) else ""
+                    raise RunError(f"{log_path}: {error_path.read_text().strip()}{ended}") from None
                 raise
         meta = {**info, **launch_meta(case, inputs, env), "runner_options": asdict(self.options)}
         if self.options.native_bf16 and case.is_bf16:

@@ -3,13 +3,15 @@ runs cases of different shapes, models and layouts (megatron DP=2, TP=2, PP=2 on
 llama3-tiny; pytorch DP=2 with and without accumulation, ZeRO-1 on llama3-tiny), and every loss is bitwise the loss of
 the same case run in a process of its own. Faults injected by case name (support/worker_faults.py)
 show that a case failing inside the workers fails alone while the group takes the next case, and
-that a group that dies fails only the running case, the next one starting a fresh group.
+that a group that dies (a rank exits; a case hangs past its timeout) fails only the running case,
+the next one starting a fresh group.
 
 Each group is started once per module (the runs are module fixtures); cases train 3 short steps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import pytest
@@ -20,7 +22,8 @@ from lockstep.runners.base import RunInputs
 from lockstep.runners.pytorch import PyTorchRunner
 from support import worker_faults
 
-FAULTS = {"m_raises": "raise", "m_dies": "exit_rank1", "p_raises": "raise", "p_dies": "exit_rank1"}
+FAULTS = {"m_raises": "raise", "m_dies": "exit_rank1", "p_raises": "raise", "p_hangs": "hang"}
+HANG_TIMEOUT_S = 12.0
 
 
 def case(name: str, model: str, B: int = 2, total: int = 128, lr: float = 1e-3, **parallel) -> CaseSpec:
@@ -43,7 +46,8 @@ def bits(record) -> list[bytes]:
 
 def run_group(runner, cases, models, out, repeats=1):
     """Every case in one persistent group; returns {case name: [record per repeat that ran]}."""
-    pairs = [(c, models[c.model]) for c in cases]
+    pairs = [(c, dataclasses.replace(models[c.model], timeout_s=HANG_TIMEOUT_S) if FAULTS.get(c.name) == "hang"
+              else models[c.model]) for c in cases]
     dirs = [out] + [out / "repeats" / str(k) for k in range(2, repeats + 1)]
     started = []
     records = runner.run_many(pairs, dirs, on_start=lambda c, fw: started.append(c.name), persistent=True)
@@ -75,7 +79,7 @@ def megatron_runs(models, tmp_path_factory):
 @pytest.fixture(scope="module")
 def pytorch_runs(models, tmp_path_factory):
     group = [case("p_dp2", "gpt2-tiny", dp=2), case("p_raises", "gpt2-tiny", dp=2),
-             case("p_accum", "gpt2-tiny", B=1, total=128, dp=2), case("p_dies", "gpt2-tiny", dp=2),
+             case("p_accum", "gpt2-tiny", B=1, total=128, dp=2), case("p_hangs", "gpt2-tiny", dp=2),
              case("p_llama_zero1", "llama3-tiny", B=2, dp=2, zero=1)]
     out = tmp_path_factory.mktemp("pytorch_group")
     with pytest.MonkeyPatch.context() as mp:
@@ -130,8 +134,9 @@ def test_pytorch_dp_group_matches_one_process_per_case_and_isolates_failures(pyt
     assert not (out / "repeats" / "2" / "pytorch" / "p_raises.jsonl").exists()
     assert persistent["p_accum"][0].meta["persistent_worker"] == {
         **persistent["p_accum"][0].meta["persistent_worker"], "group": 1, "position": 4}
-    died = persistent["p_dies"][0]
-    assert died.status == "failed" and "worker group exited with status" in died.error, died.error
+    hung = persistent["p_hangs"]
+    assert len(hung) == 1 and hung[0].status == "failed" and f"timed out after {HANG_TIMEOUT_S:.0f} s at step 1" in \
+        hung[0].error, hung[0].error
     assert persistent["p_llama_zero1"][0].meta["persistent_worker"]["group"] == 2
     log = (out / "pytorch" / "p_accum.log").read_text()
     assert log.count("train loss") == 3 and "p_dp2" not in log  # its own lines only

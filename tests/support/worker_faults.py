@@ -5,13 +5,15 @@ read, through the batch readers of both runners (pytorch's TokenBatches, megatro
 MicroBatches), so no source is edited:
 
 - raise: every rank raises RuntimeError (a failure inside the training code; the group lives on);
-- exit_rank1: rank 1 exits with status 3 while rank 0 trains on (the whole group dies).
+- exit_rank1: rank 1 exits with status 3 while rank 0 trains on (the whole group dies);
+- hang: every rank sleeps for an hour (only the case's timeout ends it).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 from support.defects import TESTS_DIR
 
@@ -29,6 +31,8 @@ def _with_faults(cls, faults: dict[str, str]) -> None:
             if fault == "exit_rank1" and int(os.environ.get("RANK", 0)) == 1:
                 sys.stdout.flush()
                 os._exit(3)
+            if fault == "hang":
+                time.sleep(3600)
         return original(self, step, micro_step)
 
     cls.micro_batch = micro_batch

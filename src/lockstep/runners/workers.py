@@ -47,6 +47,9 @@ from lockstep.runners.nodes import NODE_RANK_ENV, NodeLayout, reports_results
 SERVE_FLAG = "--serve"
 PARENT_PID_ENV = "LOCKSTEP_WORKERS_PARENT_PID"
 DEVICE_ENV = "LOCKSTEP_WORKERS_DEVICE"  # "cpu" | "cuda": the ranks start their process group before any job
+# Set under srun: one lockstep, one queue on a shared filesystem, so one rank (local rank 0 of
+# node 0) says a job is over; otherwise every node's lockstep reads its own node's local rank 0.
+SHARED_QUEUE_ENV = "LOCKSTEP_WORKERS_SHARED_QUEUE"
 POLL_S = 0.05  # how often the parent reads results and the ranks look for their next job
 # How long a rank that finished a job waits for the others to finish it too. Healthy ranks end a
 # job within a moment of each other (the last step ends with all-reduces); a rank still missing
@@ -109,6 +112,8 @@ class WorkerGroup:
         env = dict(self.env)
         if self.nodes.launcher != "slurm":
             env[PARENT_PID_ENV] = str(os.getpid())  # ranks on this host end when lockstep is gone
+        else:
+            env[SHARED_QUEUE_ENV] = "1"
         if self.use_torchrun:
             # The same id on every node for the same group start; a new id for a fresh group.
             run_id = rendezvous_id(self.module, first_job) + f"-g{self.starts}"
@@ -397,7 +402,8 @@ def _agree(n: int, ok: bool) -> bool | None:
 def _finish(job: dict, n: int, ok: bool, error: str, group_ends: bool = False) -> None:
     """Local rank 0 of every node says the job is over (the parent on each node waits for it),
     and whether the group ends with it (then the parent starts a fresh one for the next job)."""
-    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+    says = reports_results() if os.environ.get(SHARED_QUEUE_ENV) else int(os.environ.get("LOCAL_RANK", 0)) == 0
+    if says:
         ResultsWriter(job["results_path"])._write({"type": "info", "ok": ok, "error": error,
                                                    "group_ends": group_ends})
 

@@ -1,0 +1,82 @@
+"""execute_plan's order with persistent workers: a runner's cases that share a worker-group key
+run together, in plan order, in one `run_many` when the group is reached; other pairs run where
+they stand; skipped pairs are never handed to a runner; outcomes come back in plan order. With
+`persistent_workers` off every pair is its own `run_many`, not persistent.
+
+The runners here are a bookkeeping framework: they record what they were asked to run and
+return records without training (what runs inside `run_many` is tested with real frameworks in
+tests/runners/test_persistent_workers.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.formats.run_record import RunRecord, StepRecord
+from lockstep.models import SHAPES
+from lockstep.run_matrix import RunPlan, execute_plan
+from lockstep.runners.base import FrameworkRunner, RunInputs
+
+
+class Bookkeeping(FrameworkRunner):
+    """Groups cases by world size when `grouped`; "fails" cases fail (their repeats are not run)."""
+
+    def __init__(self, name: str, grouped: bool, calls: list):
+        self.name, self.grouped, self.calls = name, grouped, calls
+
+    def version(self) -> str:
+        return "0"
+
+    def skip_reason(self, case, inputs):
+        return "too wide" if case.dp == 4 and self.name == "b" else None
+
+    def worker_group_key(self, case, inputs):
+        return case.world_size if self.grouped else None
+
+    def execute(self, case, inputs, log_path, on_step):
+        raise AssertionError("run_many is overridden")
+
+    def run_many(self, pairs, out_dirs, on_start=None, on_step=None, on_done=None, persistent=False):
+        self.calls.append((self.name, [c.name for c, _ in pairs], persistent, len(out_dirs)))
+        out = []
+        for case, _ in pairs:
+            rec = RunRecord(self.name, case.name, [StepRecord(1, 1.0, 1.0, 1.0, 1e-4)],
+                            status="failed" if case.name == "fails" else "ok")
+            on_done(case, [rec])
+            out.append([rec])
+        return out
+
+
+def case(name: str, dp: int = 1) -> CaseSpec:
+    return CaseSpec(name=name, model="gpt2-tiny", dtype="float32", micro_batch=1, seq_len=8, total_batch=8 * dp,
+                    steps=1, lr=1e-4, dp=dp)
+
+
+def plan(tmp_path: Path, runners, persistent: bool) -> RunPlan:
+    cases = [case("one"), case("dp2", 2), case("fails"), case("dp4", 4), case("dp2_again", 2)]
+    inputs = RunInputs(checkpoint=Path("-"), tokens=Path("-"), model=SHAPES["gpt2-tiny"].config, device="cpu")
+    return RunPlan(out_dir=tmp_path, device="cpu", cases=cases, inputs={c.name: inputs for c in cases},
+                   runners=runners, persistent_workers=persistent)
+
+
+def test_groups_run_when_reached_and_outcomes_keep_plan_order(tmp_path):
+    calls, ended = [], []
+    runners = [Bookkeeping("a", grouped=False, calls=calls), Bookkeeping("b", grouped=True, calls=calls)]
+    outcomes = execute_plan(plan(tmp_path, runners, persistent=True), repeat=2,
+                            on_end=lambda o: ended.append(f"{o.framework}/{o.case.name}"))
+    assert calls == [("a", ["one"], False, 2), ("b", ["one", "fails"], True, 2), ("a", ["dp2"], False, 2),
+                     ("b", ["dp2", "dp2_again"], True, 2), ("a", ["fails"], False, 2), ("a", ["dp4"], False, 2),
+                     ("a", ["dp2_again"], False, 2)]
+    assert ended == ["a/one", "b/one", "b/fails", "a/dp2", "b/dp2", "b/dp2_again", "a/fails", "a/dp4", "b/dp4",
+                     "a/dp2_again"]
+    assert [(o.framework, o.case.name, o.skipped or o.record.status) for o in outcomes] == [
+        ("a", "one", "ok"), ("b", "one", "ok"), ("a", "dp2", "ok"), ("b", "dp2", "ok"), ("a", "fails", "failed"),
+        ("b", "fails", "failed"), ("a", "dp4", "ok"), ("b", "dp4", "too wide"), ("a", "dp2_again", "ok"),
+        ("b", "dp2_again", "ok")]
+
+
+def test_without_persistent_workers_every_pair_runs_alone(tmp_path):
+    calls = []
+    runners = [Bookkeeping("b", grouped=True, calls=calls)]
+    execute_plan(plan(tmp_path, runners, persistent=False))
+    assert calls == [("b", [name], False, 1) for name in ("one", "dp2", "fails", "dp2_again")]

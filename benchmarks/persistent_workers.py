@@ -20,6 +20,7 @@ import struct
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -70,6 +71,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--order", choices=["persistent-first", "per-case-first"], default="persistent-first",
                    help="which mode runs first (the first run also warms the file cache and the init checkpoint)")
     args = p.parse_args(argv)
+    warnings.filterwarnings("ignore")  # megatron-core's import warnings, when machine() reads its version
     args.out.mkdir(parents=True, exist_ok=True)
     order = list(MODES) if args.order == "persistent-first" else list(reversed(MODES))
     wall, rcs, recs = {}, {}, {}
@@ -95,7 +97,7 @@ def main(argv: list[str]) -> int:
              f"{m['device']}) | torch {m['torch']}" + (f" | megatron-core {m['megatron_core']}" if "megatron_core" in m
                                                         else ""),
              f"command: `lockstep run --matrix {args.matrix} {' '.join(extra)}` (run order: {', '.join(order)})", "",
-             "| mode | wall time (s) | exit | " + " | ".join(f"{fw} cases, summed (s)" for fw in frameworks) + " |",
+             "| mode | wall time (s) | exit | " + " | ".join(f"{fw}: its records' start..end, summed (s)" for fw in frameworks) + " |",
              "| --- | ---: | ---: | " + " | ".join("---:" for _ in frameworks) + " |"]
     for mode in MODES:
         lines.append(f"| {mode} | {wall[mode]:.1f} | {rcs[mode]} | "

@@ -2,7 +2,9 @@
 
 The parent process never imports megatron-core (importing it takes seconds and it may be
 absent); it checks what it can cheaply, hands the case to `worker.py` under torchrun through
-launch.run_workers, and turns the workers' step results into the run record.
+launch.run_workers, and turns the workers' step results into the run record. With persistent
+workers (runners/workers.py) one torchrun per world size runs every such case of the plan, each
+case making and releasing its own TP/PP/DP grid inside the one process group (parallel.py).
 
 On the CPU (CI) the workers use gloo and a few small shims (cpu_shims.py) and otherwise run
 the same megatron-core code as on CUDA -- GPTModel, the TP layers and vocab-parallel cross

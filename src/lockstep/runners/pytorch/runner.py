@@ -1,4 +1,5 @@
-"""`pytorch` runner: in-process on one device, torchrun (gloo on CPU, NCCL on GPU) for DP > 1."""
+"""`pytorch` runner: in-process on one device, torchrun (gloo on CPU, NCCL on GPU) for DP > 1;
+with persistent workers (runners/workers.py) one torchrun runs every DP case of one world size."""
 
 from __future__ import annotations
 

@@ -66,7 +66,9 @@ def sign_diff(name: str, ref: np.ndarray, test_sign: np.ndarray, eps: float) -> 
 def compare_forward(ref: StepCapture, test: StepCapture) -> list[TensorDiff]:
     """Every module output both sides have, in the reference's forward order."""
     order = ref.forward_order or list(ref.forward)
-    return [tensor_diff(n, "forward", ref.forward[n], test.forward[n]) for n in order if n in test.forward]
+    # Same shape only: a TP rank's shard or a PP stage's share of another layout is not the module's output.
+    return [tensor_diff(n, "forward", ref.forward[n], test.forward[n]) for n in order
+            if n in test.forward and np.shape(test.forward[n]) == np.shape(ref.forward[n])]
 
 
 def compare_grads(ref: StepCapture, test: StepCapture, adam_eps: float = 1e-8) -> list[TensorDiff]:

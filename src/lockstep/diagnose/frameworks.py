@@ -3,12 +3,14 @@
 - pytorch: in this process, the family's reference module with forward hooks (reference_capture).
 - megatron: its worker under torchrun with `diagnose_path` set (megatron_capture), one step.
 - infinitrain: its executable for one step of SGD at a large power-of-two lr with `--save`, each
-  gradient recovered as (w0 - w1)/lr (weights_only); for Adam families only the sign.
+  gradient recovered as (w0 - w1)/lr (weights_only); for Adam families only the sign. The same
+  step dumps its module outputs (`--precision_check`, runners/infinitrain/precision_check.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -80,6 +82,8 @@ def capture_infinitrain(case: CaseSpec, inputs: RunInputs, work_dir: Path, refer
     from lockstep.diagnose import weights_only
     from lockstep.runners.base import final_params_path
     from lockstep.runners.infinitrain import InfiniTrainRunner
+    from lockstep.runners.infinitrain.precision_check import UNSUPPORTED_MARK, read_module_outputs
+    from lockstep.runners.infinitrain.runner import PRECISION_CHECK_DIR
 
     family = inputs.family
     ckpt = load_checkpoint(inputs.checkpoint)
@@ -91,13 +95,33 @@ def capture_infinitrain(case: CaseSpec, inputs: RunInputs, work_dir: Path, refer
     else:
         lr = weights_only.ADAM_RECOVERY_LR
     step_case = case.with_overrides(steps=1, lr=lr, name=f"{case.name}_recovery_lr{lr:g}")
-    record = InfiniTrainRunner(build_dir).run(step_case, dataclasses.replace(inputs, save_final_params=True), work_dir)
+    # The same step also dumps every module's output (its --precision_check): step 1's forward is
+    # before the update, so the huge lr does not touch it.
+    check_dir = (work_dir / f"infinitrain_{case.name}_module_outputs").resolve()
+    shutil.rmtree(check_dir, ignore_errors=True)
+    saving = dataclasses.replace(inputs, save_final_params=True)
+    record = InfiniTrainRunner(build_dir).run(
+        step_case, dataclasses.replace(saving, extra={**inputs.extra, PRECISION_CHECK_DIR: str(check_dir)}), work_dir)
+    forward_note = ""
+    if not record.ok and "unknown command line flag" in (record.error or "") and UNSUPPORTED_MARK in record.error:
+        forward_note = ("this InfiniTrain build has no --precision_check, so no module outputs: its forward is "
+                        "judged from the step-1 loss and the gradients")
+        record = InfiniTrainRunner(build_dir).run(step_case, saving, work_dir)
     if not record.ok:
         raise RunError(f"InfiniTrain's recovery step failed: {record.error}")
+    forward = read_module_outputs(check_dir)
+    shutil.rmtree(check_dir, ignore_errors=True)  # every activation and its gradient: large, and read now
     params_path = final_params_path(Path(record.source).with_suffix(".log"))
     with np.load(params_path) as saved:
         w1 = {name: saved[name] for name in saved.files}
-    cap = StepCapture(framework="infinitrain", loss=record.steps[0].loss)
+    cap = StepCapture(framework="infinitrain", loss=record.steps[0].loss, forward=forward,
+                      forward_order=[n for n in (reference.forward_order if reference else []) if n in forward]
+                      or list(forward))
+    if forward_note:
+        cap.notes.append(forward_note)
+    elif forward:
+        cap.notes.append(f"infinitrain module outputs: its own --precision_check dumps of rank 0's first micro batch "
+                         f"({len(forward)} modules)")
     for name, before in w0.items():
         if name not in w1:
             raise RunError(f"{params_path}: InfiniTrain's checkpoint has no tensor for {name}")

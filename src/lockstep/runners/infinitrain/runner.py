@@ -42,6 +42,7 @@ from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
                                    write_final_params)
 from lockstep.runners.infinitrain.families import adapter_for
+from lockstep.runners.infinitrain.precision_check import precision_check_flag
 from lockstep.runners.launch import kill_process_group, worker_env
 from lockstep.runners.nodes import srun_per_node
 
@@ -55,6 +56,8 @@ COMMIT_FILE = "INFINITRAIN_COMMIT"
 # user's shell would silently change the world size, so the runner never passes them on.
 INFINITRAIN_PROCESS_ENV = ("NNODES", "NPROC_PER_NODE", "PROC_WORLD_SIZE", "GLOBAL_PROC_RANK", "LOCAL_PROC_RANK")
 POLL_INTERVAL_S = 0.5
+# RunInputs.extra key: a directory for InfiniTrain's module-output dumps (`lockstep diagnose`).
+PRECISION_CHECK_DIR = "infinitrain_precision_check_dir"
 TAIL_LINES = 15
 
 
@@ -166,6 +169,9 @@ class InfiniTrainRunner(FrameworkRunner):
         self.preflight(inputs)
         check_enough_tokens(case, inputs.tokens)
         cmd = self.command(case, inputs)
+        check_dir = inputs.extra.get(PRECISION_CHECK_DIR)
+        if check_dir:
+            cmd.append(precision_check_flag(_absolute(Path(check_dir))))
         save_dir = Path(log_path).with_name(f"{case.name}.save")
         if inputs.save_final_params:
             # Its own checkpoint after the last step (weights only), turned into LLMC names below.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
@@ -69,6 +70,26 @@ def test_drift_of_a_pipeline_case_runs_the_reference_on_one_device_and_a_side_th
     runs, note = drift_runs(DiagnosePlan(case=bf16, inputs=run_inputs, frameworks=["pytorch", "megatron"],
                                          out_dir=tmp_path / "bf16"), "pytorch", "megatron", steps=1)
     assert runs == [] and note.startswith("drift not measured: megatron cannot run case gpt2_1_bfloat16 here (")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
+def test_megatron_drift_runs_its_three_lrs_in_one_worker_group(inputs, tmp_path):
+    from lockstep.cases.spec import CaseSpec
+    from lockstep.diagnose.run import DiagnosePlan, drift_runs
+    from lockstep.formats.run_record import read_run_record
+    from lockstep.runners.base import RunInputs
+
+    ckpt, tokens = inputs
+    case = CaseSpec(name="gpt2_1", model="gpt2-tiny", dtype="float32", micro_batch=4, seq_len=64, total_batch=256,
+                    steps=10, lr=1e-4)
+    plan = DiagnosePlan(case=case, inputs=RunInputs(checkpoint=ckpt, tokens=tokens, model=SHAPES["gpt2-tiny"].config,
+                                                    device="cpu"), frameworks=["pytorch", "megatron"], out_dir=tmp_path)
+    runs, note = drift_runs(plan, "pytorch", "megatron", steps=1)
+    assert note == "" and [r.lr for r in runs] == [1e-12, 1e-5, 1e-4]
+    assert max(r.max_abs_diff for r in runs) < 1e-6
+    groups = [read_run_record(tmp_path / "drift" / "megatron" / f"gpt2_1_lr{lr:g}.jsonl").meta["persistent_worker"]
+              for lr in (1e-12, 1e-5, 1e-4)]
+    assert len({g["group_started_at"] for g in groups}) == 1 and [g["position"] for g in groups] == [1, 2, 3]
 
 
 def test_hint_names_the_command():

@@ -132,32 +132,56 @@ def _failed_pair(run_dir: Path, manifest: dict, case: str) -> list[str]:
 
 def drift_runs(plan: DiagnosePlan, base: str, test: str, steps: int) -> tuple[list[DriftRun], str]:
     """Both frameworks' losses at lr 1e-12, 1e-5 and the case's lr over a few steps; and, when some
-    could not be measured, why (the drift is evidence beside step 1, so it never stops the verdict)."""
+    could not be measured, why (the drift is evidence beside step 1, so it never stops the verdict).
+
+    Each framework runs its lrs in one persistent worker group where it has them (one megatron
+    start-up instead of three)."""
+    lrs = drift_lrs(plan.case)
+    sides: list[dict[float, dict[int, float]]] = []  # base's, then test's losses per lr
+    note = ""
+    for fw in (base, test):
+        got, note = _drift_losses(plan, fw, lrs, min(steps, plan.case.steps))
+        sides.append(got)
+        if note:
+            break
     out = []
-    n = min(steps, plan.case.steps)
-    for lr in drift_lrs(plan.case):
-        losses = {}
-        for fw in (base, test):
-            reused = _run_dir_losses(plan, fw) if lr == plan.case.lr else None
-            if reused is not None:
-                losses[fw] = reused
-                continue
-            drift_case = plan.case.with_overrides(lr=lr, steps=n, name=f"{plan.case.name}_lr{lr:g}")
-            if fw == "pytorch" and (drift_case.tp > 1 or drift_case.pp > 1):
-                # The reference trains the same global batch on one device (its step-1 capture does too).
-                drift_case = drift_case.with_overrides(tp=1, pp=1, vpp=1, sp=False, pp_layout=None)
-            runner = get_runner(fw, **plan.options.get(fw, {}))
-            reason = runner.skip_reason(drift_case, plan.inputs)
-            if reason:
-                return out, f"drift not measured: {fw} cannot run case {plan.case.name} here ({reason})"
-            record = runner.run(drift_case, plan.inputs, plan.out_dir / "drift")
-            if not record.ok:
-                return out, f"drift not measured from lr {lr:g} on: {fw} failed ({record.error})"
-            losses[fw] = {s.step: s.loss for s in record.steps}
-        common = sorted(set(losses[base]) & set(losses[test]))
-        note = "from the run directory's records" if lr == plan.case.lr and plan.run_dir else ""
-        out.append(DriftRun(lr, [DriftStep(s, losses[base][s], losses[test][s]) for s in common], note))
-    return out, ""
+    for lr in lrs:
+        if len(sides) < 2 or lr not in sides[0] or lr not in sides[1]:
+            break
+        ref, other = sides[0][lr], sides[1][lr]
+        from_run_dir = "from the run directory's records" if lr == plan.case.lr and plan.run_dir else ""
+        out.append(DriftRun(lr, [DriftStep(s, ref[s], other[s]) for s in sorted(set(ref) & set(other))], from_run_dir))
+    return out, note
+
+
+def _drift_losses(plan: DiagnosePlan, fw: str, lrs: list[float], n: int) -> tuple[dict[float, dict[int, float]], str]:
+    """One framework's losses per lr (in lr order, up to the first that could not be measured) and why not."""
+    runner = get_runner(fw, **plan.options.get(fw, {}))
+    got: dict[float, dict[int, float]] = {}
+    todo = []
+    for lr in lrs:
+        reused = _run_dir_losses(plan, fw) if lr == plan.case.lr else None
+        if reused is not None:
+            got[lr] = reused
+            continue
+        drift_case = plan.case.with_overrides(lr=lr, steps=n, name=f"{plan.case.name}_lr{lr:g}")
+        if fw == "pytorch" and (drift_case.tp > 1 or drift_case.pp > 1):
+            # The reference trains the same global batch on one device (its step-1 capture does too).
+            drift_case = drift_case.with_overrides(tp=1, pp=1, vpp=1, sp=False, pp_layout=None)
+        reason = runner.skip_reason(drift_case, plan.inputs)
+        if reason:
+            return {}, f"drift not measured: {fw} cannot run case {plan.case.name} here ({reason})"
+        todo.append((lr, drift_case))
+    keys = {runner.worker_group_key(c, plan.inputs) for _, c in todo}
+    records = runner.run_many([(c, plan.inputs) for _, c in todo], [plan.out_dir / "drift"],
+                              persistent=len(keys) == 1 and None not in keys)
+    for (lr, _), (record, *_) in zip(todo, records):
+        if not record.ok:
+            earlier = lrs[: lrs.index(lr)]
+            return ({k: v for k, v in got.items() if k in earlier},
+                    f"drift not measured from lr {lr:g} on: {fw} failed ({record.error})")
+        got[lr] = {s.step: s.loss for s in record.steps}
+    return got, ""
 
 
 def drift_lrs(case) -> list[float]:

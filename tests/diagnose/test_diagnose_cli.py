@@ -36,17 +36,23 @@ def test_pytorch_vs_megatron_from_the_command_line(inputs, tmp_path, capsys):
     assert max(r["rel_error"] for r in verdict["ranked"]) < 1e-6
 
 
-def test_drift_runs_each_lr_on_both_sides(inputs, tmp_path):
+def gpt2_1_plan(inputs, frameworks, out_dir, **case_fields):
+    """A diagnose plan for gpt2_1's shape on gpt2-tiny (CPU), with `case_fields` changed."""
     from lockstep.cases.spec import CaseSpec
-    from lockstep.diagnose.run import DiagnosePlan, drift_runs
+    from lockstep.diagnose.run import DiagnosePlan
     from lockstep.runners.base import RunInputs
 
     ckpt, tokens = inputs
     case = CaseSpec(name="gpt2_1", model="gpt2-tiny", dtype="float32", micro_batch=4, seq_len=64, total_batch=256,
-                    steps=10, lr=1e-4)
-    plan = DiagnosePlan(case=case, inputs=RunInputs(checkpoint=ckpt, tokens=tokens, model=SHAPES["gpt2-tiny"].config,
-                                                    device="cpu"), frameworks=["pytorch", "pytorch"], out_dir=tmp_path)
-    runs, note = drift_runs(plan, "pytorch", "pytorch", steps=2)
+                    steps=10, lr=1e-4).with_overrides(**case_fields)
+    return DiagnosePlan(case=case, inputs=RunInputs(checkpoint=ckpt, tokens=tokens, model=SHAPES["gpt2-tiny"].config,
+                                                    device="cpu"), frameworks=frameworks, out_dir=out_dir)
+
+
+def test_drift_runs_each_lr_on_both_sides(inputs, tmp_path):
+    from lockstep.diagnose.run import drift_runs
+
+    runs, note = drift_runs(gpt2_1_plan(inputs, ["pytorch", "pytorch"], tmp_path), "pytorch", "pytorch", steps=2)
     assert note == "" and [r.lr for r in runs] == [1e-12, 1e-5, 1e-4]
     assert all(len(r.steps) == 2 and r.max_abs_diff == 0.0 for r in runs)
     assert runs[0].steps[0].ref == runs[2].steps[0].ref  # step 1 is before any update
@@ -55,35 +61,22 @@ def test_drift_runs_each_lr_on_both_sides(inputs, tmp_path):
 
 def test_drift_of_a_pipeline_case_runs_the_reference_on_one_device_and_a_side_that_cannot_run_leaves_a_note(
         inputs, tmp_path):
-    from lockstep.cases.spec import CaseSpec
-    from lockstep.diagnose.run import DiagnosePlan, drift_runs
-    from lockstep.runners.base import RunInputs
+    from lockstep.diagnose.run import drift_runs
 
-    ckpt, tokens = inputs
-    run_inputs = RunInputs(checkpoint=ckpt, tokens=tokens, model=SHAPES["gpt2-tiny"].config, device="cpu")
-    pp2 = CaseSpec(name="gpt2_pp2", model="gpt2-tiny", dtype="float32", micro_batch=2, seq_len=64, total_batch=256,
-                   steps=10, lr=1e-4, pp=2)
-    runs, note = drift_runs(DiagnosePlan(case=pp2, inputs=run_inputs, frameworks=["pytorch", "pytorch"],
-                                         out_dir=tmp_path / "pp"), "pytorch", "pytorch", steps=1)
+    pp2 = gpt2_1_plan(inputs, ["pytorch", "pytorch"], tmp_path / "pp", name="gpt2_pp2", micro_batch=2, pp=2)
+    runs, note = drift_runs(pp2, "pytorch", "pytorch", steps=1)
     assert note == "" and [len(r.steps) for r in runs] == [1, 1, 1]
-    bf16 = pp2.with_overrides(name="gpt2_1_bfloat16", dtype="bfloat16", pp=1, micro_batch=4)
-    runs, note = drift_runs(DiagnosePlan(case=bf16, inputs=run_inputs, frameworks=["pytorch", "megatron"],
-                                         out_dir=tmp_path / "bf16"), "pytorch", "megatron", steps=1)
+    bf16 = gpt2_1_plan(inputs, ["pytorch", "megatron"], tmp_path / "bf16", name="gpt2_1_bfloat16", dtype="bfloat16")
+    runs, note = drift_runs(bf16, "pytorch", "megatron", steps=1)
     assert runs == [] and note.startswith("drift not measured: megatron cannot run case gpt2_1_bfloat16 here (")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
 def test_megatron_drift_runs_its_three_lrs_in_one_worker_group(inputs, tmp_path):
-    from lockstep.cases.spec import CaseSpec
-    from lockstep.diagnose.run import DiagnosePlan, drift_runs
+    from lockstep.diagnose.run import drift_runs
     from lockstep.formats.run_record import read_run_record
-    from lockstep.runners.base import RunInputs
 
-    ckpt, tokens = inputs
-    case = CaseSpec(name="gpt2_1", model="gpt2-tiny", dtype="float32", micro_batch=4, seq_len=64, total_batch=256,
-                    steps=10, lr=1e-4)
-    plan = DiagnosePlan(case=case, inputs=RunInputs(checkpoint=ckpt, tokens=tokens, model=SHAPES["gpt2-tiny"].config,
-                                                    device="cpu"), frameworks=["pytorch", "megatron"], out_dir=tmp_path)
+    plan = gpt2_1_plan(inputs, ["pytorch", "megatron"], tmp_path)
     runs, note = drift_runs(plan, "pytorch", "megatron", steps=1)
     assert note == "" and [r.lr for r in runs] == [1e-12, 1e-5, 1e-4]
     assert max(r.max_abs_diff for r in runs) < 1e-6

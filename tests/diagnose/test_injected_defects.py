@@ -160,3 +160,30 @@ def test_forward_defect_is_named_at_its_module(reference, gpt2_tiny, token_ids):
     v = verdict_against(reference, model, token_ids)
     assert v.findings[0].kind == FORWARD and v.findings[0].where == "mlp[1]"
     assert v.first_diverging_module == "mlp[1]"
+
+
+def test_with_adam_signs_only_the_output_gradients_still_name_the_layernorm(reference, gpt2_tiny, token_ids):
+    """An Adam family on a framework that only saves weights (InfiniTrain's llama3): its parameter
+    gradients are signs, which a 1e-3 relative LayerNorm term does not flip; the gradients arriving
+    at the module outputs (its --precision_check dumps) locate it by magnitude."""
+    from lockstep.cases.spec import CaseSpec
+    from lockstep.diagnose.capture import GRAD_ADAM_SIGN
+
+    config, tensors = gpt2_tiny
+    case = CaseSpec.from_dict(reference.meta["case"])
+    test = capture_reference(gpt2_with(tensors, config, ln_2=1), case, token_ids, framework="test")
+    test.grads = {n: np.sign(g) for n, g in test.grads.items()}
+    test.grad_kind = GRAD_ADAM_SIGN
+    v = diagnose_captures(reference, test, case)
+    assert v.first_diverging_module is None and v.first_diverging_output_grad == "attproj[1]"
+    assert [(f.kind, f.where) for f in v.findings if f.kind == BACKWARD_INPUT] == [(BACKWARD_INPUT, "ln2[1]")]
+    by_name = {d.name: d for d in v.output_grads}
+    assert by_name["mlp[1]"].rel == 0.0 and by_name["ln2[1]"].rel == 0.0  # after the defect, in backward order
+    assert by_name["attproj[1]"].rel > 1e-5 and by_name["embedding"].rel > 1e-5
+
+
+def test_output_gradients_of_an_identical_pair_agree_exactly(reference, gpt2_tiny, token_ids):
+    config, tensors = gpt2_tiny
+    v = verdict_against(reference, GPT2.from_llmc(tensors, config), token_ids)
+    assert [d.name for d in v.output_grads][:3] == ["logits", "lnf", "block[1]"] and v.output_grads[-1].name == "embedding"
+    assert max(d.rel for d in v.output_grads) == 0.0 and v.first_diverging_output_grad is None

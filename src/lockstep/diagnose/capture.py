@@ -4,6 +4,10 @@ A capture holds, under canonical names (SPEC: LLMC tensor names, per layer `qkvw
 - `forward`: the output of every module on the first micro batch of DP rank 0, in forward order
   (`embedding`, `ln1[i]`, `attn[i]` (attention before its projection), `attproj[i]`, `ln2[i]`,
   `mlp[i]`, `block[i]`, `lnf`, `logits`, `loss`); empty when the framework exposes none.
+- `output_grads`: the gradient arriving at each of those module outputs in step 1's backward
+  (same micro batch, as the gradient of its mean loss / accum); pytorch and InfiniTrain (its
+  `--precision_check` dumps). With Adam's sign-only parameter gradients they still locate a
+  backward defect by magnitude.
 - `grads`: every parameter's gradient of step 1 (the whole step: all micro batches and ranks).
   `grad_kind` says how it was obtained: "exact" (read from the framework), "sgd-recovered"
   ((w0 - w1)/lr after one SGD step, with `grad_precision` per tensor) or "adam-sign" (only the
@@ -15,7 +19,7 @@ A capture holds, under canonical names (SPEC: LLMC tensor names, per layer `qkvw
 - `param_order`: canonical parameter names in the order the forward pass first uses them,
   `module_kind`: the reference module type owning each (LayerNorm, Linear, ...).
 
-Saved as one .npz (`fwd/NAME`, `grad/NAME`, `prec/NAME`, `tie/NAME`, `token_losses`, and a JSON
+Saved as one .npz (`fwd/NAME`, `outgrad/NAME`, `grad/NAME`, `prec/NAME`, `tie/NAME`, `token_losses`, and a JSON
 `meta`), written by rank 0 of whichever process made it.
 """
 
@@ -40,6 +44,9 @@ class StepCapture:
     loss: float | None = None
     forward: dict[str, np.ndarray] = field(default_factory=dict)
     forward_order: list[str] = field(default_factory=list)
+    # The gradient arriving at each module's output (same micro batch and names as `forward`), as
+    # the gradient of that micro batch's mean loss / accum: what the framework's backward passes on.
+    output_grads: dict[str, np.ndarray] = field(default_factory=dict)
     grads: dict[str, np.ndarray] = field(default_factory=dict)
     grad_kind: str = GRAD_EXACT
     grad_precision: dict[str, float] = field(default_factory=dict)  # bound on ||error|| / ||g||, per tensor
@@ -56,6 +63,8 @@ class StepCapture:
             arrays[f"fwd/{name}"] = np.asarray(a, dtype=np.float32)
         for name, a in self.grads.items():
             arrays[f"grad/{name}"] = np.asarray(a, dtype=np.float32)
+        for name, a in self.output_grads.items():
+            arrays[f"outgrad/{name}"] = np.asarray(a, dtype=np.float32)
         for name, a in self.tie_parts.items():
             arrays[f"tie/{name}"] = np.asarray(a, dtype=np.float32)
         if self.token_losses is not None:
@@ -88,6 +97,8 @@ class StepCapture:
                     cap.forward[name] = z[key]
                 elif kind == "grad":
                     cap.grads[name] = z[key]
+                elif kind == "outgrad":
+                    cap.output_grads[name] = z[key]
                 elif kind == "tie":
                     cap.tie_parts[name] = z[key]
                 elif key == "token_losses":

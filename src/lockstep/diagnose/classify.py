@@ -231,6 +231,28 @@ def _gradient_only(d: TensorDiff, kind_of: dict[str, str]) -> Finding:
                    f"{d.rel:.2e}, cosine {d.cosine:.3f}, while its neighbours agree")
 
 
+def add_output_grad_findings(findings: list[Finding], forward: list, output_grads: list, tolerance: float,
+                             grad_kind: str) -> list[Finding]:
+    """The gradients arriving at module outputs, in backward order: where they first differ while the
+    forward agrees, the backward of the module after that output passed on a wrong input gradient.
+
+    Said only where the parameter gradients cannot say it as well: Adam's sign-only ones, or none of
+    the other rules found anything."""
+    if not output_grads or any(d.rel > tolerance for d in forward):
+        return findings
+    if findings and grad_kind != GRAD_ADAM_SIGN and any(f.kind != LOGGING for f in findings):
+        return findings
+    first = next((i for i, d in enumerate(output_grads) if d.rel > tolerance), None)
+    if first is None:
+        return findings
+    d = output_grads[first]
+    producer = output_grads[first - 1].name if first > 0 else "the loss"
+    later = "every later module's output" if first > 0 else "no later output (it is the logits')"
+    return findings + [Finding(BACKWARD_INPUT, producer,
+                               f"input gradient of {producer}'s backward: the gradient arriving at {d.name}'s output "
+                               f"differs (relative {d.rel:.2e}, cosine {d.cosine:.3f}) while it agrees at {later}")]
+
+
 def add_drift_findings(findings: list[Finding], drift: list, loss_tolerance: float) -> list[Finding]:
     """Rule 4: forward and gradients agree, yet the losses after step 1 part at the case's lr."""
     if findings or not drift:

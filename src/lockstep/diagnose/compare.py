@@ -71,6 +71,13 @@ def compare_forward(ref: StepCapture, test: StepCapture) -> list[TensorDiff]:
             if n in test.forward and np.shape(test.forward[n]) == np.shape(ref.forward[n])]
 
 
+def compare_output_grads(ref: StepCapture, test: StepCapture) -> list[TensorDiff]:
+    """The gradient arriving at every module output both sides have, in backward order (logits first)."""
+    order = [n for n in reversed(ref.forward_order or list(ref.forward)) if n in ref.output_grads]
+    return [tensor_diff(n, "output gradient", ref.output_grads[n], test.output_grads[n]) for n in order
+            if n in test.output_grads and np.shape(test.output_grads[n]) == np.shape(ref.output_grads[n])]
+
+
 def compare_grads(ref: StepCapture, test: StepCapture, adam_eps: float = 1e-8) -> list[TensorDiff]:
     order = ref.param_order or list(ref.grads)
     missing = [n for n in order if n not in test.grads]

@@ -110,11 +110,12 @@ def capture_infinitrain(case: CaseSpec, inputs: RunInputs, work_dir: Path, refer
     if not record.ok:
         raise RunError(f"InfiniTrain's recovery step failed: {record.error}")
     forward = read_module_outputs(check_dir)
+    output_grads = read_module_outputs(check_dir, stage="backward") if case.pp == 1 else {}
     shutil.rmtree(check_dir, ignore_errors=True)  # every activation and its gradient: large, and read now
     params_path = final_params_path(Path(record.source).with_suffix(".log"))
     with np.load(params_path) as saved:
         w1 = {name: saved[name] for name in saved.files}
-    cap = StepCapture(framework="infinitrain", loss=record.steps[0].loss, forward=forward,
+    cap = StepCapture(framework="infinitrain", loss=record.steps[0].loss, forward=forward, output_grads=output_grads,
                       forward_order=[n for n in (reference.forward_order if reference else []) if n in forward]
                       or list(forward))
     if forward_note:

@@ -80,10 +80,17 @@ def capture_reference(model: nn.Module, case: CaseSpec, tokens: np.ndarray, devi
     order: list[str] = []
     state = {"on": False}
 
+    output_grads: dict[str, np.ndarray] = {}
+
     def record(name, t):
         if state["on"] and name not in forward:
             forward[name] = t.detach().float().cpu().numpy().copy()
             order.append(name)
+            if t.requires_grad:
+                # The backward below is of mean / (accum * dp); a framework's own backward of this
+                # micro batch is of mean / accum (DP averages parameter gradients, not activations).
+                t.register_hook(lambda g, name=name: output_grads.__setitem__(
+                    name, (g.detach().float() * case.dp).cpu().numpy().copy()))
 
     # Embedding-use gradient of every parameter read by an nn.Embedding: index_add of the grad
     # arriving at the lookup's output.
@@ -143,6 +150,7 @@ def capture_reference(model: nn.Module, case: CaseSpec, tokens: np.ndarray, devi
     with torch.no_grad():
         param_order, module_kind = parameter_structure(model, lambda: model(first_x[:1, :2]))
     model.zero_grad(set_to_none=True)
-    return StepCapture(framework=framework, loss=logged, forward=forward, forward_order=order, grads=grads,
+    return StepCapture(framework=framework, loss=logged, forward=forward, forward_order=order,
+                       output_grads={n: output_grads[n] for n in order if n in output_grads}, grads=grads,
                        tie_parts=tie_parts, token_losses=np.stack(token_losses), param_order=param_order,
                        module_kind=module_kind, meta={"device": str(device), "case": case.to_dict()})

@@ -48,6 +48,9 @@ def print_verdict(console: Console, v: dict, rows: int = TOP_ROWS) -> None:
             d.add_row(f"{run['lr']:g}", str(len(run["steps"])), _fmt(first), _fmt(run["max_abs_diff"]), run["note"])
         console.print(d)
     console.print(f"first diverging module: {escape(v['first_diverging_module'] or 'none (every module output agrees)')}")
+    if v.get("output_gradients"):
+        first = v.get("first_diverging_output_gradient") or "none (every module output's gradient agrees)"
+        console.print(f"first differing gradient at a module output, in backward order: {escape(first)}")
     if v["findings"]:
         for f in v["findings"]:
             console.print(f"[bold red]✗[/] {escape(f['classification'])}", highlight=False)
@@ -77,6 +80,9 @@ def html_section(verdicts: list[dict], rows: int = TOP_ROWS) -> str:
     parts = ["<h2>Diagnose: first divergence</h2>"]
     for v in verdicts:
         parts.append(f"<h3>{e(v['case'])}: {e(v['test'])} vs {e(v['reference'])}</h3>")
+        if v.get("output_gradients"):
+            parts.append(f"<p>first differing gradient at a module output (backward order): "
+                         f"<strong>{e(v.get('first_diverging_output_gradient') or 'none')}</strong></p>")
         parts.append(f"<p>first diverging module: <strong>{e(v['first_diverging_module'] or 'none')}</strong>; "
                      f"gradients {e(v['gradient_source'])}; tensor tolerance {v['tensor_tolerance']:.0e}</p>")
         items = [f["classification"] for f in v["findings"]] or ["no divergence"]

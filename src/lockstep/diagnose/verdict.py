@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from lockstep.cases.spec import CaseSpec, THRESHOLDS
 from lockstep.diagnose.capture import StepCapture
-from lockstep.diagnose.classify import (NONE, TENSOR_TOLERANCE, Finding, LossCheck, add_drift_findings, classify,
-                                        loss_check)
-from lockstep.diagnose.compare import TensorDiff, compare_forward, compare_grads
+from lockstep.diagnose.classify import (NONE, TENSOR_TOLERANCE, Finding, LossCheck, add_drift_findings,
+                                       add_output_grad_findings, classify, loss_check)
+from lockstep.diagnose.compare import TensorDiff, compare_forward, compare_grads, compare_output_grads
 
 
 @dataclass
@@ -58,6 +58,7 @@ class Verdict:
     drift: list[DriftRun] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    output_grads: list[TensorDiff] = field(default_factory=list)  # backward order
 
     @property
     def headline(self) -> str:
@@ -67,9 +68,14 @@ class Verdict:
     def first_diverging_module(self) -> str | None:
         return next((d.name for d in self.forward if d.rel > self.tolerance), None)
 
+    @property
+    def first_diverging_output_grad(self) -> str | None:
+        """In backward order: the first module output whose arriving gradient differs."""
+        return next((d.name for d in self.output_grads if d.rel > self.tolerance), None)
+
     def ranked(self, n: int | None = None) -> list[TensorDiff]:
         """Every tensor, forward and gradient, worst relative error first."""
-        rows = sorted(self.forward + self.grads, key=lambda d: (-d.rel, -d.max_abs))
+        rows = sorted(self.forward + self.output_grads + self.grads, key=lambda d: (-d.rel, -d.max_abs))
         return rows[:n] if n else rows
 
     def to_json(self) -> dict:
@@ -77,9 +83,11 @@ class Verdict:
             "case": self.case, "reference": self.reference, "test": self.test, "dtype": self.dtype,
             "tensor_tolerance": self.tolerance, "gradient_source": self.grad_kind,
             "verdict": self.headline, "first_diverging_module": self.first_diverging_module,
+            "first_diverging_output_gradient": self.first_diverging_output_grad,
             "findings": [f.to_json() for f in self.findings], "loss_step1": self.loss.to_json(),
             "ranked": [d.to_json() for d in self.ranked()],
             "forward": [d.to_json() for d in self.forward], "gradients": [d.to_json() for d in self.grads],
+            "output_gradients": [d.to_json() for d in self.output_grads],
             "drift": [d.to_json() for d in self.drift], "notes": self.notes, "seconds": self.seconds,
         }
 
@@ -97,8 +105,10 @@ def diagnose_captures(ref: StepCapture, test: StepCapture, case: CaseSpec, drift
     tol = TENSOR_TOLERANCE[case.dtype]
     forward = compare_forward(ref, test)
     grads = compare_grads(ref, test)
+    output_grads = compare_output_grads(ref, test)
     loss = loss_check(ref, test, THRESHOLDS[case.dtype])
     findings = classify(ref, test, forward, grads, tol, loss)
+    findings = add_output_grad_findings(findings, forward, output_grads, tol, test.grad_kind)
     findings = add_drift_findings(findings, drift or [], THRESHOLDS[case.dtype])
     notes = list(ref.notes) + list(test.notes)
     if not test.forward:
@@ -106,4 +116,4 @@ def diagnose_captures(ref: StepCapture, test: StepCapture, case: CaseSpec, drift
                      "the gradients")
     return Verdict(case=case.name, reference=ref.framework, test=test.framework, dtype=case.dtype, tolerance=tol,
                    forward=forward, grads=grads, findings=findings, loss=loss, grad_kind=test.grad_kind,
-                   drift=list(drift or []), notes=notes)
+                   drift=list(drift or []), notes=notes, output_grads=output_grads)

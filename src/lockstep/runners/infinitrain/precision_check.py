@@ -41,17 +41,18 @@ def canonical_output_name(module: str) -> str | None:
     return f"{_LAYER[sub]}[{layer}]" if sub in _LAYER else None
 
 
-def read_module_outputs(out_dir: Path, rank: int = 0) -> dict[str, np.ndarray]:
-    """Rank `rank`'s first-micro-batch module outputs under canonical names (empty when none were written)."""
+def read_module_outputs(out_dir: Path, rank: int = 0, stage: str = "forward") -> dict[str, np.ndarray]:
+    """Rank `rank`'s first-micro-batch module outputs under canonical names (empty when none were
+    written); with stage "backward", the gradient that arrived at each of those outputs."""
     runs = sorted(p for p in Path(out_dir).glob("*/") if p.is_dir())
     if not runs:
         return {}
     rank_dir = runs[-1] / f"rank_{rank}"
     out = {}
-    for path in sorted(rank_dir.glob("*_forward.npy")):
+    for path in sorted(rank_dir.glob(f"*_{stage}.npy")):
         # Only exact module names map: a later call in the step (`mlp_1`, `ln_1_1`, `transformer.h.0_1`)
         # names no module (and `ln_1` is the module ln_1, not a second call of some `ln`).
-        name = canonical_output_name(path.name[: -len("_forward.npy")])
+        name = canonical_output_name(path.name[: -len(f"_{stage}.npy")])
         if name is None:
             continue
         try:

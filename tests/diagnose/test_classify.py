@@ -52,3 +52,14 @@ def test_module_names():
     assert [module_of(n) for n in ("qkvb[1]", "ln2w[0]", "fcw2[3]", "fcprojb[2]", "lnfw", "wte", "lm_head",
                                    "qknormw[1]")] == ["qkv[1]", "ln2[0]", "fc2[3]", "fcproj[2]", "lnf", "wte",
                                                       "lm_head", "qknorm[1]"]
+
+
+def test_later_steps_that_part_as_much_with_frozen_weights_are_logging_precision():
+    """InfiniTrain's CPU build on gpt2_2's shape (gpt2-tiny, 2026-11-30): step 1 agrees to 6.4e-6,
+    later steps part by up to 1.78e-5 at lr 1e-4 -- and by 3.22e-5 with frozen weights."""
+    ref, test, _ = pair()
+    drift = [DriftRun(1e-12, [DriftStep(1, 10.0, 10.0), DriftStep(2, 9.9, 9.9 + 3.22e-5)]),
+             DriftRun(1e-4, [DriftStep(1, 10.0, 10.0), DriftStep(2, 9.9, 9.9 - 1.78e-5)])]
+    v = diagnose_captures(ref, test, CASE, drift=drift)
+    assert [f.kind for f in v.findings] == [LOGGING]
+    assert "as much with frozen weights (up to 3.22e-05 at lr 1e-12)" in v.findings[0].line

@@ -112,8 +112,10 @@ def test_infinitrain_cpu_build_has_no_defect_beyond_its_loss_sum(inputs, tmp_pat
     assert verdict["first_diverging_output_gradient"] is None
 
 
-def test_run_dir_plan_takes_the_case_inputs_and_the_failed_pair(inputs, tmp_path):
+def test_run_dir_plan_takes_the_case_inputs_the_failed_pair_and_the_build(inputs, tmp_path, monkeypatch):
     from lockstep.diagnose.run import DiagnoseRequest, plan_diagnose
+    from lockstep.errors import LockstepError
+    from lockstep.formats.run_record import RunRecord, write_run_record
 
     ckpt, tokens = inputs
     case = {"name": "gpt2_2", "model": "gpt2-tiny", "dtype": "float32", "micro_batch": 80, "seq_len": 64,
@@ -125,7 +127,18 @@ def test_run_dir_plan_takes_the_case_inputs_and_the_failed_pair(inputs, tmp_path
     (tmp_path / "summary.json").write_text(json.dumps({"comparisons": [
         {"test_framework": "megatron", "cases": [{"case": "gpt2_2", "passed": True}]},
         {"test_framework": "infinitrain", "cases": [{"case": "gpt2_2", "passed": False}]}]}))
+    monkeypatch.delenv("LOCKSTEP_INFINITRAIN_BUILD", raising=False)
+    with pytest.raises(LockstepError, match="no InfiniTrain build given"):  # said before any capture starts
+        plan_diagnose(DiagnoseRequest(case="gpt2_2", run_dir=str(tmp_path)))
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "gpt2").write_text("#!/bin/sh\n")
+    (build / "gpt2").chmod(0o755)
+    (tmp_path / "infinitrain").mkdir()
+    write_run_record(tmp_path / "infinitrain" / "gpt2_2.jsonl",
+                     RunRecord(framework="infinitrain", case="gpt2_2", meta={"infinitrain_build": str(build)}))
     plan = plan_diagnose(DiagnoseRequest(case="gpt2_2", run_dir=str(tmp_path)))
     assert plan.frameworks == ["pytorch", "infinitrain"]
+    assert plan.options["infinitrain"]["build_dir"] == str(build)  # the build the run used, from its record
     assert plan.case.total_batch == 5120 and plan.inputs.checkpoint == ckpt and plan.inputs.device == "cpu"
     assert plan.out_dir == tmp_path / "diagnose"

@@ -43,6 +43,9 @@ DOWNSTREAM = "downstream of the forward difference"
 OPTIMIZER = "optimizer update"
 LOGGING = "logging precision only"
 NONE = "no divergence"
+# Losses that part at the case's lr by no more than this many times what they part by with frozen
+# weights are the logged loss's precision, not training (an update that differs grows with the lr).
+FROZEN_FACTOR = 2.0
 
 
 @dataclass(frozen=True)
@@ -254,9 +257,29 @@ def add_output_grad_findings(findings: list[Finding], forward: list, output_grad
 
 
 def add_drift_findings(findings: list[Finding], drift: list, loss_tolerance: float) -> list[Finding]:
-    """Rule 4: forward and gradients agree, yet the losses after step 1 part at the case's lr."""
+    """Rule 4: forward and gradients agree, yet the losses after step 1 part at the case's lr -- the
+    optimizer update, unless they part as much with frozen weights (lr 1e-12), where no update
+    happens and only how each step's loss is computed and logged can differ."""
     if findings or not drift:
         return findings
+    case_lr = drift[-1]
+    later = [s for s in case_lr.steps if s.step > 1]
+    worst = max(later, key=lambda s: s.abs_diff, default=None)
+    if worst is None or worst.abs_diff <= loss_tolerance:
+        return findings
+    frozen = drift[0].max_abs_diff if drift[0] is not case_lr and drift[0].steps else None
+    if frozen is not None and worst.abs_diff <= FROZEN_FACTOR * frozen:
+        findings.append(Finding(LOGGING, "loss",
+                                f"logging precision only: forward and step-1 gradients agree, and the losses differ "
+                                f"as much with frozen weights (up to {frozen:.2e} at lr {drift[0].lr:g}) as at lr "
+                                f"{case_lr.lr:g} (step {worst.step}: {worst.abs_diff:.2e}): each step's logged loss, "
+                                "not the training, differs"))
+        return findings
+    findings.append(Finding(OPTIMIZER, "optimizer",
+                            f"optimizer update: forward and step-1 gradients agree, but at lr {case_lr.lr:g} the "
+                            f"loss of step {worst.step} differs by {worst.abs_diff:.2e}"
+                            + (f" (frozen weights: {frozen:.2e})" if frozen is not None else "")))
+    return findings
     case_lr = drift[-1]
     later = [s for s in case_lr.steps if s.step > 1]
     worst = max(later, key=lambda s: s.abs_diff, default=None)

@@ -24,6 +24,7 @@ from lockstep.models import model_shape, read_checkpoint_layout
 from lockstep.run_matrix import RunRequest, plan_run, runner_options
 from lockstep.runners import get_runner
 from lockstep.runners.base import RunInputs
+from lockstep.runners.infinitrain import InfiniTrainRunner
 
 DRIFT_LRS = (1e-12, 1e-5)  # frozen weights, a small step; the case's own lr is added
 DEFAULT_DRIFT_STEPS = 5
@@ -112,10 +113,25 @@ def _plan_from_run_dir(req: DiagnoseRequest) -> DiagnosePlan:
                        timeout_s=req.timeout_s)
     frameworks = req.frameworks or _failed_pair(run_dir, manifest, case.name)
     _check_pair(frameworks)
-    build = req.infinitrain_build
-    options = {"infinitrain": {"build_dir": build}} if build else {}
+    options = {}
+    if "infinitrain" in frameworks:
+        build = req.infinitrain_build or _recorded_infinitrain_build(run_dir, case.name)
+        options["infinitrain"] = {"build_dir": build}
+        InfiniTrainRunner(build).preflight(inputs)  # no build at all: said now, before any capture
     return DiagnosePlan(case=case, inputs=inputs, frameworks=frameworks, out_dir=run_dir / DIAGNOSE_DIR,
                         run_dir=run_dir, options=options)
+
+
+def _recorded_infinitrain_build(run_dir: Path, case: str) -> str | None:
+    """The InfiniTrain build the run used for `case`, as its record says (None: not recorded)."""
+    path = run_dir / "infinitrain" / f"{case}.jsonl"
+    if not path.is_file():
+        return None
+    try:
+        build = read_run_record(path).meta.get("infinitrain_build")
+    except LockstepError:
+        return None
+    return build if build and build != "None" else None
 
 
 def _failed_pair(run_dir: Path, manifest: dict, case: str) -> list[str]:

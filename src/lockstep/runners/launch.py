@@ -83,40 +83,48 @@ def run_workers(module: str, job: dict, nproc: int, log_path: Path, timeout_s: f
             cmd = [sys.executable, "-m", module, str(job_path)]
         steps: list[StepRecord] = []
         info: dict = {"worker_command": shlex.join(cmd)}
-        seen = 0
-        start = time.monotonic()
         with open(log_path, "w") as log:
             log.write(f"[COMMAND] {shlex.join(cmd)}\n")
             log.flush()
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env(env),
                                     start_new_session=True)
-            timed_out = False
-            try:
-                while True:
-                    try:
-                        rc = proc.wait(timeout=0.5)
-                        break
-                    except subprocess.TimeoutExpired:
-                        pass
-                    seen = _drain(results_path, seen, steps, info, on_step)
-                    if timeout_s is not None and time.monotonic() - start > timeout_s:
-                        timed_out = True
-                        kill_process_group(proc)
-                        rc = proc.wait()
-                        break
-            except BaseException:
-                # A signal (SIGINT/SIGTERM/SIGHUP arrive here as KeyboardInterrupt) or a failing
-                # progress callback: the workers run in their own session, so nothing else would
-                # stop them; they would keep training (and holding devices) after lockstep is gone.
-                kill_process_group(proc)
-                raise
-        _drain(results_path, seen, steps, info, on_step)
+            seen = [0]  # result lines read so far
+
+            def poll() -> None:
+                seen[0] = _drain(results_path, seen[0], steps, info, on_step)
+
+            rc, timed_out = supervise(proc, poll, timeout_s)
+        _drain(results_path, seen[0], steps, info, on_step)
         if timed_out:
             raise RunError(f"{log_path}: timed out after {timeout_s:.0f} s at step {len(steps)}"
                            + _tail(log_path))
         if rc != 0:
             raise RunError(f"{log_path}: worker exited with status {rc} after {len(steps)} step(s)" + _tail(log_path))
         return steps, info
+
+
+def supervise(proc: subprocess.Popen, poll: Callable[[], None], timeout_s: float | None,
+              interval_s: float = 0.5) -> tuple[int, bool]:
+    """Wait for a child started with start_new_session=True, calling `poll` every `interval_s`;
+    past `timeout_s` kill its whole group. Returns (exit status, timed out).
+
+    On any exception -- a signal (SIGINT/SIGTERM/SIGHUP arrive as KeyboardInterrupt) or a failing
+    `poll` -- the group is killed before it propagates: the child runs in its own session, so
+    nothing else would stop it and it would keep training (and holding devices) after lockstep."""
+    start = time.monotonic()
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=interval_s), False
+            except subprocess.TimeoutExpired:
+                pass
+            poll()
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                kill_process_group(proc)
+                return proc.wait(), True
+    except BaseException:
+        kill_process_group(proc)
+        raise
 
 
 def _drain(results_path: Path, seen: int, steps: list[StepRecord], info: dict, on_step) -> int:

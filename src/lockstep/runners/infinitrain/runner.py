@@ -30,7 +30,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from lockstep.cases.spec import CaseSpec
@@ -43,7 +42,7 @@ from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, St
                                    write_final_params)
 from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.infinitrain.precision_check import precision_check_flag
-from lockstep.runners.launch import kill_process_group, worker_env
+from lockstep.runners.launch import supervise, worker_env
 from lockstep.runners.nodes import srun_per_node
 
 BUILD_ENV_VAR = "LOCKSTEP_INFINITRAIN_BUILD"
@@ -186,8 +185,6 @@ class InfiniTrainRunner(FrameworkRunner):
         log_path.parent.mkdir(parents=True, exist_ok=True)
 
         streamer = _StepStreamer(str(log_path), on_step)
-        start = time.monotonic()
-        timed_out = False
         with open(log_path, "w") as log:
             log.write(f"[COMMAND] {shlex.join(cmd)}\n")
             log.flush()
@@ -198,24 +195,7 @@ class InfiniTrainRunner(FrameworkRunner):
                                         start_new_session=True)
             except OSError as e:
                 raise RunError(f"{cmd[0]}: could not start InfiniTrain ({e.strerror or e})") from None
-            try:
-                while True:
-                    try:
-                        rc = proc.wait(timeout=POLL_INTERVAL_S)
-                        break
-                    except subprocess.TimeoutExpired:
-                        pass
-                    streamer.poll()
-                    if time.monotonic() - start > timeout_s:
-                        timed_out = True
-                        kill_process_group(proc)
-                        rc = proc.wait()
-                        break
-            except BaseException:
-                # Ctrl-C or a failing progress callback: InfiniTrain runs in its own session, so it
-                # would otherwise keep training (and holding GPUs) after lockstep is gone.
-                kill_process_group(proc)
-                raise
+            rc, timed_out = supervise(proc, streamer.poll, timeout_s, POLL_INTERVAL_S)
         text = log_path.read_text(errors="replace")
         streamer.poll(final=True)
         steps = _parse_steps(text, str(log_path))

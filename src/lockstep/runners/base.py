@@ -149,6 +149,26 @@ class FrameworkRunner(ABC):
         return record
 
 
+def run_in_process(log_path: Path, on_step: StepCallback | None, train: Callable[[StepCallback, Any], dict]) -> ExecuteResult:
+    """Train in this process: `train(emit, log)` gets a step callback and the open native log and
+    returns the info for the record; running out of device memory is a failed run, said so."""
+    import torch
+
+    steps: list[StepRecord] = []
+
+    def emit(rec: StepRecord) -> None:
+        steps.append(rec)
+        if on_step:
+            on_step(rec)
+
+    with open(log_path, "w") as log:
+        try:
+            info = train(emit, log)
+        except torch.cuda.OutOfMemoryError as e:
+            raise RunError(f"{log_path}: out of device memory at step {len(steps) + 1} ({e})") from None
+    return ExecuteResult(steps=steps, meta={**info, "launcher": "in-process"})
+
+
 def write_record_or_fail(record_path: Path, record: RunRecord) -> None:
     """Write the record; when that fails (disk full, file-size limit), leave a small record
     marked failed that says why, or, if even that cannot be written, stop with one sentence

@@ -8,10 +8,8 @@ from pathlib import Path
 import torch
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.errors import RunError
-from lockstep.formats.run_record import StepRecord
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
-                                   launch_meta, oversubscribed_env)
+                                   launch_meta, oversubscribed_env, run_in_process)
 from lockstep.runners.launch import run_workers
 from lockstep.runners.pytorch.train import ProcessGroupInfo, train_case
 from lockstep.runners.workers import WorkerGroup
@@ -45,20 +43,9 @@ class PyTorchRunner(FrameworkRunner):
                 workers: WorkerGroup | None = None) -> ExecuteResult:
         params_path = str(final_params_path(log_path)) if inputs.save_final_params else None
         if case.world_size == 1:
-            steps: list[StepRecord] = []
-
-            def emit(rec: StepRecord) -> None:
-                steps.append(rec)
-                if on_step:
-                    on_step(rec)
-
-            with open(log_path, "w") as log:
-                try:
-                    info = train_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device,
-                                      ProcessGroupInfo(), emit, log, final_params_path=params_path)
-                except torch.cuda.OutOfMemoryError as e:
-                    raise RunError(f"{log_path}: out of device memory at step {len(steps) + 1} ({e})") from None
-            return ExecuteResult(steps=steps, meta={**info, "launcher": "in-process"})
+            return run_in_process(log_path, on_step, lambda emit, log: train_case(
+                case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, ProcessGroupInfo(), emit, log,
+                final_params_path=params_path))
         job = {"case": case.to_dict(), "checkpoint": str(inputs.checkpoint), "tokens": str(inputs.tokens),
                "device": inputs.device, "final_params_path": params_path}
         env = oversubscribed_env(case, inputs)

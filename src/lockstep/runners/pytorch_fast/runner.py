@@ -7,9 +7,7 @@ from pathlib import Path
 import torch
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.errors import RunError
-from lockstep.formats.run_record import StepRecord
-from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback
+from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback, run_in_process
 from lockstep.runners.pytorch_fast.train import train_fast
 
 
@@ -28,17 +26,5 @@ class PyTorchFastRunner(FrameworkRunner):
         return super().skip_reason(case, inputs)
 
     def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
-        steps: list[StepRecord] = []
-
-        def emit(rec: StepRecord) -> None:
-            steps.append(rec)
-            if on_step:
-                on_step(rec)
-
-        with open(log_path, "w") as log:
-            try:
-                info = train_fast(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, emit, log,
-                                  compile_model=self.compile_model)
-            except torch.cuda.OutOfMemoryError as e:
-                raise RunError(f"{log_path}: out of device memory at step {len(steps) + 1} ({e})") from None
-        return ExecuteResult(steps=steps, meta={**info, "launcher": "in-process"})
+        return run_in_process(log_path, on_step, lambda emit, log: train_fast(
+            case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, emit, log, compile_model=self.compile_model))

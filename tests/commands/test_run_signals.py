@@ -81,6 +81,16 @@ def still_alive(procs: dict[int, str]) -> list[int]:
     return [pid for pid, start in procs.items() if pid in table and table[pid][2] == start and table[pid][1] != "Z"]
 
 
+
+def kill_everything(proc, tree) -> None:
+    """Whatever a failed test left running: the lockstep process and every descendant still alive."""
+    for pid in [proc.pid, *still_alive(tree)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
 def test_sigterm_stops_torchrun_and_its_workers_and_marks_nothing_passed(tmp_path, tiny_checkpoint,
                                                                          tiny_shakespeare_train):
     out = tmp_path / "out"
@@ -97,12 +107,7 @@ def test_sigterm_stops_torchrun_and_its_workers_and_marks_nothing_passed(tmp_pat
             time.sleep(0.1)
         assert still_alive(tree) == [], f"left running after SIGTERM: {still_alive(tree)}"
     finally:
-        for pid in [proc.pid, *still_alive(tree)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait()
+        kill_everything(proc, tree)
     assert rc == 128 + signal.SIGTERM
     assert "stopped by SIGTERM" in (tmp_path / "stderr.txt").read_text()
     manifest = json.loads((out / "run.json").read_text())
@@ -136,12 +141,7 @@ def test_sigterm_stops_an_infinitrain_subprocess_and_what_it_started(tmp_path, t
         rc = proc.wait(timeout=60)
         assert still_alive(tree) == [], f"left running after SIGTERM: {still_alive(tree)}"
     finally:
-        for pid in [proc.pid, *still_alive(tree)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait()
+        kill_everything(proc, tree)
     assert rc == 128 + signal.SIGTERM
     assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
 

@@ -10,20 +10,11 @@ import argparse
 import time
 from pathlib import Path
 
+from lockstep.commands.run import seed_argument
 from lockstep.errors import LockstepError
 from lockstep.fsutil import sha256_file
 from lockstep.models import SHAPES, family, model_shape
 from lockstep.models.init import write_initial_checkpoint
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is negative; a seed is a non-negative integer")
-    return value
 
 
 def add_parser(subparsers) -> None:
@@ -33,7 +24,7 @@ def add_parser(subparsers) -> None:
                     "residual projections N(0, 0.02/sqrt(2L)), biases 0, norm weights 1, padding rows 0). The same "
                     "seed writes the same bytes on every machine.")
     p.add_argument("--model", required=True, choices=list(SHAPES), help="registered model shape")
-    p.add_argument("--seed", type=_seed, default=42, help="random seed (default 42)")
+    p.add_argument("--seed", type=seed_argument, default=42, help="random seed (default 42)")
     p.add_argument("--out", required=True, type=Path, metavar="FILE", help="checkpoint to write (replaced atomically)")
     p.add_argument("--bf16", action="store_true",
                    help="GPT-2 only: store bf16 tensors (version 5, rounded to nearest even) instead of fp32 "

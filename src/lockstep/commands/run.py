@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, help="override every case's step count")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--out", default="lockstep-out", help="run directory (default: lockstep-out)")
-    p.add_argument("--seed", type=non_negative_int, default=42, help="seed of the llm.c init when no --llmc is given")
+    p.add_argument("--seed", type=seed_argument, default=42, help="seed of the llm.c init when no --llmc is given")
     p.add_argument("--timeout", type=float, default=None, help="seconds per case and framework before it fails")
     p.add_argument("--infinitrain-build", help="InfiniTrain build dir holding gpt2 (or LOCKSTEP_INFINITRAIN_BUILD)")
     p.add_argument("--megatron-native-bf16", action="store_true",
@@ -70,7 +70,8 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=run)
 
 
-def non_negative_int(text: str) -> int:
+def seed_argument(text: str) -> int:
+    """argparse type of every `--seed` (the llm.c init's seed)."""
     try:
         value = int(text)
     except ValueError:

@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lockstep.cases.spec import THRESHOLDS
+from lockstep.compare.policy import THRESHOLDS
 from lockstep.compare.throughput import RepeatedThroughput, throughput_over_repeats
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import read_run_record

@@ -2,11 +2,15 @@
 
 `plan_run` resolves everything a run needs (device, data, weights, cases, runners) and
 rejects what cannot run before any framework starts; `execute_plan` then runs every
-(case, framework) pair, listing the ones this machine cannot run as skipped with the reason.
+(case, framework) pair, listing the ones this machine cannot run as skipped with the reason,
+each FP32 pair recording its step 1 from inside; `certify_outcomes` turns those captures into
+each pair's step-1 certificate, and `gather_evidence` runs what the verdict policy asks for to
+tell Adam's amplification of rounding from a defect (an FP64 reference run).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +20,7 @@ import numpy as np
 
 from lockstep.cases.matrix import load_matrix, select_cases
 from lockstep.cases.spec import CaseSpec
+from lockstep.compare.pairing import EVIDENCE_DIR, STEP1_DIR
 from lockstep.data.corpus import default_cache_dir
 from lockstep.errors import CaseError, FormatError, LockstepError
 from lockstep.formats import llmc
@@ -52,6 +57,8 @@ class RunRequest:
     # Start each framework's workers once per world size and run every case that fits in them
     # (--no-persistent-workers: one process per case).
     persistent_workers: bool = True
+    certify: bool = True  # a step-1 certificate for every FP32 pair (--no-certify)
+    certify_bf16: bool = False  # and for BF16 pairs (--certify-bf16)
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,17 @@ class RunPlan:
     unrunnable: dict[str, str] = field(default_factory=dict)  # case -> why no framework can run it here
     nodes: NodeLayout = field(default_factory=NodeLayout)
     persistent_workers: bool = True
+    certify: bool = True
+    certify_bf16: bool = False
+
+    def certifies(self, case: CaseSpec) -> bool:
+        """Whether the case's pairs get a step-1 certificate: several frameworks, FP32 (BF16 when asked),
+        one node (every node would have to record the same step; a multi-node run is not certified)."""
+        return self.certify and len(self.runners) > 1 and not self.nodes.multi_node and (
+            not case.is_bf16 or self.certify_bf16)
+
+    def capture_path(self, framework: str, case: CaseSpec) -> Path:
+        return self.out_dir / STEP1_DIR / framework / f"{case.name}.npz"
 
     def models(self) -> list[RunInputs]:
         """One RunInputs per distinct model, in case order (for headers and run.json)."""
@@ -301,7 +319,8 @@ def plan_run(req: RunRequest) -> RunPlan:
         for m in {i.model_name: i for c, i in inputs.items() if c not in unrunnable}.values():
             runner.preflight(m)  # e.g. a missing InfiniTrain binary stops here, before any run
     return RunPlan(out_dir=out_dir, device=device, cases=cases, inputs=inputs, runners=runners, notes=notes,
-                   unrunnable=unrunnable, nodes=nodes, persistent_workers=req.persistent_workers)
+                   unrunnable=unrunnable, nodes=nodes, persistent_workers=req.persistent_workers,
+                   certify=req.certify, certify_bf16=req.certify_bf16)
 
 
 def prepare_tokens(cache: Path, text: str | None, tokenizer: str):
@@ -387,6 +406,86 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
         group = [case] if key is None else [
             c for c, r in pairs if r is runner and (c.name, r.name) not in outcomes
             and not skip_reason(c, r) and key_of(c, r) == key]
-        runner.run_many([(c, plan.inputs[c.name]) for c in group], out_dirs, on_start=on_start, on_step=on_step,
-                        on_done=finished(runner), persistent=key is not None)
+        runner.run_many([(c, inputs_for(plan, c, runner)) for c in group], out_dirs, on_start=on_start,
+                        on_step=on_step, on_done=finished(runner), persistent=key is not None)
     return [outcomes[(case.name, runner.name)] for case, runner in pairs]
+
+
+def inputs_for(plan: RunPlan, case: CaseSpec, runner: FrameworkRunner) -> RunInputs:
+    """The case's inputs, asking the runner to record step 1 where the case is certified."""
+    from lockstep.capture.request import CaptureRequest
+
+    inputs = plan.inputs[case.name]
+    if not plan.certifies(case):
+        return inputs
+    optimizer = inputs.family.optimizer
+    baseline = plan.runners[0].name
+    request = CaptureRequest(path=str(plan.capture_path(runner.name, case)),
+                             adam_eps=optimizer.eps if optimizer.kind == "adam" else None,
+                             reference=str(plan.capture_path(baseline, case)) if runner.name != baseline else None)
+    return dataclasses.replace(inputs, capture=request)
+
+
+def certify_outcomes(plan: RunPlan, outcomes: list[CaseOutcome], say=lambda text: None) -> list:
+    """Each certified pair's captures compared (certify/), the certificate written beside the test's
+    record for the comparison to read; a pair without both captures gets one saying why."""
+    from lockstep.certify.certificate import Certificate, certificate_path, certify, write_certificate
+    from lockstep.formats.step_capture import StepCapture
+
+    baseline = plan.runners[0].name
+    by_pair = {(o.case.name, o.framework): o for o in outcomes}
+    made = []
+    for case in plan.cases:
+        base = by_pair.get((case.name, baseline))
+        if not plan.certifies(case) or base is None or base.record is None or not base.record.ok:
+            continue
+        ref, ref_problem = _capture_of(base)
+        for runner in plan.runners[1:]:
+            test = by_pair.get((case.name, runner.name))
+            if test is None or test.record is None or not test.record.ok:
+                continue
+            cert = Certificate(case=case.name, baseline=baseline, test=runner.name, dtype=case.dtype)
+            other, other_problem = _capture_of(test)
+            if ref is None or other is None:
+                cert.problem = "; ".join(p for p in (ref_problem, other_problem) if p)
+            else:
+                optimizer = plan.inputs[case.name].family.optimizer
+                try:
+                    cert = certify(StepCapture.load(ref), StepCapture.load(other), case,
+                                   adam_eps=optimizer.eps if optimizer.kind == "adam" else 1e-8)
+                except (LockstepError, ValueError) as e:
+                    cert.problem = f"the captures cannot be compared: {e}"
+            write_certificate(certificate_path(plan.out_dir / runner.name, case.name), cert)
+            say(f"step-1 certificate {runner.name} vs {baseline} on {case.name}: {cert.summary_line()}")
+            made.append(cert)
+    return made
+
+
+def _capture_of(outcome: CaseOutcome) -> tuple[str | None, str | None]:
+    """(the capture's path from the record, None), or (None, a sentence saying why there is none)."""
+    meta = outcome.record.meta
+    path = meta.get("step1_capture")
+    if path and Path(path).is_file():
+        return path, None
+    return None, f"{outcome.framework} recorded no step 1 ({meta.get('step1_capture_error') or 'no capture written'})"
+
+
+def gather_evidence(plan: RunPlan, summary: dict, say=lambda text: None) -> bool:
+    """Run what the policy asked for in `summary` (an FP64 reference run per case whose clean step 1
+    may be Adam amplifying rounding); True when something new was written (compare again)."""
+    from lockstep.runners.pytorch import PyTorchRunner
+
+    wanted = sorted({c["case"] for comp in summary.get("comparisons", []) for c in comp.get("cases", [])
+                     if c.get("evidence_wanted") == "fp64-reference"})
+    wrote = False
+    for name in wanted:
+        case = next((c for c in plan.cases if c.name == name), None)
+        path = plan.out_dir / EVIDENCE_DIR / f"{name}.fp64.jsonl"
+        if case is None or path.exists():
+            continue
+        say(f"evidence: {name} in FP64 on the pytorch reference (is the FP32 difference Adam amplifying rounding?)")
+        record = PyTorchRunner().train_fp64(case, plan.inputs[name], path)
+        if not record.ok:
+            say(f"evidence for {name} could not be made: {record.error}")
+        wrote = True
+    return wrote

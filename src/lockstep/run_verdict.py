@@ -1,13 +1,14 @@
-"""The overall verdict that ends `lockstep run`: one line with the counts, then what it rests on.
+"""The overall verdict that ends `lockstep run`: one line with the counts by class (compare/policy.py),
+then what it rests on.
 
-    FAIL: 3 PASS, 1 FAIL, 0 errors | 1 failed run | 2 skipped
-      FAIL megatron vs pytorch: gpt2_2
+    FAIL: 2 PASS, 1 PASS within logging precision, 1 FAIL, 0 FAIL unexplained, 0 errors | 1 failed run | 2 skipped
+      FAIL megatron vs pytorch: gpt2_2 (gradient of ln1b only ...)
       failed runs: infinitrain/gpt2_1
       skipped (2): needs 8 devices, this machine has 2 CPU cores: pytorch/gpt2_3, megatron/gpt2_3
       report: out/report.html, out/report.md | summary: out/summary.json
 
 A run passes only when every pair that ran finished, something was compared, and every
-comparison passed. A run where nothing ran, or where nothing could be compared although two
+comparison is in a passing class (the policy's run rule). A run where nothing ran, or where nothing could be compared although two
 frameworks were asked for, fails and says so: it has proven nothing.
 """
 
@@ -17,6 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lockstep.compare.policy import VerdictClass, class_of, count_classes, run_passes
 from lockstep.run_matrix import CaseOutcome
 
 MAX_NAMES = 6  # per line; the rest is counted, the full list is in run.json and summary.json
@@ -47,28 +49,23 @@ def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: l
     skipped = [o for o in outcomes if o.skipped]
     failed_runs = [f"{o.framework}/{o.case.name}" for o in ran if not o.record.ok]
 
-    n_pass = n_fail = n_err = 0
+    counts = count_classes(summary)
     failing: list[str] = []
     for comp in (summary or {}).get("comparisons", []):
-        bad = []
+        pair = f"{comp['test_framework']} vs {comp['baseline_framework']}"
         for c in comp.get("cases", []):
-            if c.get("error"):
-                n_err += 1
-                bad.append(c["case"])
-            elif c.get("passed"):
-                n_pass += 1
-            else:
-                n_fail += 1
-                bad.append(c["case"])
-        n_err += len(comp.get("missing", [])) + len(comp.get("errors", []))
-        bad += [m.get("case") or "?" for m in comp.get("missing", []) if isinstance(m, dict)]
+            verdict = class_of(c)
+            if not verdict.passes or verdict is VerdictClass.PASS_WITHIN_PRECISION:
+                why = c.get("cause") or c.get("error")
+                failing.append(f"  {verdict.value} {pair}: {c['case']}" + (f" ({why})" if why else ""))
+        bad = [m.get("case") or "?" for m in comp.get("missing", []) if isinstance(m, dict)]
         if bad:
-            failing.append(f"  FAIL {comp['test_framework']} vs {comp['baseline_framework']}: {_names(bad)}")
-    n_err += len((summary or {}).get("errors", []))
-    compared = n_pass + n_fail + n_err
+            failing.append(f"  ERROR {pair}: missing {_names(bad)}")
+    n_err = len(counts[VerdictClass.ERROR])
+    compared = sum(len(v) for v in counts.values())
 
-    head = f"{n_pass} PASS, {n_fail} FAIL, {_plural(n_err, 'error')} | {_plural(len(failed_runs), 'failed run')} | " \
-           f"{len(skipped)} skipped"
+    head = ", ".join(f"{len(counts[c])} {c.value}" for c in VerdictClass if c is not VerdictClass.ERROR) + \
+        f", {_plural(n_err, 'error')} | {_plural(len(failed_runs), 'failed run')} | {len(skipped)} skipped"
     lines: list[str] = []
     if not ran:
         word, code = "FAIL", 1
@@ -82,7 +79,7 @@ def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: l
         word, code = ("OK", 0) if not failed_runs else ("FAIL", 1)
         lines.append(f"{word}: {frameworks[0]} only, nothing to compare against | {head}")
     else:
-        passed = not failed_runs and n_fail == 0 and n_err == 0 and (summary or {}).get("passed") is not False
+        passed = run_passes(len(failed_runs), counts) and (summary or {}).get("passed") is not False
         word, code = ("PASS", 0) if passed else ("FAIL", 1)
         lines.append(f"{word}: {head}")
     lines += failing

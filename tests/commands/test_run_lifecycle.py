@@ -44,7 +44,7 @@ def test_the_run_ends_with_the_verdict_and_where_everything_is(capsys, tmp_path,
                            "--device", "cpu", "--out", str(out_dir))
     assert rc == 0, err
     tail = out.strip().splitlines()[-3:]
-    assert tail[0] == "OK: pytorch only, nothing to compare against | 0 PASS, 0 FAIL, 0 errors | 0 failed runs | 1 skipped"
+    assert tail[0] == "OK: pytorch only, nothing to compare against | 0 PASS, 0 PASS within logging precision, 0 FAIL, 0 FAIL unexplained, 0 errors | 0 failed runs | 1 skipped"
     assert tail[1].startswith("  skipped (1): needs 8 devices") and tail[1].endswith(": pytorch/gpt2_3")
     assert tail[2] == (f"  report: {out_dir / 'report.html'}, {out_dir / 'report.md'} | "
                        f"summary: {out_dir / 'summary.json'} | run: {out_dir / 'run.json'}")
@@ -79,16 +79,20 @@ def test_verdict_counts_fails_failed_runs_and_groups_skips(tmp_path):
                 outcome("gpt2_2", "infinitrain", skipped="InfiniTrain's BF16 crashes on CPU")]
     summary = {"passed": False, "errors": [], "comparisons": [
         {"baseline_framework": "pytorch", "test_framework": "megatron", "missing": [], "errors": [],
-         "cases": [{"case": "gpt2_1", "passed": True, "max_abs_diff": 1.0e-7},
-                   {"case": "gpt2_2", "passed": False, "max_abs_diff": 2.1e-4}]},
+         "cases": [{"case": "gpt2_1", "passed": True, "max_abs_diff": 1.0e-7, "verdict": "PASS"},
+                   {"case": "gpt2_2", "passed": False, "max_abs_diff": 2.1e-4, "verdict": "FAIL",
+                    "cause": "gradient of qkvb only, in 12 layers (0..11)"},
+                   {"case": "gpt2_3", "passed": True, "max_abs_diff": 1.9e-5, "verdict": "PASS within logging precision",
+                    "cause": "within 1e-05 + the test's logging precision"}]},
         {"baseline_framework": "pytorch", "test_framework": "infinitrain", "missing": [], "errors": [],
          "cases": [{"case": "gpt2_1", "passed": False, "error": "infinitrain/gpt2_1.jsonl: run failed"}]}]}
     v = run_verdict(outcomes, summary, ["pytorch", "megatron", "infinitrain"], tmp_path, [tmp_path / "report.html"])
     assert v.exit_code == 1 and v.word == "FAIL"
     assert v.lines == [
-        "FAIL: 1 PASS, 1 FAIL, 1 error | 1 failed run | 3 skipped",
-        "  FAIL megatron vs pytorch: gpt2_2",
-        "  FAIL infinitrain vs pytorch: gpt2_1",
+        "FAIL: 1 PASS, 1 PASS within logging precision, 1 FAIL, 0 FAIL unexplained, 1 error | 1 failed run | 3 skipped",
+        "  FAIL megatron vs pytorch: gpt2_2 (gradient of qkvb only, in 12 layers (0..11))",
+        "  PASS within logging precision megatron vs pytorch: gpt2_3 (within 1e-05 + the test's logging precision)",
+        "  ERROR infinitrain vs pytorch: gpt2_1 (infinitrain/gpt2_1.jsonl: run failed)",
         "  failed runs: infinitrain/gpt2_1 (errors above, and in each record)",
         "  skipped (2): needs 8 devices, this machine has 2 GPUs: pytorch/gpt2_3, megatron/gpt2_3",
         "  skipped (1): InfiniTrain's BF16 crashes on CPU: infinitrain/gpt2_2",

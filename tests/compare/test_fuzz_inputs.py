@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.cases.spec import THRESHOLDS
+from lockstep.compare.policy import THRESHOLDS
 from lockstep.compare import CompareOptions, compare_paths
 from lockstep.errors import LockstepError
 from lockstep.formats.logs import load_run

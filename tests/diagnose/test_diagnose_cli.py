@@ -86,7 +86,7 @@ def test_megatron_drift_runs_its_three_lrs_in_one_worker_group(inputs, tmp_path)
 
 
 def test_hint_names_the_command():
-    from lockstep.commands.diagnose import hint
+    from lockstep.diagnose import hint
 
     assert hint("gpt2_1", "pytorch", "infinitrain", "runs/x") == \
         "lockstep diagnose runs/x --case gpt2_1 --frameworks pytorch,infinitrain"

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.diagnose.frameworks import capture
+from lockstep.capture.request import CaptureRequest
 from lockstep.diagnose.verdict import diagnose_captures
+from lockstep.runners import get_runner
 from lockstep.formats.tokens import write_token_stream
 from lockstep.models import FAMILIES, SHAPES
 from lockstep.models.init import write_initial_checkpoint
@@ -16,6 +17,12 @@ from lockstep.runners.base import RunInputs
 from lockstep.runners.megatron.runner import megatron_core_installed
 
 pytestmark = pytest.mark.skipif(not megatron_core_installed(), reason="megatron-core is not installed")
+
+
+def capture(framework, case, inputs, work_dir, full=True):
+    """What `lockstep diagnose` asks each runner for (whole tensors), or the certificate's sketches."""
+    request = CaptureRequest(path=str(work_dir / f"{framework}_{case.name}.npz"), full=full)
+    return get_runner(framework).capture(case, inputs, work_dir, request)
 
 
 @pytest.mark.parametrize("shape,parallel", [("gpt2-tiny", {}), ("gpt2-tiny", {"tp": 2}), ("llama3-tiny", {})])
@@ -56,3 +63,29 @@ def test_one_sequence_micro_batches_keep_megatrons_logits(tmp_path):
     v = diagnose_captures(capture("pytorch", case, inputs, tmp_path), capture("megatron", case, inputs, tmp_path), case)
     logits = next(d for d in v.forward if d.name == "logits")
     assert logits.rel < 1e-6 and v.findings == []
+
+
+@pytest.mark.parametrize("shape,parallel", [("gpt2-tiny", {"tp": 2}), ("llama3-tiny", {"pp": 2})])
+def test_the_certificates_sketches_of_megatron_agree_with_pytorchs(shape, parallel, tmp_path):
+    """The certificate's capture from inside megatron's training step: each TP rank sketches its
+    share of a split output (the attention before its projection, the vocab-parallel logits), each
+    stage its layers, and every micro batch is seen (accum 2), all in the canonical layout."""
+    from lockstep.certify.certificate import certify
+    from lockstep.formats.step_capture import StepCapture
+
+    config = SHAPES[shape].config
+    family = FAMILIES[config.family]
+    ckpt, tokens = tmp_path / "init.bin", tmp_path / "tokens.bin"
+    write_initial_checkpoint(ckpt, family, config, seed=42)
+    write_token_stream(tokens, np.random.default_rng(0).integers(0, 50257, size=4000), kind=family.name)
+    case = CaseSpec(name="c", model=shape, dtype="float32", micro_batch=4, seq_len=64, total_batch=512, steps=1,
+                    lr=1e-4, **parallel)
+    inputs = RunInputs(checkpoint=ckpt, tokens=tokens, model=config, device="cpu")
+    ref = StepCapture.load(capture("pytorch", case, inputs, tmp_path, full=False).source)
+    test = capture("megatron", case, inputs, tmp_path, full=False)
+    cert = certify(ref, test, case)
+    assert cert.holds, cert.summary_line()
+    assert cert.compared["module outputs"] == 3 + 6 * config.num_layers + 1
+    assert cert.compared["later micro batches"] == 3 + 6 * config.num_layers + 1  # micro batch 1, sketched
+    assert cert.compared["gradients"] == len(ref.names("grad"))
+    assert max(d.rel for d in cert.worst.values() if d is not None) < 1e-6

@@ -38,7 +38,7 @@ def test_two_runs_appended_and_read_back(tmp_path, history_file):
     base, test = res[("gpt2_1", "pytorch")], res[("gpt2_1", "infinitrain")]
     assert base.role == "baseline" and base.verdict is None and base.losses == BASE_LOSSES
     assert base.framework_commit == "c0ffee2"  # lockstep's own trainer: lockstep's commit
-    assert test.verdict == "FAIL" and test.max_diff_step == 4 and test.max_abs_diff == pytest.approx(4e-5, rel=1e-6)
+    assert test.verdict == "FAIL unexplained" and test.max_diff_step == 4 and test.max_abs_diff == pytest.approx(4e-5, rel=1e-6)
     assert test.framework_commit == "bbbb222" and test.framework_build == "/opt/InfiniTrain/build"
     assert test.threshold == 1e-5 and test.dtype == "float32" and test.device == "cpu" and test.torch_version == "2.13.0"
     assert test.losses == [v + 1e-5 * (i + 1) for i, v in enumerate(BASE_LOSSES)]
@@ -62,7 +62,7 @@ def test_trend_over_three_commits_and_cli(tmp_path, history_file, capsys):
                                       tmp_path / f"r{i}"))
     points = trend(store, "gpt2_1", "infinitrain")
     assert [p.commit for p in points] == commits
-    assert [p.verdict for p in points] == ["PASS", "PASS", "FAIL"]
+    assert [p.verdict for p in points] == ["PASS", "PASS", "FAIL unexplained"]
     assert points[0].max_abs_diff == 0.0
     assert points[1].max_abs_diff == pytest.approx(8e-6, rel=1e-6) and points[2].max_abs_diff == pytest.approx(4e-5, rel=1e-6)
     assert [p.tps_median for p in points] == [100.0, 200.0, 300.0]

@@ -49,7 +49,8 @@ def test_junit_counts_and_failure_text(tmp_path):
     names = [(tc.get("classname"), tc.get("name")) for tc in root.iter("testcase")]
     assert len(names) == len(set(names)) == 6  # one testcase per (case, framework)
     failure = meg.find("testcase[@name='b']/failure")
-    assert failure.get("message") == "max |Δloss| 5.000e-05 at step 3 exceeds 1.000e-05 (first failing step 2)"
+    assert failure.get("message").startswith(
+        "FAIL unexplained: max |Δloss| 5.000e-05 at step 3 exceeds 1.000e-05 (first failing step 2); ")
     assert meg.find("testcase[@name='c_bf16']/skipped").get("message") == "BF16 on CPU"
     assert meg.find("testcase[@name='a']/failure") is None
 
@@ -67,7 +68,7 @@ def test_compare_cli_writes_junit_and_history(tmp_path, capsys, private_history)
     (hist_run,) = HistoryStore(private_history).runs()
     assert hist_run.kind == "compare" and hist_run.passed is False
     res = {(r.case, r.framework): r for r in hist_run.results}
-    assert res[("b", "megatron")].verdict == "FAIL" and res[("b", "megatron")].max_diff_step == 3
+    assert res[("b", "megatron")].verdict == "FAIL unexplained" and res[("b", "megatron")].max_diff_step == 3
     assert res[("c_bf16", "megatron")].verdict == "SKIPPED"
 
     rc = main(["compare", str(run / "pytorch"), str(run / "megatron"), "--no-history"])

@@ -47,9 +47,9 @@ def test_verdict_cells_per_framework_and_case(tmp_path):
     data = gather(make_run(tmp_path / "run", {"name": "gpt2-tiny", **TINY}))
     col = tables.VERDICT_HEADER.index("verdict")
     cells = {(row[0], row[1]): row[col] for row in tables.verdict_rows(data)}
-    assert cells == {("megatron", "gpt2_1"): "PASS", ("megatron", "gpt2_2"): "FAIL",
+    assert cells == {("megatron", "gpt2_1"): "PASS", ("megatron", "gpt2_2"): "FAIL unexplained",
                      ("megatron", "gpt2_1_bfloat16"): "SKIPPED", ("megatron", "gpt2_8"): "SKIPPED"}
-    assert tables.overall_line(data).startswith("FAIL: 1 passed, 1 failed, 0 missing, 0 errors, 2 skipped")
+    assert tables.overall_line(data).startswith("FAIL: 1 passed, 1 failed (1 unexplained), 0 missing, 0 errors, 2 skipped")
 
 
 def test_skips_are_listed_apart_from_problems_with_their_reason(tmp_path):
@@ -70,9 +70,9 @@ def test_skips_are_listed_apart_from_problems_with_their_reason(tmp_path):
     html = html_path.read_text()
     assert "<h2>Problems</h2>" not in html
     # The rendered cells, row by row: framework, case ... verdict.
-    rows = re.findall(r"<tr><td>(\w+)</td><td>(\w+)</td>.*?<td class=\"(\w+)\">(\w+)</td>", html)
+    rows = re.findall(r"<tr><td>(\w+)</td><td>(\w+)</td>.*?<td class=\"(\w+)\">([\w ]+)</td>", html)
     assert {(fw, case): (cls, text) for fw, case, cls, text in rows} == {
-        ("megatron", "gpt2_1"): ("PASS", "PASS"), ("megatron", "gpt2_2"): ("FAIL", "FAIL"),
+        ("megatron", "gpt2_1"): ("PASS", "PASS"), ("megatron", "gpt2_2"): ("FAIL", "FAIL unexplained"),
         ("megatron", "gpt2_1_bfloat16"): ("SKIPPED", "SKIPPED"), ("megatron", "gpt2_8"): ("SKIPPED", "SKIPPED")}
 
 

@@ -18,7 +18,10 @@ The defects are the ones issue 16's audit found hidden under the contract's lr 1
 - megatron_pp_tie_unsynced: megatron's first and last pipeline stages stop all-reducing the
   tied word-embedding gradient (the head's gradient never reaches wte);
 - megatron_tp_input_grad_unreduced: megatron's column-parallel layers stop all-reducing their
-  input gradient over TP ranks (each rank back-propagates only its slice).
+  input gradient over TP ranks (each rank back-propagates only its slice);
+- megatron_layernorm_bias_grad_5pct: every LayerNorm bias gradient in megatron's workers is 5% too
+  large -- the InfiniTrain CPU defect build's fault, which the loss at the contract's lr hides and
+  the step-1 certificate must name.
 """
 
 from __future__ import annotations
@@ -96,7 +99,8 @@ class BrokenTieGPT2(GPT2):
 
 REFERENCE_DEFECTS = {"exact_gelu": ExactGeluGPT2, "frozen_layernorm": FrozenLayerNormGPT2,
                      "transposed_bias_grad": TransposedBiasGradGPT2, "broken_tie": BrokenTieGPT2}
-OTHER_DEFECTS = ("data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced")
+OTHER_DEFECTS = ("data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
+                 "megatron_layernorm_bias_grad_5pct")
 DEFECTS = (*REFERENCE_DEFECTS, *OTHER_DEFECTS)
 
 
@@ -147,6 +151,15 @@ def inject(name: str, patch) -> None:
             self.disable_grad_reduce = True
 
         patch.setattr(layers.ColumnParallelLinear, "__init__", init_without_dgrad_reduce)
+    elif name == "megatron_layernorm_bias_grad_5pct":
+        built = torch.nn.LayerNorm.__init__
+
+        def init_with_wrong_bias_grad(self, *args, **kwargs):
+            built(self, *args, **kwargs)
+            if self.bias is not None:
+                self.bias.register_hook(lambda g: g * 1.05)
+
+        patch.setattr(torch.nn.LayerNorm, "__init__", init_with_wrong_bias_grad)
     else:
         raise ValueError(f"unknown defect {name!r}; known: {', '.join(DEFECTS)}")
 

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from lockstep.compare.policy import VerdictClass
 from lockstep.compare import CompareOptions, ComparisonReport, compare_paths
 from lockstep.compare.options import STEP2_MODES
 from lockstep.commands.ci_options import add_history_arguments, add_junit_argument, append_history
@@ -163,13 +164,12 @@ def _steps_label(steps: list[int]) -> str:
 
 
 def _verdict_label(c: CaseVerdict) -> str:
-    if c.error is not None:
+    verdict = c.verdict
+    if verdict is VerdictClass.ERROR:
         return "[bold yellow]ERROR[/]"
-    if not c.loss_passed:
-        return "[bold red]FAIL[/]"
-    if c.throughput_passed is False:
+    if c.throughput_passed is False and c.loss_passed:
         return "[bold red]FAIL (tok/s)[/]"
-    return "[bold green]PASS[/]"
+    return f"[bold {'green' if verdict.passes else 'red'}]{verdict.value}[/]"
 
 
 def loss_table(report: ComparisonReport) -> Table:
@@ -241,6 +241,8 @@ def print_report(console: Console, report: ComparisonReport) -> None:
             if c.error is None and not c.loss_passed:
                 console.print(step_series_table(c))
         for c in report.cases:
+            if c.error is None and c.cause:
+                console.print(f"{escape(c.case)}: {c.verdict.value}: {escape(c.cause)}", highlight=False)
             for note in c.notes:
                 console.print(f"[dim]{escape(c.case)}: {escape(note)}[/]")
         if any(c.error is None for c in report.cases):
@@ -249,10 +251,10 @@ def print_report(console: Console, report: ComparisonReport) -> None:
         console.print(f"[yellow]missing:[/] {escape(m.message)}")
     for case, reason in sorted(report.skipped.items()):
         console.print(f"[dim]skipped: {escape(case)} ({escape(reason)})[/]")
-    from lockstep.commands.diagnose import hint
+    from lockstep.diagnose import hint
 
     for c in report.cases:
-        if c.error is None and not c.loss_passed:
+        if c.verdict in (VerdictClass.FAIL, VerdictClass.FAIL_UNEXPLAINED):
             base, test = c.baseline.framework or "BASE", c.test.framework or "TEST"
             console.print(f"where they part on {escape(c.case)}: {escape(hint(c.case, base, test))} "
                           "[dim](with --model/--llmc/--data of the run, or RUN_DIR)[/]")

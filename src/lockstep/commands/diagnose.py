@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from lockstep.commands.run import split_list
+from lockstep.commands.arguments import split_list
 from lockstep.runners import RUNNERS
 
 
@@ -32,12 +32,6 @@ def add_parser(sub) -> None:
     p.add_argument("--drift-steps", type=int, default=5, help="steps per lr of the drift runs (default 5)")
     p.add_argument("--no-drift", action="store_true", help="skip the loss drift at lr 1e-12, 1e-5 and the case's lr")
     p.set_defaults(handler=run)
-
-
-def hint(case: str, baseline: str, test: str, run_dir: str | None = None) -> str:
-    """The command that diagnoses a FAIL (printed by run and compare)."""
-    where = f"{run_dir} " if run_dir else ""
-    return f"lockstep diagnose {where}--case {case} --frameworks {baseline},{test}"
 
 
 def run(args) -> int:

@@ -10,7 +10,7 @@ import argparse
 import time
 from pathlib import Path
 
-from lockstep.commands.run import seed_argument
+from lockstep.commands.arguments import seed_argument
 from lockstep.errors import LockstepError
 from lockstep.fsutil import sha256_file
 from lockstep.models import SHAPES, family, model_shape

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import shutil
 from pathlib import Path
 
@@ -10,14 +9,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from lockstep.commands.arguments import seed_argument, split_list
 from lockstep.commands.ci_options import add_history_arguments, add_junit_argument, append_history, history_path
 from lockstep.determinism import REPEATS_DIR
 from lockstep.compare.options import CompareOptions
+from lockstep.compare.policy import class_of
 from lockstep.compare.throughput import (NOISY_CV, Throughput, format_memory, format_mfu,
                                          format_repeated_tokens_per_s, format_tokens_per_s, throughput_of)
 from lockstep.errors import LockstepError
 from lockstep.outdir import STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
-from lockstep.run_matrix import CaseOutcome, RunPlan, RunRequest, execute_plan, plan_run
+from lockstep.compare.pairing import EVIDENCE_DIR, STEP1_DIR
+from lockstep.run_matrix import (CaseOutcome, RunPlan, RunRequest, certify_outcomes, execute_plan, gather_evidence,
+                                 plan_run)
 from lockstep.run_verdict import run_verdict
 from lockstep.runners import RUNNERS
 from lockstep.runners.nodes import NodeLayout
@@ -59,6 +62,10 @@ def add_parser(sub) -> None:
                    help="write into a non-empty --out that is not a lockstep run directory (its files are kept)")
     p.add_argument("--oversubscribe", action="store_true",
                    help="CPU: run cases with more ranks than cores anyway (gloo, 1 torch thread per rank; slow)")
+    p.add_argument("--no-certify", action="store_true",
+                   help="skip the step-1 certificate (every FP32 pair's module outputs and gradients compared from "
+                        "inside, which turns a FAIL into its cause and catches what the loss hides)")
+    p.add_argument("--certify-bf16", action="store_true", help="certify BF16 pairs too (off by default)")
     p.add_argument("--no-persistent-workers", action="store_true",
                    help="start a framework's workers once per case, as before (default: once per framework and "
                         "world size, running every case that fits in them)")
@@ -70,21 +77,6 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=run)
 
 
-def seed_argument(text: str) -> int:
-    """argparse type of every `--seed` (the llm.c init's seed)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative; the llm.c init takes a seed of 0 or more")
-    return value
-
-
-def split_list(text: str | None) -> list[str] | None:
-    return [s.strip() for s in text.split(",") if s.strip()] if text else None
-
-
 def run(args) -> int:
     # Wide enough for the tables when the output is a file or a CI log (rich assumes 80 there).
     console = Console(width=None if Console().is_terminal else 140)
@@ -93,14 +85,16 @@ def run(args) -> int:
                      device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
                      infinitrain_build=args.infinitrain_build, megatron_native_bf16=args.megatron_native_bf16,
                      oversubscribe=args.oversubscribe, nodes=node_layout(args),
-                     persistent_workers=not getattr(args, "no_persistent_workers", False))
+                     persistent_workers=not getattr(args, "no_persistent_workers", False),
+                     certify=not getattr(args, "no_certify", False), certify_bf16=getattr(args, "certify_bf16", False))
     if args.repeat < 1:
         raise LockstepError(f"--repeat must be at least 1, not {args.repeat}")
     check_out_dir(Path(args.out), force=args.force)  # a bad --out is refused before any work
     plan = plan_run(req)
     if not plan.nodes.writes_records:
         return run_as_follower(plan, console, repeat=args.repeat)
-    with open_run_dir(plan.out_dir, [*RUNNERS, REPEATS_DIR], run_manifest(plan), force=args.force) as run_dir:
+    with open_run_dir(plan.out_dir, [*RUNNERS, REPEATS_DIR, STEP1_DIR, EVIDENCE_DIR], run_manifest(plan),
+                      force=args.force) as run_dir:
         for note in plan.notes:
             console.print(f"[dim]{note}[/dim]")
         models = "; ".join(f"{m.model_name} ({m.model.describe()}, {m.family.optimizer.kind})" for m in plan.models())
@@ -116,7 +110,11 @@ def run(args) -> int:
 
         from lockstep.compare.run_dir import compare_run_dir
 
+        dim = lambda text: console.print(f"[dim]{text}[/dim]", highlight=False)  # noqa: E731
+        certify_outcomes(plan, outcomes, say=dim)
         summary = compare_run_dir(plan.out_dir, baseline_framework=plan.runners[0].name, options=options)
+        if gather_evidence(plan, summary, say=dim):
+            summary = compare_run_dir(plan.out_dir, baseline_framework=plan.runners[0].name, options=options)
         print_comparison(console, summary)
         print_diagnose_hints(console, summary, str(plan.out_dir))
         if args.repeat > 1:
@@ -270,20 +268,25 @@ def outcome_table(outcomes: list[CaseOutcome], options: CompareOptions | None = 
 def print_comparison(console: Console, summary: dict) -> None:
     for comp in summary.get("comparisons", []):
         t = Table(title=f"{comp['test_framework']} vs {comp['baseline_framework']}")
-        for col in ("case", "dtype", "max |Δloss|", "at step", "threshold", "verdict", "tok/s base (median ±CV)", "tok/s test (median ±CV)",
-                    "ratio (means)"):
+        for col in ("case", "dtype", "max |Δloss|", "at step", "threshold", "step 1 inside", "verdict",
+                    "tok/s base (median ±CV)", "tok/s test (median ±CV)", "ratio (means)"):
             t.add_column(col)
         for c in comp.get("cases", []):
             if c.get("error"):
-                t.add_row(c["case"], c.get("dtype") or "", "", "", "", "[red]ERROR[/red]", c["error"][:60], "", "")
+                t.add_row(c["case"], c.get("dtype") or "", "", "", "", "", "[red]ERROR[/red]", c["error"][:60], "", "")
                 continue
             b, s = c.get("baseline") or {}, c.get("test") or {}
+            verdict = class_of(c)
             t.add_row(c["case"], c["dtype"], f"{c['max_abs_diff']:.3e}", str(c["max_diff_step"]), f"{c['threshold']:.0e}",
-                      "[green]PASS[/green]" if c["passed"] else "[red]FAIL[/red]",
+                      certificate_label(c.get("certificate")),
+                      f"[{'green' if verdict.passes else 'red'}]{verdict.value}[/]",
                       format_tokens_per_s(Throughput.from_json(b.get("throughput"))),
                       format_tokens_per_s(Throughput.from_json(s.get("throughput"))),
                       f"{c['throughput_ratio']:.2f}" if isinstance(c.get("throughput_ratio"), (int, float)) else "-")
         console.print(t)
+        for c in comp.get("cases", []):
+            if c.get("cause") and not c.get("error"):
+                console.print(f"{c['case']}: {class_of(c).value}: {c['cause']}", highlight=False, markup=False)
         for sk in comp.get("skipped", []):
             console.print(f"[dim]not compared: {sk['case']} (skipped: {sk['reason']})[/dim]", highlight=False)
         for m in comp.get("missing", []):
@@ -294,13 +297,23 @@ def print_comparison(console: Console, summary: dict) -> None:
         console.print(f"[red]error:[/red] {message_of(e)}", highlight=False)
 
 
+def certificate_label(cert: dict | None) -> str:
+    """The pair's step-1 certificate in a word: agrees, differs, or not made (and why not, briefly)."""
+    if cert is None:
+        return "-"
+    if not cert.get("available", True):
+        return "[yellow]none[/yellow]"
+    return "[green]agrees[/green]" if cert.get("holds") else "[red]differs[/red]"
+
+
 def print_diagnose_hints(console: Console, summary: dict, run_dir: str) -> None:
     """For every FAIL, the command that names where the two frameworks part."""
-    from lockstep.commands.diagnose import hint
+    from lockstep.compare.policy import VerdictClass, class_of
+    from lockstep.diagnose import hint
 
     for comp in summary.get("comparisons", []):
         for c in comp.get("cases", []):
-            if not c.get("error") and c.get("passed") is False:
+            if class_of(c) in (VerdictClass.FAIL, VerdictClass.FAIL_UNEXPLAINED):
                 console.print(f"where {comp['test_framework']} parts from {comp['baseline_framework']} on {c['case']}: "
                               + hint(c["case"], comp["baseline_framework"], comp["test_framework"], run_dir),
                               highlight=False, markup=False)

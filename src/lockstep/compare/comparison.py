@@ -8,6 +8,7 @@ from pathlib import Path
 
 from lockstep.compare.loading import load_side
 from lockstep.compare.options import CompareOptions
+from lockstep.compare.policy import VerdictClass, comparison_passes
 from lockstep.compare.pairing import (CasePair, CaseTree, bare_case_name, collect_cases, pair_single_files,
                                       skipped_cases)
 from lockstep.errors import LockstepError
@@ -59,7 +60,7 @@ class ComparisonReport:
     @property
     def passed(self) -> bool:
         """True only when something was compared, every compared case passed, nothing is missing."""
-        return bool(self.cases) and not self.missing and not self.errors and all(c.passed for c in self.cases)
+        return comparison_passes(self.cases, self.missing, self.errors)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -69,13 +70,18 @@ class ComparisonReport:
                 "errors": len(self.errors),
                 "skipped": len(self.skipped)}
 
+    @property
+    def classes(self) -> dict[str, int]:
+        """How many cases the verdict policy put in each class."""
+        return {c.value: sum(v.verdict is c for v in self.cases) for c in VerdictClass}
+
     def summary_line(self) -> str:
         n = self.counts
         line = f"{n['passed']} passed, {n['failed']} failed, {n['missing']} missing, {n['errors']} errors"
         return line + (f", {n['skipped']} skipped" if n["skipped"] else "")
 
     def to_json(self) -> dict:
-        return {"passed": self.passed, "baseline": self.baseline, "test": self.test, "counts": self.counts,
+        return {"passed": self.passed, "baseline": self.baseline, "test": self.test, "counts": self.counts, "classes": self.classes,
                 "options": self.options.to_dict(),
                 "cases": [c.to_json() for c in self.cases],
                 "missing": [m.to_json() for m in self.missing],

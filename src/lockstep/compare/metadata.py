@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+from lockstep.compare.pairing import DIAGNOSE_DIR, EVIDENCE_DIR, STEP1_DIR
 from lockstep.compare.pairing import RUN_MANIFEST, collect_cases
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import read_run_record
@@ -27,7 +28,7 @@ def framework_dirs(run_dir: str | os.PathLike) -> list[Path]:
     out = []
     for d in sorted(p for p in run_dir.iterdir() if p.is_dir()):
         # repeats/: `lockstep run --repeat`'s extra runs, which only the determinism check reads.
-        if d.name.startswith((".", "build")) or d.name in ("report_files", "repeats"):
+        if d.name.startswith((".", "build")) or d.name in ("report_files", "repeats", STEP1_DIR, EVIDENCE_DIR, DIAGNOSE_DIR):
             continue
         try:
             tree = collect_cases(d)

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lockstep.cases.spec import THRESHOLDS
+from lockstep.compare.policy import MEGATRON_LM_GPT2_FP32_THRESHOLD, THRESHOLDS  # noqa: F401 (re-exported)
 
 STEP2_MODES = ("auto", "on", "off")
 
-# SPEC section 7: against an upstream Megatron-LM GPT-2 log (either side), InfiniTrain's config uses FP32 2e-3
-# (upstream's kernels are not bit-faithful to llm.c's math); applied only when the user gave no
-# FP32 threshold of their own.
-MEGATRON_LM_GPT2_FP32_THRESHOLD = 2e-3
 
 
 @dataclass(frozen=True)
@@ -34,10 +30,6 @@ class CompareOptions:
         if not self.include_prefixes and not self.include_cases:
             return True
         return case in self.include_cases or any(case.startswith(p) for p in self.include_prefixes)
-
-    def default_threshold(self, dtype: str) -> float:
-        explicit = self.threshold_bf16 if dtype == "bfloat16" else self.threshold_fp32
-        return THRESHOLDS[dtype] if explicit is None else explicit
 
     def to_dict(self) -> dict:
         return {"threshold_fp32": self.threshold_fp32, "threshold_bf16": self.threshold_bf16, "rtol": self.rtol,

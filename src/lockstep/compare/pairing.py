@@ -26,7 +26,11 @@ CASE_SUFFIXES = (".jsonl", ".log")
 RUN_MANIFEST = "run.json"  # what `lockstep run` writes at the top of its output directory
 # Names that are never case files (build logs, CTest logs, profiler output, run metadata, our own output).
 IGNORED_FILE_PATTERNS = ("build*", "ctest_*", "*_profile.log", "run_metadata.*", ".*")
-IGNORED_DIR_PATTERNS = ("build*", "report_files", ".*", "__pycache__")
+# Directories of a run dir that hold no framework's records: <out>/step1/<framework>/<case>.npz, the
+# captures the step-1 certificates are made from; <out>/evidence/<case>.fp64.jsonl, the policy's
+# FP64 reference runs; diagnose/, `lockstep diagnose`'s outputs.
+STEP1_DIR, EVIDENCE_DIR, DIAGNOSE_DIR = "step1", "evidence", "diagnose"
+IGNORED_DIR_PATTERNS = ("build*", "report_files", ".*", "__pycache__", STEP1_DIR, EVIDENCE_DIR, DIAGNOSE_DIR)
 
 
 @dataclass(frozen=True)

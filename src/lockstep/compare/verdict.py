@@ -1,18 +1,23 @@
-"""The verdict on one case (SPEC section 7): loss step by step against the dtype threshold, and
-throughput (mean tok/s after warm-up on each side, test/baseline ratio)."""
+"""The verdict on one case (SPEC section 7): loss step by step against the dtype threshold, the
+pair's step-1 certificate where `lockstep run` made one, the class the policy (policy.py) gives
+them, and throughput (mean tok/s after warm-up on each side, test/baseline ratio)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from lockstep.cases.spec import DTYPES, SP_FP32_THRESHOLD, dtype_of_case_name
+from pathlib import Path
+
+from lockstep.cases.spec import DTYPES, dtype_of_case_name
 from lockstep.compare.loading import LoadedSide
-from lockstep.compare.options import MEGATRON_LM_GPT2_FP32_THRESHOLD, CompareOptions
+from lockstep.compare.options import CompareOptions
+from lockstep.compare.policy import (PairJudgement, VerdictClass, amplification_evidence, judge_pair,
+                                     logging_precision_bound, loss_threshold, wants_amplification_evidence)
 from lockstep.compare.throughput import Throughput, throughput_of
-from lockstep.errors import FormatError
-from lockstep.formats.logs import ORIGIN_MEGATRON_LM
-from lockstep.formats.run_record import RunRecord
+from lockstep.errors import FormatError, LockstepError
+from lockstep.formats.run_record import RunRecord, read_run_record
+
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,9 @@ class CaseVerdict:
     config: str = ""
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    certificate: dict | None = None  # the pair's step-1 certificate (certify.Certificate.to_json())
+    judgement: PairJudgement | None = None
+    evidence_wanted: str | None = None  # what would explain this pair further ("fp64-reference")
 
     @property
     def max_abs_diff(self) -> float | None:
@@ -87,8 +95,24 @@ class CaseVerdict:
         return next((d.step for d in self.diffs if not d.within), None)
 
     @property
+    def verdict(self) -> VerdictClass:
+        if self.error is not None:
+            return VerdictClass.ERROR
+        verdict = self.judgement.verdict if self.judgement else (VerdictClass.PASS if self.loss_passed else
+                                                                 VerdictClass.FAIL_UNEXPLAINED)
+        return VerdictClass.FAIL if verdict.passes and self.throughput_passed is False else verdict
+
+    @property
+    def cause(self) -> str | None:
+        if self.error is not None:
+            return self.error
+        if self.throughput_passed is False:
+            return f"too slow: tok/s ratio {self.throughput_ratio} < {self.min_tps_ratio}"
+        return self.judgement.cause if self.judgement else None
+
+    @property
     def passed(self) -> bool:
-        return self.error is None and self.loss_passed and self.throughput_passed is not False
+        return self.verdict.passes
 
     @property
     def failing_steps(self) -> int:
@@ -122,6 +146,11 @@ class CaseVerdict:
             "first_failing_step": self.first_failing_step, "failing_steps": self.failing_steps,
             "resolution": self.resolution,
             "passed": self.passed, "loss_passed": self.loss_passed if self.error is None else False,
+            "verdict": self.verdict.value, "cause": self.cause,
+            "precision_bound": self.judgement.bound.to_json() if self.judgement and self.judgement.bound else None,
+            "amplification": (self.judgement.amplification.to_json()
+                              if self.judgement and self.judgement.amplification else None),
+            "certificate": self.certificate, "evidence_wanted": self.evidence_wanted,
             "steps": len(self.diffs),
             "abs_diffs": [d.abs_diff for d in self.diffs],
             "baseline": self.baseline.to_json(), "test": self.test.to_json(),
@@ -162,24 +191,6 @@ def _dtype(case: str, baseline: RunRecord, test: RunRecord) -> str:
     if dtype not in DTYPES:
         raise FormatError(baseline.source or case, f"unknown dtype {dtype!r} in the case spec")
     return dtype
-
-
-def _is_gpt2(case: str, record: RunRecord) -> bool:
-    spec = record.meta.get("case_spec") or {}
-    return spec.get("model", "").startswith("gpt2") or case.startswith("gpt2")
-
-
-def _threshold(case: str, dtype: str, baseline: RunRecord, test: RunRecord,
-               options: CompareOptions) -> tuple[float, str]:
-    explicit = options.threshold_bf16 if dtype == "bfloat16" else options.threshold_fp32
-    if explicit is not None:
-        return explicit, "option"
-    # The looser FP32 default is about upstream Megatron-LM's numerics, whichever side its log is on.
-    if dtype == "float32" and any(r.origin == ORIGIN_MEGATRON_LM and _is_gpt2(case, r) for r in (baseline, test)):
-        return MEGATRON_LM_GPT2_FP32_THRESHOLD, "megatron-lm gpt2 default"
-    if dtype == "float32" and "_sp_" in case:
-        return SP_FP32_THRESHOLD, "sequence-parallel default (_sp_ case)"
-    return options.default_threshold(dtype), "default"
 
 
 def _config(baseline: RunRecord, test: RunRecord) -> str:
@@ -247,13 +258,16 @@ def judge_case(case: str, baseline: LoadedSide, test: LoadedSide, options: Compa
                                  f"{next(s.loss for s in rec.steps if s.step == 2):.6f})")
     try:
         verdict.dtype = _dtype(case, b, t)
-        verdict.threshold, verdict.threshold_source = _threshold(case, verdict.dtype, b, t, options)
+        verdict.threshold, verdict.threshold_source = loss_threshold(case, verdict.dtype, b, t, options.threshold_fp32,
+                                                                     options.threshold_bf16)
         verdict.config = _config(b, t)
         verdict.diffs = _align(case, b, t, verdict.threshold, options.rtol)
     except FormatError as e:
         verdict.error = str(e)
         return verdict
     verdict.loss_passed = all(d.within for d in verdict.diffs)
+    verdict.judgement = _judge(case, baseline, test, verdict)
+    verdict.notes += verdict.judgement.notes
     note = verdict.resolution_note()
     if note:
         verdict.notes.append(note)
@@ -266,3 +280,57 @@ def judge_case(case: str, baseline: LoadedSide, test: LoadedSide, options: Compa
             verdict.notes.append("throughput check failed: tok/s is unknown on "
                                  + ("the baseline" if not bt else "the test") + " side")
     return verdict
+
+
+def _judge(case: str, baseline: LoadedSide, test: LoadedSide, verdict: CaseVerdict) -> PairJudgement:
+    """The policy's class of the pair, from the steps, its certificate and the evidence beside it."""
+    b, t = baseline.record, test.record
+    cert = _certificate(case, b, test)
+    verdict.certificate = cert.to_json() if cert is not None else None
+    bound = logging_precision_bound(b, t, verdict.resolution)
+    evidence = None
+    optimizer = (b.meta.get("optimizer") or {}).get("kind")
+    if wants_amplification_evidence(verdict.diffs, verdict.threshold, cert, optimizer):
+        evidence = amplification_evidence(b, t, _fp64_record(case, test))
+        if evidence is None:
+            verdict.evidence_wanted = "fp64-reference"
+    return judge_pair(verdict.diffs, verdict.threshold, cert, bound, evidence)
+
+
+def _run_dir_of(side: LoadedSide) -> Path | None:
+    """The run directory a side's record sits in (`<run>/<framework>/<case>.jsonl`), or None."""
+    from lockstep.compare.pairing import is_run_dir
+
+    parent = Path(side.file.path).parent.parent
+    return parent if is_run_dir(parent) else None
+
+
+def _certificate(case: str, baseline: RunRecord, test: LoadedSide):
+    """The certificate `lockstep run` left beside the test's record for this baseline, if any."""
+    from lockstep.certify.certificate import certificate_path, read_certificate
+
+    path = certificate_path(Path(test.file.path).parent, _bare(case))
+    if not path.is_file():
+        return None
+    try:
+        cert = read_certificate(path)
+    except LockstepError:
+        return None
+    return cert if cert.baseline == baseline.framework else None
+
+
+def _fp64_record(case: str, test: LoadedSide) -> RunRecord | None:
+    run_dir = _run_dir_of(test)
+    from lockstep.compare.pairing import EVIDENCE_DIR
+
+    path = run_dir / EVIDENCE_DIR / f"{_bare(case)}.fp64.jsonl" if run_dir else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        return read_run_record(path)
+    except LockstepError:
+        return None
+
+
+def _bare(case: str) -> str:
+    return case.rsplit("/", 1)[-1]

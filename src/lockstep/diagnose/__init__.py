@@ -1,7 +1,12 @@
 """`lockstep diagnose`: where two frameworks first part on step 1 of a case, and what kind of defect it is.
 
-capture (StepCapture, .npz) · reference_capture (pytorch) · megatron_capture (the worker's step-1
-entry) · weights_only (InfiniTrain: gradients from one saved SGD step) · frameworks (which of
-those per framework) · compare (tensor metrics) · classify (findings) · verdict · run (plan,
-drift, files) · render (terminal and the HTML report's section).
+Each framework's runner captures step 1 with whole tensors (FrameworkRunner.capture); certify/
+compares and classifies them; here: run (plan, captures, drift, files), verdict (the findings plus
+the drift) and render (terminal and the HTML report's section).
 """
+
+
+def hint(case: str, baseline: str, test: str, run_dir: str | None = None) -> str:
+    """The command that diagnoses a FAIL (printed by run and compare)."""
+    where = f"{run_dir} " if run_dir else ""
+    return f"lockstep diagnose {where}--case {case} --frameworks {baseline},{test}"

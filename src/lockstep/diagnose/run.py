@@ -13,10 +13,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lockstep.capture.request import DIAGNOSE_ROWS, CaptureRequest
 from lockstep.cases.spec import CaseSpec
-from lockstep.diagnose.capture import StepCapture
-from lockstep.diagnose.frameworks import capture
+from lockstep.compare.pairing import DIAGNOSE_DIR
 from lockstep.diagnose.verdict import DriftRun, DriftStep, Verdict, diagnose_captures
+from lockstep.formats.step_capture import StepCapture
+from lockstep.step_contract import LOGGED_LOSS_WORDS
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import read_run_record
 from lockstep.fsutil import atomic_write
@@ -28,14 +30,7 @@ from lockstep.runners.infinitrain import InfiniTrainRunner
 
 DRIFT_LRS = (1e-12, 1e-5)  # frozen weights, a small step; the case's own lr is added
 DEFAULT_DRIFT_STEPS = 5
-DIAGNOSE_DIR = "diagnose"
 
-# How each framework's logged loss is made (SPEC sections 4 and 9): what its last digits mean.
-LOGGED_LOSS = {
-    "pytorch": "FP64 mean of the FP32 per-token losses (exact to ~1e-15)",
-    "megatron": "FP64 mean of the FP32 per-token losses (exact to ~1e-15)",
-    "infinitrain": "FP32 sequential sum of the per-token losses / count, printed with 6 decimals (±5e-7)",
-}
 
 
 @dataclass
@@ -227,12 +222,20 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
                 raise LockstepError(f"{fw} cannot run case {plan.case.name} here: {reason}")
     captures: dict[str, StepCapture] = {}
     order = ["pytorch"] + [f for f in plan.frameworks if f != "pytorch"]  # the reference first: it has the structure
+    optimizer = plan.inputs.family.optimizer
+    adam_eps = optimizer.eps if optimizer.kind == "adam" else None
     for fw in order:
-        if fw not in plan.frameworks and fw != "pytorch":
-            continue
+        runner = get_runner(fw, **plan.options.get(fw, {}))
+        problem = runner.capture_problem(plan.case, plan.inputs)
+        if problem:
+            raise LockstepError(f"diagnose cannot look inside {fw} on case {plan.case.name}: {problem}")
         say(f"step 1 on {fw} ...")
-        captures[fw] = capture(fw, plan.case, plan.inputs, plan.out_dir, reference=captures.get("pytorch"),
-                               options=plan.options.get(fw))
+        start = time.perf_counter()
+        request = CaptureRequest(path=str(plan.out_dir / f"{fw}_{plan.case.name}_step1.npz"), full=True,
+                                 adam_eps=adam_eps, rows=DIAGNOSE_ROWS,
+                                 reference=captures["pytorch"].source if "pytorch" in captures else None)
+        captures[fw] = runner.capture(plan.case, plan.inputs, plan.out_dir, request)
+        captures[fw].meta["seconds"] = time.perf_counter() - start
         say(f"step 1 on {fw}: {captures[fw].meta['seconds']:.1f} s")
     verdicts = []
     for test in tests:
@@ -245,9 +248,10 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
                 say(drift_note)
         t1 = time.perf_counter()
         verdict = diagnose_captures(captures[base], captures[test], plan.case, drift=runs,
-                                    structure=captures["pytorch"])
+                                    structure=captures["pytorch"], adam_eps=adam_eps or 1e-8)
         verdict.notes += [drift_note] if drift_note else []
-        verdict.notes += [f"logged loss, {fw}: {LOGGED_LOSS[fw]}" for fw in (base, test) if fw in LOGGED_LOSS]
+        verdict.notes += [f"logged loss, {fw}: {LOGGED_LOSS_WORDS[get_runner(fw, **plan.options.get(fw, {})).logged_loss]}"
+                          for fw in (base, test)]
         verdict.seconds = {"capture_" + fw: round(captures[fw].meta["seconds"], 2) for fw in (base, test)}
         verdict.seconds |= {"drift": round(t1 - t0, 2), "compare": round(time.perf_counter() - t1, 2)}
         write_verdict(plan.out_dir, verdict)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lockstep.cases.spec import CaseSpec, THRESHOLDS
-from lockstep.diagnose.capture import StepCapture
-from lockstep.diagnose.classify import (NONE, TENSOR_TOLERANCE, Finding, LossCheck, add_drift_findings,
-                                       add_output_grad_findings, classify, loss_check)
-from lockstep.diagnose.compare import TensorDiff, compare_forward, compare_grads, compare_output_grads
+from lockstep.cases.spec import CaseSpec
+from lockstep.compare.policy import THRESHOLDS
+from lockstep.certify.certificate import evaluate_step1
+from lockstep.certify.classify import NONE, Finding, LossCheck, add_drift_findings
+from lockstep.certify.tensors import TensorDiff
+from lockstep.formats.step_capture import StepCapture
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     output_grads: list[TensorDiff] = field(default_factory=list)  # backward order
+    micro_batches: dict[int, list[TensorDiff]] = field(default_factory=dict)  # micro batches 1.., sketched
 
     @property
     def headline(self) -> str:
@@ -75,7 +77,9 @@ class Verdict:
 
     def ranked(self, n: int | None = None) -> list[TensorDiff]:
         """Every tensor, forward and gradient, worst relative error first."""
-        rows = sorted(self.forward + self.output_grads + self.grads, key=lambda d: (-d.rel, -d.max_abs))
+        later = [d for ds in self.micro_batches.values() for d in ds]
+        rows = sorted(self.forward + later + self.output_grads + self.grads,
+                      key=lambda d: (-d.rel, -(d.max_abs or 0.0)))
         return rows[:n] if n else rows
 
     def to_json(self) -> dict:
@@ -88,32 +92,23 @@ class Verdict:
             "ranked": [d.to_json() for d in self.ranked()],
             "forward": [d.to_json() for d in self.forward], "gradients": [d.to_json() for d in self.grads],
             "output_gradients": [d.to_json() for d in self.output_grads],
+            "micro_batches": {str(m): [d.to_json() for d in ds] for m, ds in self.micro_batches.items()},
             "drift": [d.to_json() for d in self.drift], "notes": self.notes, "seconds": self.seconds,
         }
 
 
 def diagnose_captures(ref: StepCapture, test: StepCapture, case: CaseSpec, drift: list[DriftRun] | None = None,
-                      structure: StepCapture | None = None) -> Verdict:
-    """Compare two step-1 captures. `structure` (the pytorch reference's capture) supplies the
-    parameter order, module kinds and tie parts when the baseline is another framework."""
-    if structure is not None:
-        for attr in ("param_order", "module_kind", "tie_parts"):
-            if not getattr(ref, attr):
-                setattr(ref, attr, getattr(structure, attr))
-        if ref.token_losses is None:
-            ref.token_losses = structure.token_losses
-    tol = TENSOR_TOLERANCE[case.dtype]
-    forward = compare_forward(ref, test)
-    grads = compare_grads(ref, test)
-    output_grads = compare_output_grads(ref, test)
-    loss = loss_check(ref, test, THRESHOLDS[case.dtype])
-    findings = classify(ref, test, forward, grads, tol, loss)
-    findings = add_output_grad_findings(findings, forward, output_grads, tol, test.grad_kind)
-    findings = add_drift_findings(findings, drift or [], THRESHOLDS[case.dtype])
+                      structure: StepCapture | None = None, adam_eps: float = 1e-8) -> Verdict:
+    """Compare two step-1 captures (certify.evaluate_step1) and add the drift's findings.
+    `structure` (the pytorch reference's capture) supplies the parameter order, module kinds and
+    token losses when the baseline is another framework."""
+    ev = evaluate_step1(ref, test, case, adam_eps, structure)
+    findings = add_drift_findings(list(ev.findings), drift or [], THRESHOLDS[case.dtype])
     notes = list(ref.notes) + list(test.notes)
-    if not test.forward:
+    if not test.names("fwd"):
         notes.append(f"{test.framework} exposes no module outputs: its forward is judged from the step-1 loss and "
                      "the gradients")
-    return Verdict(case=case.name, reference=ref.framework, test=test.framework, dtype=case.dtype, tolerance=tol,
-                   forward=forward, grads=grads, findings=findings, loss=loss, grad_kind=test.grad_kind,
-                   drift=list(drift or []), notes=notes, output_grads=output_grads)
+    return Verdict(case=case.name, reference=ref.framework, test=test.framework, dtype=case.dtype,
+                   tolerance=ev.tolerance, forward=ev.forward, grads=ev.grads, findings=findings, loss=ev.loss,
+                   grad_kind=test.grad_kind, drift=list(drift or []), notes=notes, output_grads=ev.output_grads,
+                   micro_batches=ev.micro_batches)

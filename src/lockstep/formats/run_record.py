@@ -27,6 +27,9 @@ class StepRecord:
     tokens_per_s: float | None = None
     lr: float | None = None
     peak_mem_mb: float | None = None
+    # The same step's loss as an FP32 sequential sum of the same per-token losses would log it
+    # (InfiniTrain's way, step_contract.fp32_sequential_loss); runners that hold the token losses.
+    loss_fp32_sum: float | None = None
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None or k in ("step", "loss")}
@@ -77,7 +80,7 @@ def write_run_record(path: str | os.PathLike, record: RunRecord) -> None:
 _HEAD_KEYS = {"type", "schema", "framework", "case", "status", "error", "origin"}
 STATUSES = ("ok", "failed")
 _STEP_REQUIRED = ("step", "loss")
-_STEP_OPTIONAL = ("step_ms", "tokens_per_s", "lr", "peak_mem_mb")
+_STEP_OPTIONAL = ("step_ms", "tokens_per_s", "lr", "peak_mem_mb", "loss_fp32_sum")
 # Far beyond any run, far below the size where integer arithmetic or formatting gets slow.
 MAX_STEP = 10**12
 # case_spec fields whose type the comparison relies on (dtype picks the threshold, the parallel
@@ -175,6 +178,9 @@ def _step_from_row(path: Path, lineno: int, row: dict) -> StepRecord:
     values = {}
     for key in _STEP_OPTIONAL:
         v = row.get(key)
+        if key == "loss_fp32_sum" and v is not None and _is_number(v):
+            values[key] = float(v)  # a loss, like `loss`: a diverging run's may be non-finite
+            continue
         if v is not None and not (_is_number(v) and math.isfinite(v) and v >= 0):
             raise FormatError(path, f"line {lineno}: {key} is {v!r:.40}, not a finite non-negative number")
         values[key] = None if v is None else float(v)

@@ -26,7 +26,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from lockstep.cases.spec import THRESHOLDS, dtype_of_case_name
+from lockstep.cases.spec import dtype_of_case_name
+from lockstep.compare.policy import THRESHOLDS
 from lockstep.errors import FormatError, LockstepError
 from lockstep.formats.run_record import RunRecord, read_run_record
 from lockstep.fsutil import atomic_write

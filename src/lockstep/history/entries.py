@@ -4,6 +4,8 @@ framework's identity and the per-step tok/s."""
 
 from __future__ import annotations
 
+from lockstep.compare.policy import class_of
+
 import datetime as _dt
 import os
 import platform
@@ -73,9 +75,7 @@ def _fill_from_record(row: ResultRow, path: str | None, warmup_steps: int) -> Re
 
 
 def _verdict(case: dict) -> str:
-    if case.get("error"):
-        return "ERROR"
-    return "PASS" if case.get("passed") else "FAIL"
+    return class_of(case).value
 
 
 def results_from_comparisons(comparisons: list[dict]) -> list[ResultRow]:
@@ -91,7 +91,7 @@ def results_from_comparisons(comparisons: list[dict]) -> list[ResultRow]:
                     ResultRow(c["case"], base_fw, "baseline", dtype=c.get("dtype"), losses=list(b.get("losses") or [])),
                     b.get("file"), warmup)
             rows[(c["case"], test_fw)] = _fill_from_record(
-                ResultRow(c["case"], test_fw, "test", verdict=_verdict(c), reason=c.get("error"), dtype=c.get("dtype"),
+                ResultRow(c["case"], test_fw, "test", verdict=_verdict(c), reason=c.get("error") or c.get("cause"), dtype=c.get("dtype"),
                           losses=list(t.get("losses") or []), max_abs_diff=c.get("max_abs_diff"),
                           max_diff_step=c.get("max_diff_step"), threshold=c.get("threshold")),
                 t.get("file"), warmup)

@@ -40,7 +40,8 @@ CREATE TABLE IF NOT EXISTS results (
     case_name TEXT NOT NULL,
     framework TEXT NOT NULL,
     role TEXT NOT NULL,               -- "baseline" | "test"
-    verdict TEXT,                     -- PASS | FAIL | ERROR | SKIPPED | NULL (baseline, or not compared)
+    verdict TEXT,                     -- a policy class (PASS, PASS within logging precision, FAIL, FAIL unexplained,
+                                      -- ERROR), SKIPPED, or NULL (baseline, or not compared)
     reason TEXT,                      -- the error or skip reason
     framework_commit TEXT,            -- InfiniTrain build commit, else lockstep's commit for pytorch/megatron
     framework_version TEXT,

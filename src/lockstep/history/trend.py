@@ -57,7 +57,7 @@ def trend_png(points: list[TrendPoint], title: str) -> bytes:
     if diff:
         # A log axis cannot show 0 (bitwise agreement): drawn at 1e-12 and said so in the title.
         ys = [max(p.max_abs_diff, 1e-12) for _, p in diff]
-        colors = ["C3" if p.verdict == "FAIL" else "C0" for _, p in diff]
+        colors = ["C3" if (p.verdict or "").startswith("FAIL") else "C0" for _, p in diff]
         ax_diff.plot([x for x, _ in diff], ys, color="C0", linewidth=1)
         ax_diff.scatter([x for x, _ in diff], ys, c=colors, zorder=3)
         for th in sorted({p.threshold for _, p in diff if p.threshold}):

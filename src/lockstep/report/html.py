@@ -27,7 +27,8 @@ def _table(header: list[str], rows: list[list[str]], verdict_col: int | None = N
     for row in rows:
         cells = []
         for i, cell in enumerate(row):
-            cls = f' class="{html.escape(cell)}"' if i == verdict_col else ""
+            # The class is the verdict's first word (PASS, FAIL, ERROR, SKIPPED); the cell says it whole.
+            cls = f' class="{html.escape(cell.split()[0])}"' if i == verdict_col and cell else ""
             cells.append(f"<td{cls}>{html.escape(cell)}</td>")
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</table>")

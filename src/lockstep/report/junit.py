@@ -4,6 +4,8 @@ the machine-readable truth; this is what a CI page shows."""
 
 from __future__ import annotations
 
+from lockstep.compare.policy import class_of
+
 import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -38,11 +40,17 @@ def cases_from_comparisons(comparisons: list[dict]) -> list[JUnitCase]:
             props = {"dtype": str(c.get("dtype")), "max_abs_diff": _fmt(c.get("max_abs_diff")),
                      "max_diff_step": str(c.get("max_diff_step")), "threshold": _fmt(c.get("threshold")),
                      "throughput_ratio": "-" if c.get("throughput_ratio") is None else f"{c['throughput_ratio']:.3f}"}
+            verdict = class_of(c)
+            props["verdict"] = verdict.value
             if c.get("error"):
                 out.append(JUnitCase(suite, cls, c["case"], "error", c["error"], properties=props))
-            elif not c.get("loss_passed", c.get("passed")):
-                msg = (f"max |Δloss| {_fmt(c.get('max_abs_diff'))} at step {c.get('max_diff_step')} exceeds "
-                       f"{_fmt(c.get('threshold'))} (first failing step {c.get('first_failing_step')})")
+            elif not verdict.passes:
+                if c.get("loss_passed", c.get("passed")):  # the certificate failed it
+                    msg = f"{verdict.value}: {c.get('cause')}"
+                else:
+                    msg = (f"{verdict.value}: max |Δloss| {_fmt(c.get('max_abs_diff'))} at step {c.get('max_diff_step')} "
+                           f"exceeds {_fmt(c.get('threshold'))} (first failing step {c.get('first_failing_step')})"
+                           + (f"; {c['cause']}" if c.get("cause") else ""))
                 details = "\n".join(f"step {s}: |Δloss| {d:.3e}" for s, d in
                                     zip((c.get("test") or {}).get("steps") or [], c.get("abs_diffs") or []))
                 out.append(JUnitCase(suite, cls, c["case"], "failure", msg, details, props))
@@ -52,7 +60,8 @@ def cases_from_comparisons(comparisons: list[dict]) -> list[JUnitCase]:
                                      f"{c.get('min_tps_ratio')}", properties=props))
             else:
                 out.append(JUnitCase(suite, cls, c["case"], "passed",
-                                     f"max |Δloss| {_fmt(c.get('max_abs_diff'))} at step {c.get('max_diff_step')}",
+                                     f"{verdict.value}: max |Δloss| {_fmt(c.get('max_abs_diff'))} at step "
+                                     f"{c.get('max_diff_step')}" + (f"; {c['cause']}" if c.get("cause") else ""),
                                      properties=props))
         for m in comp.get("missing", []):
             out.append(JUnitCase(suite, cls, m["case"], "error", m.get("message", "missing")))

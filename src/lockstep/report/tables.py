@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from lockstep.cases.spec import dtype_of_case_name
 from lockstep.compare.metadata import model_label
+from lockstep.compare.policy import VerdictClass
 from lockstep.compare.throughput import NOISY_CV, format_tokens_per_s, throughput_of
 from lockstep.report.data import ReportData
 
@@ -21,8 +22,8 @@ def verdict_rows(data: ReportData) -> list[list[str]]:
     rows = []
     for fw, report in data.comparisons.items():
         for c in report.cases:
-            verdict = "ERROR" if c.error else "PASS" if c.passed else "FAIL"
-            notes = "; ".join(([c.error] if c.error else []) + c.notes)
+            verdict = c.verdict.value
+            notes = "; ".join(([c.cause] if c.cause else []) + c.notes)
             rows.append([fw, c.case, c.dtype or "-", c.config or "-", str(len(c.diffs)) if c.diffs else "-",
                          _num(c.max_abs_diff, ".3e"), _num(c.max_diff_step, "d"), _num(c.threshold, ".0e"), verdict,
                          format_tokens_per_s(c.baseline.throughput), format_tokens_per_s(c.test.throughput),
@@ -96,11 +97,15 @@ def framework_rows(data: ReportData) -> list[list[str]]:
 def overall_line(data: ReportData) -> str:
     if data.passed is None:
         return f"Nothing ran on both {data.baseline} and another framework: nothing to compare."
-    counts = {"passed": 0, "failed": 0, "missing": 0, "errors": 0, "skipped": 0}
+    counts: dict[str, int] = {}
     for report in data.comparisons.values():
-        for k, v in report.counts.items():
-            counts[k] += v
+        for k, v in {**report.counts, **report.classes}.items():
+            counts[k] = counts.get(k, 0) + v
     word = "PASS" if data.passed else "FAIL"
-    skipped = f", {counts['skipped']} skipped" if counts["skipped"] else ""
-    return (f"{word}: {counts['passed']} passed, {counts['failed']} failed, {counts['missing']} missing, "
-            f"{counts['errors']} errors{skipped} (against baseline {data.baseline})")
+    skipped = f", {counts['skipped']} skipped" if counts.get("skipped") else ""
+    within = counts.get(VerdictClass.PASS_WITHIN_PRECISION.value, 0)
+    unexplained = counts.get(VerdictClass.FAIL_UNEXPLAINED.value, 0)
+    return (f"{word}: {counts.get('passed', 0)} passed" + (f" ({within} within logging precision)" if within else "")
+            + f", {counts.get('failed', 0)} failed" + (f" ({unexplained} unexplained)" if unexplained else "")
+            + f", {counts.get('missing', 0)} missing, {counts.get('errors', 0)} errors{skipped} "
+            f"(against baseline {data.baseline})")

@@ -3,6 +3,12 @@
 A runner turns (case spec, inputs) into a run record plus the framework's native log:
 `<out>/<framework>/<case>.log` and `<out>/<framework>/<case>.jsonl`. Subclasses implement
 `execute`; `run` wraps it so that every failure ends as a record marked failed.
+
+A runner that can look inside its framework also captures step 1 of a case (`capture`, and
+`capture_problem` saying when it cannot): every module output and gradient under canonical
+names (capture/, formats/step_capture.py). `lockstep run` asks for it with `RunInputs.capture`
+(the certificate of every FP32 pair): a runner records it while it trains where it can, else
+`run` captures after the run; `lockstep diagnose` calls `capture` directly.
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Hashable, Sequence
 
 from lockstep import __version__
+from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import LockstepError, RunError
 from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
 from lockstep.models import family as model_family
 from lockstep.models.family import ModelFamily
 from lockstep.runners.nodes import NodeLayout
+from lockstep.step_contract import LOGGED_FP64_MEAN
 
 StepCallback = Callable[[StepRecord], None]
 StartCallback = Callable[[CaseSpec, str], None]  # (case, framework) before each run
@@ -54,6 +62,9 @@ class RunInputs:
     # `<out>/<framework>/<case>.final.npz` (runners that can read their weights back: pytorch,
     # megatron). Off by default: tests compare whole models with it, `lockstep run` does not.
     save_final_params: bool = False
+    # Record step 1 from inside as this asks (`lockstep run`'s certificate): the capture's path
+    # lands in the record's meta as `step1_capture` (or `step1_capture_error` saying why not).
+    capture: CaptureRequest | None = None
 
     @property
     def family(self) -> ModelFamily:
@@ -68,6 +79,8 @@ class ExecuteResult:
 
 class FrameworkRunner(ABC):
     name: ClassVar[str]
+    # How the framework's logged loss is made (step_contract): what its last digits mean.
+    logged_loss: ClassVar[str] = LOGGED_FP64_MEAN
 
     @abstractmethod
     def version(self) -> str:
@@ -86,6 +99,15 @@ class FrameworkRunner(ABC):
 
         Runners with persistent workers also take `workers=`: the group (from `open_workers`)
         to run the case in, or None for a process of its own."""
+
+    def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        """Why this runner cannot capture step 1 of the case (None: it can)."""
+        return f"{self.name} cannot show its step 1 from inside"
+
+    def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
+        """Step 1 of the case seen from inside, written to `request.path` and returned (a
+        formats.step_capture.StepCapture); `work_dir` takes whatever the framework writes on the way."""
+        raise LockstepError(self.capture_problem(case, inputs) or f"{self.name} cannot capture step 1")
 
     def worker_group_key(self, case: CaseSpec, inputs: RunInputs) -> Hashable | None:
         """Cases with equal keys can share one persistent worker group (start once, run many);
@@ -139,6 +161,9 @@ class FrameworkRunner(ABC):
             record.steps = result.steps
             if inputs.nodes.writes_records:  # other nodes train their ranks; node 0 gets the steps
                 check_complete(case, result.steps, log_path)
+                if inputs.capture is not None and not (record.meta.get("step1_capture")
+                                                       or record.meta.get("step1_capture_error")):
+                    record.meta.update(self._capture_after_run(case, inputs, out_dir))
         except LockstepError as e:
             record.status, record.error = "failed", str(e)
         except Exception as e:  # a bug or framework crash in-process: still a failed record, never a good one
@@ -147,6 +172,23 @@ class FrameworkRunner(ABC):
         if inputs.nodes.writes_records:
             write_record_or_fail(record_path, record)
         return record
+
+
+    def _capture_after_run(self, case: CaseSpec, inputs: RunInputs, out_dir: Path) -> dict:
+        """Step 1 captured on its own after a run that could not record it while training (several
+        processes, InfiniTrain): a capture that fails costs the certificate, never the run."""
+        import time
+
+        start = time.perf_counter()
+        problem = self.capture_problem(case, inputs)
+        if problem:
+            return {"step1_capture_error": problem}
+        try:
+            # Whatever the framework writes on the way goes beside the capture, never among the records.
+            self.capture(case, inputs, Path(inputs.capture.path).parent / "work", inputs.capture)
+        except LockstepError as e:
+            return {"step1_capture_error": str(e)}
+        return {"step1_capture": inputs.capture.path, "step1_capture_seconds": round(time.perf_counter() - start, 2)}
 
 
 def run_in_process(log_path: Path, on_step: StepCallback | None, train: Callable[[StepCallback, Any], dict]) -> ExecuteResult:
@@ -231,6 +273,7 @@ def base_meta(runner: FrameworkRunner, case: CaseSpec, inputs: RunInputs) -> dic
         "host": platform.node(),
         "lockstep_version": __version__,
         "lockstep_commit": git_commit(),
+        "logged_loss": runner.logged_loss,
         "started_at": now_iso(),
         "command": shlex.join(sys.argv),
     }

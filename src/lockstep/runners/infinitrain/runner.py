@@ -44,6 +44,7 @@ from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.infinitrain.precision_check import precision_check_flag
 from lockstep.runners.launch import supervise, worker_env
 from lockstep.runners.nodes import srun_per_node
+from lockstep.step_contract import LOGGED_FP32_SEQUENTIAL
 
 BUILD_ENV_VAR = "LOCKSTEP_INFINITRAIN_BUILD"
 LAUNCHER_EXECUTABLE = "infini_run"
@@ -62,6 +63,8 @@ TAIL_LINES = 15
 
 class InfiniTrainRunner(FrameworkRunner):
     name = "infinitrain"
+    # Its cross entropy adds the per-token losses one by one in FP32, and it prints 6 decimals.
+    logged_loss = LOGGED_FP32_SEQUENTIAL
 
     def __init__(self, build_dir: str | os.PathLike | None = None):
         given = build_dir if build_dir else os.environ.get(BUILD_ENV_VAR)
@@ -110,6 +113,23 @@ class InfiniTrainRunner(FrameworkRunner):
                     if adapter.missing_note else f"this InfiniTrain build has no {adapter.executable} executable")
         reason = adapter.skip_reason(case, inputs.model, inputs.checkpoint)
         return reason or super().skip_reason(case, inputs)
+
+    # ------------------------------------------------------------------ step 1 from inside
+
+    def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        reason = self.skip_reason(case, inputs)
+        if reason:
+            return reason
+        if case.world_size > 1:
+            return ("InfiniTrain's step 1 is captured from one process's saved weights; its --save of a parallel "
+                    "run is untested here")
+        return None
+
+    def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request):
+        """One step at a recovery lr, its weights saved and its module outputs dumped (capture.py)."""
+        from lockstep.runners.infinitrain.capture import capture_step
+
+        return capture_step(self, case, inputs, Path(work_dir), request)
 
     # ------------------------------------------------------------------ running
 

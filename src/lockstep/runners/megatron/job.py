@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 from typing import Any
 
+from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import CaseSpec
 from lockstep.models import config_from_dict
 
@@ -44,9 +45,9 @@ class MegatronJob:
     options: MegatronOptions = field(default_factory=MegatronOptions)
     error_path: str | None = None  # a failing rank writes its one-sentence error here
     results_path: str | None = None  # added by launch.run_workers
-    # `lockstep diagnose`: run step 1 only, without the optimizer step, and write every module's
-    # output and every gradient under canonical names to this .npz (diagnose/megatron_capture.py).
-    diagnose_path: str | None = None
+    # Record step 1 from inside as it trains (runners/megatron/capture.py): the certificate of
+    # `lockstep run`, or (whole tensors, a one-step case) `lockstep diagnose`.
+    capture: CaptureRequest | None = None
     # Write every parameter after the last step, under canonical LLMC names, here (.npz; rank 0).
     final_params_path: str | None = None
 
@@ -54,12 +55,13 @@ class MegatronJob:
         return {"case": self.case.to_dict(), "model": self.model.to_dict(), "checkpoint": self.checkpoint, "tokens": self.tokens,
                 "tokens_sha256": self.tokens_sha256, "device": self.device, "options": asdict(self.options),
                 "error_path": self.error_path, "results_path": self.results_path,
-                "diagnose_path": self.diagnose_path, "final_params_path": self.final_params_path}
+                "capture": self.capture.to_dict() if self.capture else None,
+                "final_params_path": self.final_params_path}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MegatronJob":
         return cls(case=CaseSpec.from_dict(d["case"]), model=config_from_dict(d["model"]), checkpoint=d["checkpoint"],
                    tokens=d["tokens"], tokens_sha256=d.get("tokens_sha256", ""), device=d["device"],
                    options=MegatronOptions(**d.get("options", {})), error_path=d.get("error_path"),
-                   results_path=d.get("results_path"), diagnose_path=d.get("diagnose_path"),
+                   results_path=d.get("results_path"), capture=CaptureRequest.from_dict(d.get("capture")),
                    final_params_path=d.get("final_params_path"))

@@ -16,12 +16,14 @@ bf16 autocast backward needs CUDA; its local-spec LayerNorm supports SP only thr
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import importlib.util
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import RunError
 from lockstep.formats.tokens import read_token_stream
@@ -98,6 +100,20 @@ class MegatronRunner(FrameworkRunner):
             return f"megatron-core cannot lay this model out: {problem}"
         return super().skip_reason(case, inputs)
 
+    def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        return self.skip_reason(case, inputs)  # it records step 1 of any case it can train
+
+    def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
+        """A one-step run of the case that records its step 1 (the update after it changes nothing recorded)."""
+        from lockstep.formats.step_capture import StepCapture
+
+        work_dir = Path(work_dir)
+        one_step = case.with_overrides(steps=1)
+        log_path = work_dir / f"megatron_{case.name}_step1.log"
+        work_dir.mkdir(parents=True, exist_ok=True)
+        self.execute(one_step, dataclasses.replace(inputs, capture=request, save_final_params=False), log_path, None)
+        return StepCapture.load(request.path)
+
     def worker_group_key(self, case: CaseSpec, inputs: RunInputs):
         # Cases of one world size share a torchrun; each sets up its own TP/PP/DP grid inside it.
         return ("torchrun", case.world_size, inputs.device, inputs.nodes,
@@ -116,7 +132,7 @@ class MegatronRunner(FrameworkRunner):
             error_path = Path(td) / "error.txt"
             job = MegatronJob(case=case, model=inputs.model, checkpoint=str(inputs.checkpoint), tokens=str(inputs.tokens),
                               tokens_sha256=inputs.tokens_sha256, device=inputs.device, options=self.options,
-                              error_path=str(error_path),
+                              error_path=str(error_path), capture=inputs.capture,
                               final_params_path=str(final_params_path(log_path)) if inputs.save_final_params else None)
             env = oversubscribed_env(case, inputs)
             try:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from lockstep.errors import LockstepError
-from lockstep.runners.megatron.families.base import ChunkShard, MegatronFamily, identity
+from lockstep.runners.megatron.families.base import ChunkShard, MegatronFamily, concat, identity, stack
 
 _ROW_OF = re.compile(r"^(.*\])\[(\d+)\]$")  # "qknormw[3][1]" -> ("qknormw[3]", 1)
 
@@ -82,9 +82,10 @@ def chunk_tensors(canonical: dict[str, np.ndarray], model, shard: ChunkShard,
     return out
 
 
-def canonical_from_chunk(params: dict[str, np.ndarray], model, shard: ChunkShard, adapter: MegatronFamily,
-                         gather_tp: Callable[[np.ndarray], list[np.ndarray]]) -> dict[str, np.ndarray]:
-    """Megatron parameters (or gradients) of one chunk -> canonical tensors, un-sharded.
+def canonical_from_chunk(params: dict, model, shard: ChunkShard, adapter: MegatronFamily,
+                         gather_tp: Callable) -> dict:
+    """Megatron parameters (or gradients) of one chunk -> canonical tensors, un-sharded: numpy
+    arrays, or torch tensors on their device (a capture's gradients never leave the GPU whole).
 
     `gather_tp(local)` returns the pieces of every TP rank in rank order (`[local]` at TP=1);
     with TP > 1 every TP rank must call this with the same chunk, as it is a collective.
@@ -96,15 +97,15 @@ def canonical_from_chunk(params: dict[str, np.ndarray], model, shard: ChunkShard
             continue
         pieces = gather_tp(params[m.megatron])
         if m.tp_split == "glu_rows":
-            halves = [np.split(p, 2, axis=0) for p in pieces]
+            halves = [(p[: p.shape[0] // 2], p[p.shape[0] // 2:]) for p in pieces]
             gate, up = m.canonical
-            out[gate] = np.concatenate([h[0] for h in halves], axis=0)
-            out[up] = np.concatenate([h[1] for h in halves], axis=0)
+            out[gate] = concat([h[0] for h in halves], axis=0)
+            out[up] = concat([h[1] for h in halves], axis=0)
             continue
         if m.tp_split == "rows":
-            full = np.concatenate(pieces, axis=0)
+            full = concat(pieces, axis=0)
         elif m.tp_split == "columns":
-            full = np.concatenate(pieces, axis=1)
+            full = concat(pieces, axis=1)
         else:
             full = pieces[0]
         value = m.from_megatron(full)
@@ -114,7 +115,7 @@ def canonical_from_chunk(params: dict[str, np.ndarray], model, shard: ChunkShard
         else:
             out[m.canonical] = value
     for name, by_index in rows.items():
-        out[name] = np.stack([by_index[i] for i in sorted(by_index)])
+        out[name] = stack([by_index[i] for i in sorted(by_index)])
     return out
 
 

@@ -26,7 +26,6 @@ import json
 import math
 import os
 import sys
-import time
 import traceback
 from functools import partial
 from pathlib import Path
@@ -42,18 +41,15 @@ from lockstep.runners.base import write_final_params
 from lockstep.runners.launch import ResultsWriter
 from lockstep.runners.memory import peak_memory_info
 from lockstep.runners.megatron.job import DATA_SEED, LOG_MARKER, MODEL_SEED, MegatronJob
+from lockstep.runners.megatron.capture import StepRecorder
 from lockstep.runners.megatron.parallel import ParallelLayout
 from lockstep.runners.nodes import reports_results
+from lockstep.step_contract import StepClock, fp32_sequential_of_tensors, slowest_rank
 
 
 def _say(layout: ParallelLayout, text: str) -> None:
     if layout.reports:
         print(text, flush=True)
-
-
-def _synchronize(layout: ParallelLayout) -> None:
-    if layout.device.type == "cuda":
-        torch.cuda.synchronize(layout.device)
 
 
 def _set_ieee_fp32() -> None:
@@ -257,52 +253,52 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     batches = mdata.MicroBatches(dataset, case, layout.dp_rank, layout.device)
     forward_step = make_forward_step(batches.attention_mask, padded_vocab_mask(vocab_rows, job.model.vocab_size, layout))
     forward_backward = get_forward_backward_func()
-    if job.diagnose_path:
-        from lockstep.diagnose.megatron_capture import capture_step
-
-        return capture_step(job=job, layout=layout, chunks=chunks, forward_backward=forward_backward,
-                            forward_step=forward_step, batches=batches, ckpt_config=ckpt.config, adapter=adapter,
-                            vocab_rows=vocab_rows, case=case, StepData=StepData)
-
     if layout.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(layout.device)
     times_ms: list[float] = []
     rates: list[float] = []
+    info: dict = {}
     for step in range(case.steps):
         dist.barrier()  # every rank starts the step together, so the slowest rank's time is the step's
-        _synchronize(layout)
-        t0 = time.perf_counter()
-        for chunk in chunks:
-            chunk.zero_grad_buffer()
-        optimizer.zero_grad()
-        iterators = [StepData(batches, step, case.accum) for _ in chunks]
-        results = forward_backward(
-            forward_step_func=forward_step,
-            data_iterator=iterators if len(chunks) > 1 else iterators[0],
-            model=chunks,
-            num_microbatches=case.accum,
-            seq_length=T,
-            micro_batch_size=B,
-            decoder_seq_length=T,
-            forward_only=False,
-        )
-        _update_ok, grad_norm = optimizer_step(optimizer)
-        scheduler.step(increment=1)
-        _synchronize(layout)
-        elapsed_s = time.perf_counter() - t0
+        with StepClock(layout.device) as clock:
+            for chunk in chunks:
+                chunk.zero_grad_buffer()
+            optimizer.zero_grad()
+            # Step 1 is warm-up (not in tok/s): recording it from inside costs no measured time.
+            recorder = (StepRecorder(request=job.capture, layout=layout, chunks=chunks, case=case, model=job.model,
+                                     adapter=adapter, vocab_rows=vocab_rows) if job.capture and step == 0 else None)
+            iterators = [StepData(batches, step, case.accum) for _ in chunks]
+            results = forward_backward(
+                forward_step_func=forward_step,
+                data_iterator=iterators if len(chunks) > 1 else iterators[0],
+                model=chunks,
+                num_microbatches=case.accum,
+                seq_length=T,
+                micro_batch_size=B,
+                decoder_seq_length=T,
+                forward_only=False,
+            )
+            if recorder is not None:
+                recorder.finish(results)  # the gradients after finalize_model_grads, before the update
+                info["step1_capture"] = job.capture.path
+            _update_ok, grad_norm = optimizer_step(optimizer)
+            scheduler.step(increment=1)
+        elapsed_s = clock.seconds
 
         # The step's loss lives on the last stage's TP rank 0 of every DP replica: sum loss/DP there.
-        contribution = 0.0
+        # Beside it (one replica only) what InfiniTrain's FP32 sequential sum of the same token losses logs.
+        contribution, fp32_sum = 0.0, 0.0
         if layout.reports_loss:
             micro_means = [logged_micro_loss(r) for r in results]
             contribution = sum(micro_means) / len(micro_means) / layout.dp
-        loss_t = torch.tensor([contribution], dtype=torch.float64, device=layout.device)
+            if layout.dp == 1:
+                fp32_sum = fp32_sequential_of_tensors([r["lm loss tokens"][0].reshape(-1) for r in results])
+        loss_t = torch.tensor([contribution, fp32_sum], dtype=torch.float64, device=layout.device)
         dist.all_reduce(loss_t, op=dist.ReduceOp.SUM)
         peak = torch.cuda.max_memory_allocated(layout.device) / 2**20 if layout.device.type == "cuda" else 0.0
-        slowest = torch.tensor([elapsed_s, peak], dtype=torch.float64, device=layout.device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        loss = float(loss_t.item())
-        step_ms = float(slowest[0].item()) * 1e3
+        slowest_s, slowest_peak = slowest_rank(elapsed_s, peak, layout.device, layout.world)
+        loss = float(loss_t[0].item())
+        step_ms = slowest_s * 1e3
         tokens_per_s = case.total_batch / (step_ms / 1e3)
         times_ms.append(step_ms)
         rates.append(tokens_per_s)
@@ -314,7 +310,8 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
                                           global_batch, loss, norm), flush=True)
             print(perf_step_line(step + 1, case.steps, step_ms, tokens_per_s), flush=True)
             writer.step(StepRecord(step=step + 1, loss=loss, step_ms=step_ms, tokens_per_s=tokens_per_s, lr=lr,
-                                   peak_mem_mb=float(slowest[1].item()) if layout.device.type == "cuda" else None))
+                                   peak_mem_mb=slowest_peak if layout.device.type == "cuda" else None,
+                                   loss_fp32_sum=float(loss_t[1].item()) if layout.dp == 1 else None))
 
     if job.final_params_path:
         final = final_canonical_params(chunks, shards, job.model, adapter, layout)
@@ -325,6 +322,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
                                    sum(measured_rates) / len(measured_rates)))
     device_name = torch.cuda.get_device_name(layout.device) if layout.device.type == "cuda" else "cpu"
     return {
+        **info,
         **peak_memory_info(layout.device, layout.world),
         "framework_version": f"megatron-core {version}",
         "megatron_core_version": version,

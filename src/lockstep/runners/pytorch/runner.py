@@ -7,11 +7,15 @@ from pathlib import Path
 
 import torch
 
+from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import CaseSpec
-from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
-                                   launch_meta, oversubscribed_env, run_in_process)
+from lockstep.errors import LockstepError
+from lockstep.formats.run_record import RunRecord
+from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, base_meta,
+                                   final_params_path, launch_meta, oversubscribed_env, run_in_process,
+                                   write_record_or_fail)
 from lockstep.runners.launch import run_workers
-from lockstep.runners.pytorch.train import ProcessGroupInfo, train_case
+from lockstep.runners.pytorch.train import ProcessGroupInfo, capture_case, train_case
 from lockstep.runners.workers import WorkerGroup
 
 TRAIN_MODULE = "lockstep.runners.pytorch.train"
@@ -28,6 +32,27 @@ class PyTorchRunner(FrameworkRunner):
             return "the pytorch reference trainer is data parallel only (TP/PP cases run on megatron)"
         return super().skip_reason(case, inputs)
 
+    def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        return None  # any case: its DP ranks run one after the other in one process, TP/PP are the same math
+
+    def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
+        return capture_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, request)
+
+    def train_fp64(self, case: CaseSpec, inputs: RunInputs, record_path: Path) -> RunRecord:
+        """The case in FP64 (the policy's evidence of Adam amplification), as a record at `record_path`."""
+        from lockstep.runners.pytorch.train import train_fp64
+
+        record = RunRecord(framework="pytorch-fp64", case=case.name, meta=base_meta(self, case, inputs),
+                           source=str(record_path))
+        record.meta["precision"] = "fp64 (evidence run: what exact arithmetic gives)"
+        try:
+            record.steps = train_fp64(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device)
+        except (LockstepError, torch.cuda.OutOfMemoryError) as e:
+            record.status, record.error = "failed", str(e)
+        Path(record_path).parent.mkdir(parents=True, exist_ok=True)
+        write_record_or_fail(Path(record_path), record)
+        return record
+
     def worker_group_key(self, case: CaseSpec, inputs: RunInputs):
         # One device trains in this process already; DP groups of one size share a torchrun.
         if case.world_size == 1:
@@ -43,9 +68,10 @@ class PyTorchRunner(FrameworkRunner):
                 workers: WorkerGroup | None = None) -> ExecuteResult:
         params_path = str(final_params_path(log_path)) if inputs.save_final_params else None
         if case.world_size == 1:
+            # One process: step 1 is recorded as it trains (several ranks capture after the run).
             return run_in_process(log_path, on_step, lambda emit, log: train_case(
                 case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, ProcessGroupInfo(), emit, log,
-                final_params_path=params_path))
+                final_params_path=params_path, capture=inputs.capture))
         job = {"case": case.to_dict(), "checkpoint": str(inputs.checkpoint), "tokens": str(inputs.tokens),
                "device": inputs.device, "final_params_path": params_path}
         env = oversubscribed_env(case, inputs)

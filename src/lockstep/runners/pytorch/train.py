@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass
 from typing import Callable, TextIO
 
@@ -30,10 +29,15 @@ from lockstep.formats.tokens import read_token_stream
 from lockstep.models import family as model_family
 from lockstep.models import load_checkpoint
 from lockstep.models.family import OptimizerSpec
+from lockstep.capture.request import CaptureRequest
+from lockstep.formats.step_capture import StepCapture
 from lockstep.runners.nodes import reports_results
+from lockstep.runners.pytorch.capture import StepRecorder, capture_step
 from lockstep.runners.memory import peak_memory_info
 from lockstep.models.reference import llmc_state
 from lockstep.runners.base import write_final_params
+from lockstep.step_contract import (StepClock, fp32_matmul_precision, fp32_sequential_of_tensors, slowest_rank,
+                                    step_loss_fp64)
 
 
 @dataclass(frozen=True)
@@ -49,25 +53,6 @@ class ProcessGroupInfo:
     def from_env(cls) -> "ProcessGroupInfo":
         return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
                    int(os.environ.get("LOCAL_RANK", 0)), reports_results())
-
-
-@contextlib.contextmanager
-def fp32_matmul_precision(enabled_tf32: bool):
-    """Set TF32 for the run and restore the process-wide flags after (in-process runs)."""
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
-    torch.backends.cuda.matmul.allow_tf32 = enabled_tf32
-    torch.backends.cudnn.allow_tf32 = enabled_tf32
-    torch.set_float32_matmul_precision("high" if enabled_tf32 else "highest")
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
-        torch.set_float32_matmul_precision(saved[2])
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def build_optimizer(spec: OptimizerSpec, params, lr: float) -> torch.optim.Optimizer:
@@ -125,11 +110,14 @@ def no_sync(wrapped: torch.nn.Module, case: CaseSpec):
 
 
 def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, pg: ProcessGroupInfo,
-               emit: Callable[[StepRecord], None], log: TextIO, final_params_path: str | None = None) -> dict:
+               emit: Callable[[StepRecord], None], log: TextIO, final_params_path: str | None = None,
+               capture: CaptureRequest | None = None) -> dict:
     """Train `case.steps` steps; rank 0 calls `emit` per step and writes llm.c-style log lines.
 
     With `final_params_path`, rank 0 writes every parameter after the last step there, under
-    its canonical LLMC name (DDP keeps the replicas equal, so rank 0's are the model's)."""
+    its canonical LLMC name (DDP keeps the replicas equal, so rank 0's are the model's). With
+    `capture` (one process only), step 1 is recorded from inside as it trains (runners/pytorch/
+    capture.py): its gradients are read before the optimizer step, nothing else changes."""
     if device_kind == "cuda":
         device = torch.device("cuda", pg.local_rank)
         torch.cuda.set_device(device)
@@ -153,54 +141,67 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
               f"B={case.micro_batch} T={case.seq_len} tokens/step={case.total_batch} accum={case.accum} | "
               f"{family.title} {ckpt.config.describe()} | {family.optimizer.label} lr {case.lr:g} | "
               f"device {device} | torch {torch.__version__}", file=log, flush=True)
+    if capture is not None and pg.world > 1:
+        raise ValueError("in-run capture is for one process; several ranks capture with capture_step")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times_ms, tps = [], []
+    info: dict = {}
     with fp32_matmul_precision(enabled_tf32=False):
         for step in range(case.steps):
-            synchronize(device)
-            t0 = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            micro_losses = []
-            for micro in range(case.accum):
-                x, y = batches.micro_batch(step, micro)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                last = micro == case.accum - 1
-                sync_ctx = no_sync(ddp, case) if (ddp is not None and not last) else contextlib.nullcontext()
-                with sync_ctx:
-                    # BF16 = autocast around the forward only; parameters and SGD stay FP32.
-                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=case.is_bf16):
-                        logits, _ = train_model(x)
-                    token_losses = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1), reduction="none")
-                    (token_losses.mean() / case.accum).backward()
-                micro_losses.append(token_losses.detach())
-            optimizer.step()
-            synchronize(device)
-            elapsed_s = time.perf_counter() - t0
-            # After the stop (lockstep's bookkeeping, not training). The gradient came from the FP32
-            # mean, as the contract says; the logged value is the same mean taken in FP64, so that
-            # how the batch is split (DP ranks, micro steps) does not move the logged loss by an
-            # FP32 ulp (~1e-6 at loss 10).
-            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-            for token_losses in micro_losses:
-                loss_sum += token_losses.double().mean() / case.accum
+            recorder = StepRecorder(model, case, capture) if (capture is not None and step == 0) else None
+            try:
+                with StepClock(device) as clock:
+                    optimizer.zero_grad(set_to_none=True)
+                    micro_losses = []
+                    first_x = None
+                    for micro in range(case.accum):
+                        x, y = batches.micro_batch(step, micro)
+                        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                        first_x = x if first_x is None else first_x
+                        last = micro == case.accum - 1
+                        sync_ctx = no_sync(ddp, case) if (ddp is not None and not last) else contextlib.nullcontext()
+                        if recorder:
+                            recorder.micro_batch(0, micro)
+                        with sync_ctx:
+                            # BF16 = autocast around the forward only; parameters and SGD stay FP32.
+                            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=case.is_bf16):
+                                logits, _ = train_model(x)
+                            token_losses = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1),
+                                                           reduction="none")
+                            if recorder:
+                                recorder.loss(logits, token_losses)
+                            (token_losses.mean() / case.accum).backward()
+                        micro_losses.append(token_losses.detach())
+                    if recorder:
+                        # Step 1 is warm-up (not in tok/s): reading the gradients here costs no measured time.
+                        try:
+                            recorder.finish(float(step_loss_fp64(micro_losses, case.accum).item()), first_x)
+                            info["step1_capture"] = capture.path
+                        except Exception as e:  # a capture that fails costs the certificate, never the run
+                            info["step1_capture_error"] = f"{type(e).__name__}: {e}"
+                    optimizer.step()
+            finally:
+                if recorder:
+                    recorder.close()
+            # After the stop: the logged loss (FP64 mean, the contract's), and what InfiniTrain's FP32
+            # sequential sum would have logged for the same token losses (one process only).
+            loss_sum = step_loss_fp64(micro_losses, case.accum)
+            fp32_sum = fp32_sequential_of_tensors(micro_losses) if pg.world == 1 else None
             if pg.world > 1:
                 dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if device.type == "cuda" else dist.ReduceOp.SUM)
                 if device.type != "cuda":
                     loss_sum /= pg.world  # gloo has no AVG
             peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
-            if pg.world > 1:
-                # The step time is the slowest rank's over every node (and the peak memory the largest).
-                slowest = torch.tensor([elapsed_s, peak], dtype=torch.float64, device=device)
-                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-                elapsed_s, peak = float(slowest[0].item()), float(slowest[1].item())
+            # The step time is the slowest rank's over every node (and the peak memory the largest).
+            elapsed_s, peak = slowest_rank(clock.seconds, peak, device, pg.world)
             step_ms = elapsed_s * 1e3
             tokens_per_s = case.total_batch / (step_ms / 1e3)
             loss_value = float(loss_sum.item())
             peak = peak if device.type == "cuda" else None
             if pg.reports:
                 rec = StepRecord(step=step + 1, loss=loss_value, step_ms=step_ms, tokens_per_s=tokens_per_s,
-                                 lr=case.lr, peak_mem_mb=peak)
+                                 lr=case.lr, peak_mem_mb=peak, loss_fp32_sum=fp32_sum)
                 print(llmc_step_line(step + 1, case.steps, loss_value, case.lr, step_ms, tokens_per_s), file=log, flush=True)
                 emit(rec)
             times_ms.append(step_ms)
@@ -211,28 +212,26 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     if pg.reports:
         print(perf_summary_line(len(measured), sum(measured) / len(measured), sum(tps[1:] or tps) / len(measured)),
               file=log, flush=True)
-    return {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    return {**info, "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "world_size": pg.world, "torch_threads": torch.get_num_threads(),
             "data_parallel": {0: "DDP", 1: "DDP + ZeroRedundancyOptimizer (ZeRO-1)",
                               2: "FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2)"}[zero] if pg.world > 1 else "none",
             **peak_memory_info(device, pg.world)}
 
 
-def diagnose_step(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, out_path: str | None = None):
-    """`lockstep diagnose`'s entry: step 1 of the case without the optimizer update, every module's
-    output and every gradient under canonical names (diagnose/reference_capture.py); written to
-    `out_path` (.npz) when given. In-process, whatever the case's DP (its ranks run one by one)."""
-    from lockstep.diagnose.reference_capture import capture_reference
-
+def capture_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, request: CaptureRequest,
+                 framework: str = "pytorch", prepare_model=None) -> StepCapture:
+    """Step 1 of the case without an optimizer update, every DP rank's micro batches in this one
+    process, recorded as `request` asks (diagnose, and certificates of runs of several ranks).
+    `prepare_model` may swap kernels first (pytorch-fast: SDPA attention)."""
     ckpt = load_checkpoint(checkpoint)
     stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
     case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
     model = model_family(ckpt.family).reference_class().from_llmc(ckpt.tensors, ckpt.config)
+    if prepare_model is not None:
+        prepare_model(model)
     device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
-    capture = capture_reference(model, case, stream.tokens, device)
-    if out_path:
-        capture.save(out_path)
-    return capture
+    return capture_step(model, case, stream.tokens, request, device, framework=framework)
 
 
 def _start_process_group(device: str, pg: ProcessGroupInfo) -> None:
@@ -286,3 +285,31 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
+
+
+def train_fp64(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str) -> list[StepRecord]:
+    """The case trained in FP64 in this one process (every DP rank's micro batches in turn, each
+    loss divided by accum·DP): what exact arithmetic gives, the yardstick the policy measures an
+    FP32 run's drift against when Adam may be amplifying last-bit differences."""
+    ckpt = load_checkpoint(checkpoint)
+    family = model_family(ckpt.family)
+    stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
+    case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
+    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
+    model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config).to(device=device, dtype=torch.float64)
+    optimizer = build_optimizer(family.optimizer, model.parameters(), case.lr)
+    batches = [TokenBatches(stream.tokens, case, dp_rank=r) for r in range(case.dp)]
+    steps = []
+    for step in range(case.steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss = 0.0
+        for dp_batches in batches:
+            for micro in range(case.accum):
+                x, y = dp_batches.micro_batch(step, micro)
+                logits, _ = model(x.to(device))
+                token_losses = F.cross_entropy(logits.view(-1, logits.size(-1)), y.to(device).view(-1), reduction="none")
+                (token_losses.mean() / (case.accum * case.dp)).backward()
+                loss += float(token_losses.detach().mean().item()) / (case.accum * case.dp)
+        optimizer.step()
+        steps.append(StepRecord(step=step + 1, loss=loss, lr=case.lr))
+    return steps

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import CaseSpec
 from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback, run_in_process
 from lockstep.runners.pytorch_fast.train import train_fast
@@ -24,6 +25,20 @@ class PyTorchFastRunner(FrameworkRunner):
         if case.world_size > 1:
             return "pytorch-fast is a single-device throughput anchor (parallel cases run on pytorch and megatron)"
         return super().skip_reason(case, inputs)
+
+    def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        return None
+
+    def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
+        """Its model (SDPA attention) captured eagerly: torch.compile changes fusion and rounding, not
+        the math, and hooks inside a compiled graph would break it up."""
+        from lockstep.runners.pytorch.train import capture_case
+        from lockstep.runners.pytorch_fast.train import use_sdpa
+
+        cap = capture_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, request,
+                           framework=self.name, prepare_model=use_sdpa)
+        cap.notes.append("pytorch-fast step 1 captured eagerly with SDPA attention (torch.compile fuses the same math)")
+        return cap
 
     def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
         return run_in_process(log_path, on_step, lambda emit, log: train_fast(

@@ -16,7 +16,6 @@ losses' mean taken in FP64, as the reference logs it) is computed after the stop
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
@@ -32,7 +31,7 @@ from lockstep.models import family as model_family
 from lockstep.models import load_checkpoint
 from lockstep.models.family import OptimizerSpec
 from lockstep.runners.memory import peak_memory_info
-from lockstep.runners.pytorch.train import fp32_matmul_precision, synchronize
+from lockstep.step_contract import StepClock, fp32_matmul_precision, fp32_sequential_of_tensors, step_loss_fp64
 
 
 def sdpa_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -139,19 +138,17 @@ def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
         print(f"note: {note}", file=log, flush=True)
 
     def one_step(step: int) -> tuple[float, list[torch.Tensor]]:
-        synchronize(device)
-        t0 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        micro_losses = []
-        for micro in range(case.accum):
-            x, y = batches.micro_batch(step, micro)
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            losses = forward(x, y)
-            (losses.mean() / case.accum).backward()
-            micro_losses.append(losses.detach())
-        optimizer.step()
-        synchronize(device)
-        return time.perf_counter() - t0, micro_losses
+        with StepClock(device) as clock:
+            optimizer.zero_grad(set_to_none=True)
+            micro_losses = []
+            for micro in range(case.accum):
+                x, y = batches.micro_batch(step, micro)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                losses = forward(x, y)
+                (losses.mean() / case.accum).backward()
+                micro_losses.append(losses.detach())
+            optimizer.step()
+        return clock.seconds, micro_losses
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -171,16 +168,14 @@ def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
                 print(f"note: {settings.notes[-1]}", file=log, flush=True)
                 elapsed_s, micro_losses = one_step(step)
             # After the stop: the logged loss, the reference's FP64 mean of the FP32 token losses.
-            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-            for losses in micro_losses:
-                loss_sum += losses.double().mean() / case.accum
+            loss_sum = step_loss_fp64(micro_losses, case.accum)
             step_ms = elapsed_s * 1e3
             tokens_per_s = case.total_batch / elapsed_s
             loss = float(loss_sum.item())
             peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
             print(llmc_step_line(step + 1, case.steps, loss, case.lr, step_ms, tokens_per_s), file=log, flush=True)
             emit(StepRecord(step=step + 1, loss=loss, step_ms=step_ms, tokens_per_s=tokens_per_s, lr=case.lr,
-                            peak_mem_mb=peak))
+                            peak_mem_mb=peak, loss_fp32_sum=fp32_sequential_of_tensors(micro_losses)))
             times_ms.append(step_ms)
             rates.append(tokens_per_s)
     measured_ms, measured_rates = (times_ms[1:], rates[1:]) if len(times_ms) > 1 else (times_ms, rates)

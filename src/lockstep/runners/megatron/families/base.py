@@ -14,6 +14,28 @@ def identity(a: np.ndarray) -> np.ndarray:
     return a
 
 
+# The layout maps run on numpy arrays (loading weights) and on torch tensors (reading gradients
+# back on the device, for a capture); these few helpers are the only calls that differ.
+def concat(parts: list, axis: int = 0):
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts, axis=axis)
+    import torch
+
+    return torch.cat(parts, dim=axis)
+
+
+def stack(parts: list):
+    if isinstance(parts[0], np.ndarray):
+        return np.stack(parts)
+    import torch
+
+    return torch.stack(parts)
+
+
+def contiguous(a):
+    return np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a.contiguous()
+
+
 @dataclass(frozen=True)
 class TensorMap:
     """One Megatron parameter of a chunk and the canonical LLMC tensor it holds.
@@ -51,7 +73,7 @@ def fit_rows(a: np.ndarray, rows: int) -> np.ndarray:
     """The first `rows` rows of `a`, zero-padded when `a` has fewer."""
     if rows <= a.shape[0]:
         return a[:rows]
-    out = np.zeros((rows, *a.shape[1:]), dtype=np.float32)
+    out = np.zeros((rows, *a.shape[1:]), dtype=np.float32) if isinstance(a, np.ndarray) else a.new_zeros((rows, *a.shape[1:]))
     out[: a.shape[0]] = a
     return out
 
@@ -65,7 +87,7 @@ def qkv_per_group(qkv: np.ndarray, num_heads: int, num_groups: int) -> np.ndarra
     q = qkv[: num_heads * hd].reshape(num_groups, per * hd, *rest)
     k = qkv[num_heads * hd : (num_heads + num_groups) * hd].reshape(num_groups, hd, *rest)
     v = qkv[(num_heads + num_groups) * hd :].reshape(num_groups, hd, *rest)
-    return np.ascontiguousarray(np.concatenate([q, k, v], axis=1)).reshape(qkv.shape)
+    return contiguous(concat([q, k, v], axis=1)).reshape(qkv.shape)
 
 
 def qkv_from_groups(grouped: np.ndarray, num_heads: int, num_groups: int) -> np.ndarray:
@@ -75,7 +97,8 @@ def qkv_from_groups(grouped: np.ndarray, num_heads: int, num_groups: int) -> np.
     per = num_heads // num_groups
     g = grouped.reshape(num_groups, (per + 2) * hd, *rest)
     q, k, v = g[:, : per * hd], g[:, per * hd : (per + 1) * hd], g[:, (per + 1) * hd :]
-    return np.ascontiguousarray(np.concatenate([q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)]))
+    return contiguous(concat([contiguous(q).reshape(-1, *rest), contiguous(k).reshape(-1, *rest),
+                              contiguous(v).reshape(-1, *rest)]))
 
 
 class MegatronFamily:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.diagnose.capture import StepCapture
-from lockstep.diagnose.classify import LOGGING, OPTIMIZER, FORWARD, fp32_sequential_loss, module_of
+from lockstep.certify.classify import FORWARD, LOGGING, MICRO_BATCH, OPTIMIZER, module_of
 from lockstep.diagnose.verdict import DriftRun, DriftStep, diagnose_captures
+from lockstep.formats.step_capture import StepCapture
+from lockstep.step_contract import fp32_sequential_loss
 
 CASE = CaseSpec(name="gpt2_2", model="gpt2-tiny", dtype="float32", micro_batch=80, seq_len=64, total_batch=5120,
                 steps=10, lr=1e-4)

@@ -13,8 +13,11 @@ Rules, in order (each one line in the verdict):
      rest of that group (30x the median) are named on their own as in the next rule;
    - otherwise each differing gradient whose neighbours agree is *gradient of X only
      (backward kernel)*: a leaf computation (e.g. a bias gradient reduced along the wrong axis).
-4. *Optimizer update*: forward and gradients agree but the losses after step 1 part (drift).
-5. *Logging precision only*: forward and gradients agree, and the step-1 loss differs by no more
+4. *Micro batches paired wrong*: micro batch 0's module outputs agree but a later micro batch's
+   outputs or loss differ (from the first module that differs on it): the framework fed that micro
+   batch the wrong input, labels or gradient (e.g. a pipeline's p2p exchange that swaps them).
+5. *Optimizer update*: forward and gradients agree but the losses after step 1 part (drift).
+6. *Logging precision only*: forward and gradients agree, and the step-1 loss differs by no more
    than an FP32 sequential sum of the per-token losses can move the mean.
 """
 
@@ -25,13 +28,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lockstep.diagnose.capture import GRAD_ADAM_SIGN, StepCapture
-from lockstep.diagnose.compare import TensorDiff, tensor_diff
+from lockstep.certify.tensors import ADAM_UPDATE, TensorDiff, tie_diff
+from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, StepCapture
+from lockstep.step_contract import fp32_sequential_loss
 
 # Relative tolerance of tensors, by dtype: FP32 frameworks that agree land near 1e-7..1e-6.
 TENSOR_TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2}
-# Adam-sign comparisons: the share of sign flips tolerated (ties at |g| ~ rounding).
-SIGN_TOLERANCE = 1e-3
 BLOCK_SHARE = 0.9  # share of differing gradients upstream of a point that makes it one finding
 OUTLIER_FACTOR = 30.0
 
@@ -40,6 +42,7 @@ TIE = "tied weights not tied"
 BACKWARD_INPUT = "input gradient of a module's backward"
 GRADIENT_ONLY = "gradient only (backward kernel)"
 DOWNSTREAM = "downstream of the forward difference"
+MICRO_BATCH = "micro batches paired wrong"
 OPTIMIZER = "optimizer update"
 LOGGING = "logging precision only"
 NONE = "no divergence"
@@ -87,17 +90,6 @@ def module_of(tensor: str) -> str:
     return m.group(1) + m.group(3) + m.group(4)
 
 
-def fp32_sequential_loss(token_losses: np.ndarray) -> float:
-    """The step loss as a trainer that adds per-token losses one by one in FP32 logs it
-    (InfiniTrain's cross entropy): per micro batch an FP32 running sum / count, / accum, summed in FP32."""
-    total = np.float32(0.0)
-    rows = token_losses.reshape(token_losses.shape[0], -1)
-    for row in rows:
-        s = np.cumsum(row.astype(np.float32), dtype=np.float32)[-1]  # cumsum adds sequentially
-        total = np.float32(total + np.float32(np.float32(s / np.float32(row.size)) / np.float32(len(rows))))
-    return float(total)
-
-
 def loss_check(ref: StepCapture, test: StepCapture, tolerance: float) -> LossCheck:
     check = LossCheck(ref.loss, test.loss, tolerance)
     if ref.token_losses is not None and ref.loss is not None:
@@ -111,8 +103,6 @@ def _limit(d: TensorDiff, tol: float) -> float:
 
 
 def _differs(d: TensorDiff, tol: float) -> bool:
-    if d.kind == "gradient sign":
-        return d.rel > SIGN_TOLERANCE
     return d.rel > _limit(d, tol)
 
 
@@ -135,14 +125,12 @@ def classify(ref: StepCapture, test: StepCapture, forward: list[TensorDiff], gra
 
     by_name = {d.name: d for d in grads}
     explained: set[str] = set()
-    if test.grad_kind != GRAD_ADAM_SIGN:
-        for name, emb_part in ref.tie_parts.items():
+    if test.grad_kind != GRAD_ADAM_UPDATE:
+        for name in ref.names("tie"):
             d = by_name.get(name)
             if d is None or not _differs(d, tol):
                 continue
-            full = ref.grads[name]
-            as_emb = tensor_diff(name, "gradient", emb_part, test.grads[name]).rel
-            as_head = tensor_diff(name, "gradient", full - emb_part, test.grads[name]).rel
+            as_emb, as_head = tie_diff(ref, test, name)
             if min(as_emb, as_head) < d.rel / 10:
                 use = "embedding lookup" if as_emb <= as_head else "output head"
                 other = "output head" if use == "embedding lookup" else "embedding lookup"
@@ -207,7 +195,7 @@ def _gradient_only_findings(diffs: list[TensorDiff], kind_of: dict[str, str]) ->
         groups.setdefault(re.sub(r"\[\d+\]$", "", d.name), []).append(d)
     out = []
     for base, members in groups.items():
-        if len(members) == 1 or members[0].kind == "gradient sign":
+        if len(members) == 1:
             out += [_gradient_only(d, kind_of) for d in members]
             continue
         layers = sorted(int(re.search(r"\[(\d+)\]$", d.name).group(1)) for d in members)
@@ -226,9 +214,10 @@ def _gradient_only_findings(diffs: list[TensorDiff], kind_of: dict[str, str]) ->
 
 def _gradient_only(d: TensorDiff, kind_of: dict[str, str]) -> Finding:
     module = module_of(d.name)
-    if d.kind == "gradient sign":
-        return Finding(GRADIENT_ONLY, d.name, f"gradient of {d.name} only: {d.rel:.1%} of its signs differ "
-                                              f"(Adam's first step keeps only the sign)")
+    if d.kind == ADAM_UPDATE:
+        return Finding(GRADIENT_ONLY, d.name, f"gradient of {d.name} only: Adam's first update of it differs "
+                                              f"(relative {d.rel:.2e}, cosine {d.cosine:.3f}; the update keeps "
+                                              "only the sign of a large gradient), while its neighbours agree")
     return Finding(GRADIENT_ONLY, d.name,
                    f"gradient of {d.name} only (backward kernel of {module}, {kind_of.get(d.name, 'module')}): relative "
                    f"{d.rel:.2e}, cosine {d.cosine:.3f}, while its neighbours agree")
@@ -243,7 +232,7 @@ def add_output_grad_findings(findings: list[Finding], forward: list, output_grad
     the other rules found anything."""
     if not output_grads or any(d.rel > tolerance for d in forward):
         return findings
-    if findings and grad_kind != GRAD_ADAM_SIGN and any(f.kind != LOGGING for f in findings):
+    if findings and grad_kind != GRAD_ADAM_UPDATE and any(f.kind != LOGGING for f in findings):
         return findings
     first = next((i for i, d in enumerate(output_grads) if d.rel > tolerance), None)
     if first is None:
@@ -289,4 +278,28 @@ def add_drift_findings(findings: list[Finding], drift: list, loss_tolerance: flo
                                 f"optimizer update: forward and step-1 gradients agree, but at lr {case_lr.lr:g} the "
                                 f"loss of step {worst.step} differs by {worst.abs_diff:.2e}"
                                 + (f" (frozen weights: {frozen:.2e})" if frozen is not None else "")))
+    return findings
+
+
+def add_micro_batch_findings(findings: list[Finding], forward: list[TensorDiff], micro_batches: dict,
+                             tolerance: float) -> list[Finding]:
+    """Rule 4: micro batch 0 agrees everywhere, a later micro batch does not. The first module
+    that differs on it is named; that the first micro batch agrees says the modules are right and
+    what they were handed is not."""
+    if any(d.rel > tolerance for d in forward):
+        return findings
+    for micro, diffs in micro_batches.items():
+        first = next((d for d in diffs if d.rel > tolerance), None)
+        if first is None:
+            continue
+        module = first.name.split("@")[0]
+        later = sorted(m for m, ds in micro_batches.items() if any(d.rel > tolerance for d in ds))
+        agree = [m for m in micro_batches if m < micro]
+        return findings + [Finding(
+            MICRO_BATCH, module,
+            f"micro batches paired wrong: every module output of micro batch 0{' and ' + ', '.join(map(str, agree)) if agree else ''} "
+            f"agrees, but on micro batch {micro} {module}'s {'value' if module == 'loss' else 'output'} differs "
+            f"(relative {first.rel:.2e}) while every module before it agrees (micro batches "
+            f"{', '.join(map(str, later))} differ): the framework handed those micro batches the wrong input, "
+            "labels or incoming gradient (e.g. a pipeline exchange that swaps activations and gradients)")]
     return findings

@@ -1,5 +1,6 @@
-"""Gradients from weights alone: one SGD step at a power-of-two lr recovers g to ~2^-24 relative,
-InfiniTrain's model.ckpt layout reads back, and Adam's first step keeps only the sign."""
+"""InfiniTrain's capture: gradients from weights alone -- one SGD step at a power-of-two lr recovers g
+to ~2^-24 relative, Adam's first step shows its update g/(|g| + eps) --, and its model.ckpt layout
+reads back under LLMC names."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from lockstep.diagnose import weights_only
-from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint, write_infinitrain_checkpoint
-from lockstep.diagnose.capture import GRAD_SGD_RECOVERED, StepCapture
-from lockstep.diagnose.classify import GRADIENT_ONLY
-from lockstep.diagnose.reference_capture import capture_reference
+from lockstep.certify.classify import GRADIENT_ONLY
 from lockstep.diagnose.verdict import diagnose_captures
+from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint, write_infinitrain_checkpoint
+from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, GRAD_SGD_RECOVERED, StepCapture
+from lockstep.runners.infinitrain import capture as weights_only
+from lockstep.runners.pytorch.capture import capture_reference
 from lockstep.errors import FormatError
 from lockstep.models.family import split_canonical
 from lockstep.models.gpt2.model import GPT2
@@ -21,7 +22,7 @@ from lockstep.runners.infinitrain.families import adapter_for
 
 def one_step(model, case, tokens, optimizer):
     """A framework that only saves weights: train one step, return the weights after it."""
-    cap = capture_reference(model, case, tokens, framework="weights-only", with_forward=False)
+    cap = capture_reference(model, case, tokens, framework="weights-only")
     for name, p in model.llmc_parameters().items():
         p.grad = torch.from_numpy(cap.grads[name].copy())
     optimizer.step()
@@ -33,8 +34,9 @@ def test_sgd_recovery_reaches_fp32_rounding(gpt2_tiny, token_ids, gpt2_case):
     case = gpt2_case()
     model = GPT2.from_llmc(tensors, config)
     w0 = split_canonical(tensors, config)
-    exact = capture_reference(GPT2.from_llmc(tensors, config), case, token_ids, with_forward=False)
-    lr = weights_only.sgd_recovery_lr(w0, exact.grads)
+    exact = capture_reference(GPT2.from_llmc(tensors, config), case, token_ids)
+    lr = weights_only.sgd_recovery_lr({n: weights_only.rms(w) for n, w in w0.items()},
+                                      {n: weights_only.rms(g) for n, g in exact.grads.items()})
     assert lr == 2.0 ** round(np.log2(lr)) and lr >= 1e6
     w1, _ = one_step(model, case, token_ids, torch.optim.SGD(model.parameters(), lr=lr))
     worst = 0.0
@@ -47,13 +49,14 @@ def test_sgd_recovery_reaches_fp32_rounding(gpt2_tiny, token_ids, gpt2_case):
 
 
 def test_recovered_gradients_name_a_transposed_bias(gpt2_tiny, token_ids, gpt2_case):
-    from test_injected_defects import gpt2_with
+    from support.model_defects import gpt2_with
 
     config, tensors = gpt2_tiny
     case = gpt2_case()
     ref = capture_reference(GPT2.from_llmc(tensors, config), case, token_ids)
     w0 = split_canonical(tensors, config)
-    lr = weights_only.sgd_recovery_lr(w0, ref.grads)
+    lr = weights_only.sgd_recovery_lr({n: weights_only.rms(w) for n, w in w0.items()},
+                                      {n: weights_only.rms(g) for n, g in ref.grads.items()})
     model = gpt2_with(tensors, config, c_attn=True)
     w1, _ = one_step(model, case, token_ids, torch.optim.SGD(model.parameters(), lr=lr))
     test = StepCapture(framework="weights-only", loss=ref.loss, grad_kind=GRAD_SGD_RECOVERED)
@@ -65,8 +68,9 @@ def test_recovered_gradients_name_a_transposed_bias(gpt2_tiny, token_ids, gpt2_c
     assert max(d.rel for d in v.grads if not d.name.startswith("qkvb")) < 1e-6
 
 
-def test_adam_first_step_keeps_only_the_sign(gpt2_tiny, token_ids, gpt2_case):
-    """Adam's bias-corrected first step moves every weight by lr*g/(|g|+eps): lr*sign(g) unless |g| ~ eps."""
+def test_adam_first_step_shows_its_update(gpt2_tiny, token_ids, gpt2_case):
+    """Adam's bias-corrected first step moves every weight by lr*g/(|g|+eps): lr*sign(g) unless |g| ~ eps;
+    at lr 1 that update is recovered to ~1e-7, and equals the reference's from its own gradient."""
     config, tensors = gpt2_tiny
     model = GPT2.from_llmc(tensors, config)
     w0 = split_canonical(tensors, config)
@@ -76,7 +80,13 @@ def test_adam_first_step_keeps_only_the_sign(gpt2_tiny, token_ids, gpt2_case):
     big = np.abs(g) > 1e-6
     assert np.all(np.sign(moved[big]) == np.sign(g[big]))
     assert np.allclose(np.abs(moved[big]), lr, rtol=1e-2)  # the same step for a gradient of 1e-6 and of 1e-2
-    assert np.all(weights_only.recover_adam_sign(w0["qkvw[0]"], w1["qkvw[0]"])[big] == np.sign(g[big]))
+    u = weights_only.recover_adam_update(w0["qkvw[0]"], w1["qkvw[0]"], lr)
+    expected = g.astype(np.float64) / (np.abs(g.astype(np.float64)) + 1e-8)
+    assert np.linalg.norm(u - expected) / np.linalg.norm(expected) < 1e-6
+    test = StepCapture(framework="weights-only", loss=cap.loss, grad_kind=GRAD_ADAM_UPDATE,
+                       grads={n: weights_only.recover_adam_update(w0[n], w1[n], lr) for n in w0})
+    v = diagnose_captures(cap, test, gpt2_case())
+    assert v.findings == [] and max(d.rel for d in v.grads) < 1e-6 and v.grads[0].kind == "adam update"
 
 
 def test_infinitrain_checkpoint_reads_back_under_llmc_names(gpt2_tiny, tmp_path):

@@ -1,0 +1,108 @@
+"""What a runner records of step 1 (`CaptureRequest`), and the one way every runner records it
+(`CaptureBuilder`): whole tensors for `lockstep diagnose`, or sketches for the certificate."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from lockstep.capture.sketch import l2_norm, sketch_numpy, sketch_torch
+from lockstep.formats.step_capture import Sketch, StepCapture
+
+# Whole forward outputs of a certificate are sketched too; but `lockstep diagnose` keeps the
+# whole tensors of the first sequences only: activations grow with the micro batch (GPT-2 124M at
+# B=80: 2 GB of module outputs), and one sequence's rows already show where a forward parts.
+DIAGNOSE_ROWS = 4
+
+
+@dataclass(frozen=True)
+class CaptureRequest:
+    path: str  # the .npz the capture goes to
+    full: bool = False  # whole tensors (diagnose) rather than sketches (the certificate)
+    # Adam families: also record Adam's first update u = g/(|g| + eps) of every exact gradient,
+    # the only thing a framework that can merely save its weights (InfiniTrain) can show.
+    adam_eps: float | None = None
+    rows: int | None = None  # forward and output gradients: the micro batch's first `rows` sequences (None: all)
+    reference: str | None = None  # another framework's capture of the same step (InfiniTrain's recovery lr)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "CaptureRequest | None":
+        return cls(**d) if d else None
+
+
+def adam_first_update(g, eps: float):
+    """Adam's bias-corrected first step direction: m̂ = g, v̂ = g², so u = g / (|g| + eps), in FP64."""
+    try:
+        import torch
+
+        if isinstance(g, torch.Tensor):
+            g64 = g.detach().to(torch.float64)
+            return g64 / (g64.abs() + eps)
+    except ImportError:  # pragma: no cover
+        pass
+    g64 = np.asarray(g, dtype=np.float64)
+    return g64 / (np.abs(g64) + eps)
+
+
+class CaptureBuilder:
+    """Collects one framework's step 1 as the request asks, from torch or numpy tensors in
+    canonical layout; `finish()` writes the capture."""
+
+    def __init__(self, request: CaptureRequest, framework: str):
+        self.request = request
+        self.capture = StepCapture(framework=framework)
+        for name in ("forward", "output_grads", "grads", "tie_parts"):
+            setattr(self.capture, name, {})
+
+    def rows_of(self, t):
+        """The forward / output-gradient rows kept: the first `rows` sequences (dim 0)."""
+        rows = self.request.rows
+        return t if rows is None or t.ndim == 0 else t[:rows]
+
+    def add(self, kind: str, name: str, tensor) -> None:
+        """One tensor in canonical layout: "fwd", "outgrad", "grad" or "tie"."""
+        if kind in ("fwd", "outgrad"):
+            tensor = self.rows_of(tensor)
+        if self.request.full:
+            store = {"fwd": self.capture.forward, "outgrad": self.capture.output_grads, "grad": self.capture.grads,
+                     "tie": self.capture.tie_parts}[kind]
+            store[name] = _to_numpy(tensor).astype(np.float32, copy=True)
+        else:
+            self.capture.sketches[f"{kind}/{name}"] = make_sketch(tensor)
+        if kind == "grad" and self.request.adam_eps is not None:
+            self.capture.sketches[f"update/{name}"] = make_sketch(adam_first_update(tensor, self.request.adam_eps))
+
+    def finish(self) -> StepCapture:
+        self.capture.meta.setdefault("request", self.request.to_dict())
+        self.capture.save(self.request.path)
+        self.capture.source = self.request.path
+        return self.capture
+
+
+def make_sketch(tensor) -> Sketch:
+    try:
+        import torch
+
+        if isinstance(tensor, torch.Tensor):
+            values = sketch_torch(tensor).cpu().numpy()
+            return Sketch(values, l2_norm(tensor), tuple(tensor.shape))
+    except ImportError:  # pragma: no cover
+        pass
+    arr = np.asarray(tensor)
+    return Sketch(sketch_numpy(arr), l2_norm(arr), tuple(arr.shape))
+
+
+def _to_numpy(t) -> np.ndarray:
+    try:
+        import torch
+
+        if isinstance(t, torch.Tensor):
+            return t.detach().float().cpu().numpy()
+    except ImportError:  # pragma: no cover
+        pass
+    return np.asarray(t)

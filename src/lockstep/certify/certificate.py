@@ -1,0 +1,175 @@
+"""The step-1 certificate of one (baseline, test) pair of a case: whether their first steps agree
+from inside (every module output, every gradient), and if not, what the first difference is.
+
+`evaluate_step1` is the one comparison of two captures (diagnose builds its verdict on it too);
+a `Certificate` is what `lockstep run` keeps of it, as `<out>/<test>/<case>.certificate.json`
+beside the test's record, for the comparison to read: it *holds* when no finding points at a
+defect (the loss printed with less precision is not one). A pair whose step 1 could not be
+captured has a certificate with `problem` set, which holds nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.compare.policy import THRESHOLDS
+from lockstep.certify.classify import (BACKWARD_INPUT, DOWNSTREAM, FORWARD, GRADIENT_ONLY, MICRO_BATCH,
+                                       TENSOR_TOLERANCE, TIE, Finding, LossCheck, add_micro_batch_findings,
+                                       add_output_grad_findings, classify, loss_check)
+from lockstep.certify.tensors import (TensorDiff, compare_forward, compare_grads, compare_micro_batches,
+                                      compare_output_grads)
+from lockstep.errors import FormatError
+from lockstep.formats.step_capture import StepCapture
+from lockstep.fsutil import atomic_write, read_text
+
+CERTIFICATE_SUFFIX = ".certificate.json"
+# Findings that say the two frameworks compute differently; the others (logging precision) do not.
+DEFECT_KINDS = (FORWARD, TIE, BACKWARD_INPUT, GRADIENT_ONLY, DOWNSTREAM, MICRO_BATCH)
+
+
+@dataclass
+class Step1Evaluation:
+    tolerance: float
+    forward: list[TensorDiff]
+    micro_batches: dict[int, list[TensorDiff]]
+    output_grads: list[TensorDiff]
+    grads: list[TensorDiff]
+    loss: LossCheck
+    findings: list[Finding]
+
+
+def evaluate_step1(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps: float = 1e-8,
+                   structure: StepCapture | None = None) -> Step1Evaluation:
+    """Compare two step-1 captures. `structure` (the reference runner's capture) supplies the
+    parameter order, module kinds and token losses when the baseline is another framework."""
+    if structure is not None and structure is not ref:
+        for attr in ("param_order", "module_kind"):
+            if not getattr(ref, attr):
+                setattr(ref, attr, getattr(structure, attr))
+        if ref.token_losses is None:
+            ref.token_losses = structure.token_losses
+        if not ref.names("tie"):  # the embedding use's part of a tied gradient, which only the reference knows
+            ref.tie_parts = structure.tie_parts
+            ref.sketches.update({k: v for k, v in structure.sketches.items() if k.startswith("tie/")})
+    tol = TENSOR_TOLERANCE[case.dtype]
+    forward = compare_forward(ref, test)
+    micro = compare_micro_batches(ref, test)
+    grads = compare_grads(ref, test, adam_eps)
+    output_grads = compare_output_grads(ref, test)
+    loss = loss_check(ref, test, THRESHOLDS[case.dtype])
+    findings = classify(ref, test, forward, grads, tol, loss)
+    findings = add_output_grad_findings(findings, forward, output_grads, tol, test.grad_kind)
+    if not any(f.kind in DEFECT_KINDS for f in findings):
+        findings = add_micro_batch_findings([f for f in findings], forward, micro, tol)
+        # A micro batch paired wrong explains every gradient that differs: it goes first.
+        findings.sort(key=lambda f: f.kind != MICRO_BATCH)
+    return Step1Evaluation(tol, forward, micro, output_grads, grads, loss, findings)
+
+
+def _worst(diffs: list[TensorDiff]) -> TensorDiff | None:
+    return max(diffs, key=lambda d: d.rel, default=None)
+
+
+@dataclass
+class Certificate:
+    case: str
+    baseline: str
+    test: str
+    dtype: str = "float32"
+    tolerance: float = 0.0
+    findings: list[Finding] = field(default_factory=list)
+    loss: LossCheck | None = None
+    grad_kind: str = ""
+    worst: dict[str, TensorDiff | None] = field(default_factory=dict)  # "forward", "gradient", ... -> worst
+    compared: dict[str, int] = field(default_factory=dict)  # tensors compared, by kind
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    problem: str | None = None  # why there is no certificate (a side could not be captured)
+
+    @property
+    def available(self) -> bool:
+        return self.problem is None
+
+    @property
+    def holds(self) -> bool:
+        """Step 1 agrees from inside: no finding that says the frameworks compute differently."""
+        return self.available and not any(f.kind in DEFECT_KINDS for f in self.findings)
+
+    @property
+    def cause(self) -> Finding | None:
+        return next((f for f in self.findings if f.kind in DEFECT_KINDS), None)
+
+    def summary_line(self) -> str:
+        if not self.available:
+            return f"no certificate: {self.problem}"
+        if self.cause is not None:
+            return self.cause.line
+        parts = [f"{n} {what}" for what, n in self.compared.items() if n]
+        worst = [f"{what} ≤ {d.rel:.1e}" for what, d in self.worst.items() if d is not None]
+        return (f"step 1 agrees from inside ({', '.join(parts)}; relative error {', '.join(worst)}, "
+                f"tolerance {self.tolerance:.0e})")
+
+    def to_json(self) -> dict:
+        return {"case": self.case, "baseline": self.baseline, "test": self.test, "dtype": self.dtype,
+                "tensor_tolerance": self.tolerance, "holds": self.holds, "available": self.available,
+                "problem": self.problem, "summary": self.summary_line(),
+                "cause": self.cause.to_json() if self.cause else None,
+                "findings": [f.to_json() for f in self.findings],
+                "loss_step1": self.loss.to_json() if self.loss else None, "gradient_source": self.grad_kind,
+                "worst": {k: (d.to_json() if d else None) for k, d in self.worst.items()},
+                "compared": self.compared, "notes": self.notes, "seconds": self.seconds}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Certificate":
+        loss = d.get("loss_step1")
+        return cls(case=d["case"], baseline=d["baseline"], test=d["test"], dtype=d.get("dtype", "float32"),
+                   tolerance=d.get("tensor_tolerance", 0.0),
+                   findings=[Finding(f["kind"], f["where"], f["classification"], tuple(f.get("tensors", ())))
+                             for f in d.get("findings", [])],
+                   loss=LossCheck(loss["reference"], loss["test"], loss["threshold"],
+                                  loss.get("fp32_sequential_sum_shift")) if loss else None,
+                   grad_kind=d.get("gradient_source", ""),
+                   worst={k: (TensorDiff.from_json(v) if v else None) for k, v in d.get("worst", {}).items()},
+                   compared=d.get("compared", {}), notes=d.get("notes", []), seconds=d.get("seconds", 0.0),
+                   problem=d.get("problem"))
+
+
+def certify(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps: float = 1e-8,
+            structure: StepCapture | None = None) -> Certificate:
+    start = time.perf_counter()
+    ev = evaluate_step1(ref, test, case, adam_eps, structure)
+    micro = [d for ds in ev.micro_batches.values() for d in ds]
+    cert = Certificate(
+        case=case.name, baseline=ref.framework, test=test.framework, dtype=case.dtype, tolerance=ev.tolerance,
+        findings=ev.findings, loss=ev.loss, grad_kind=test.grad_kind,
+        worst={"module outputs": _worst(ev.forward), "later micro batches": _worst(micro),
+               "output gradients": _worst(ev.output_grads), "gradients": _worst(ev.grads)},
+        compared={"module outputs": len(ev.forward), "later micro batches": len(micro),
+                  "output gradients": len(ev.output_grads), "gradients": len(ev.grads)},
+        notes=list(ref.notes) + list(test.notes))
+    cert.seconds = round(time.perf_counter() - start, 3)
+    return cert
+
+
+def certificate_path(framework_dir: str | os.PathLike, case: str) -> Path:
+    return Path(framework_dir) / f"{case}{CERTIFICATE_SUFFIX}"
+
+
+def write_certificate(path: str | os.PathLike, cert: Certificate) -> Path:
+    with atomic_write(path, "w", what="step-1 certificate") as f:
+        json.dump(cert.to_json(), f, indent=2, allow_nan=True)
+        f.write("\n")
+    return Path(path)
+
+
+def read_certificate(path: str | os.PathLike) -> Certificate:
+    text = read_text(path, "step-1 certificate")
+    try:
+        return Certificate.from_json(json.loads(text))
+    except (ValueError, KeyError, TypeError) as e:
+        raise FormatError(path, f"is not a lockstep step-1 certificate ({type(e).__name__}: {e})") from None

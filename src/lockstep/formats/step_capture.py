@@ -1,0 +1,172 @@
+"""The step-1 capture file (`.npz`): what one framework's first step of a case looks like inside.
+
+A `StepCapture` holds, under canonical names (LLMC tensor names, per layer `qkvw[3]`):
+- `forward`: the output of every module on DP rank 0's first micro batch, in forward order
+  (`embedding`, `ln1[i]`, `attn[i]` (attention before its projection), `attproj[i]`, `ln2[i]`,
+  `mlp[i]`, `block[i]`, `lnf`, `logits`, `loss`); empty when the framework exposes none.
+- `output_grads`: the gradient arriving at each of those outputs in step 1's backward (same
+  micro batch, as the gradient of its mean loss / accum).
+- `grads`: every parameter's gradient of step 1 (the whole step: all micro batches and ranks).
+  `grad_kind` says how it was obtained: "exact" (read from the framework), "sgd-recovered"
+  ((w0 - w1)/lr after one SGD step, with `grad_precision` per tensor) or "adam-update" (Adam's
+  first update direction u = g/(|g| + eps), (w0 - w1)/lr after one Adam step: only that survives).
+- `loss`: the step-1 loss as the framework logs it; `token_losses` (FP32 per-token losses of the
+  step, reference runners) lets other frameworks' logging be emulated.
+- `tie_parts`: for a tied tensor, the gradient its embedding use alone gives (the rest is the
+  output head's), so that a framework that lost the tie is recognised as exactly that.
+- `param_order` / `module_kind`: parameters in the order the forward pass first uses them, and
+  the reference module type owning each (LayerNorm, Linear, ...).
+- `sketches`: instead of (or beside) any of those tensors, its linear sketch (capture/sketch.py)
+  and exact norm, under `fwd/NAME`, `outgrad/NAME`, `grad/NAME`, `tie/NAME`, `update/NAME`
+  (Adam's first update computed from an exact gradient). The certificate of `lockstep run`
+  records sketches only: a few MB whatever the model's size.
+
+On disk: one .npz written tensor by tensor (never the whole capture in memory twice), entries
+`fwd/`, `outgrad/`, `grad/`, `tie/`, `sk/<kind>/NAME`, `token_losses` and a JSON `meta`; read
+back lazily, one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lockstep.errors import FormatError
+
+GRAD_EXACT = "exact"
+GRAD_SGD_RECOVERED = "sgd-recovered"
+GRAD_ADAM_UPDATE = "adam-update"
+CAPTURE_SCHEMA = 2
+SKETCH_KINDS = ("fwd", "outgrad", "grad", "tie", "update")
+
+
+@dataclass(frozen=True)
+class Sketch:
+    """A tensor's linear sketch (FP64), its exact FP64 norm and its shape."""
+
+    values: np.ndarray
+    norm: float
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def exact(self) -> bool:
+        """A tensor no larger than the sketch is stored whole (bucket i holds element i)."""
+        return self.values.size == self.numel
+
+
+class LazyTensors(Mapping):
+    """The `prefix/NAME` arrays of an open .npz, loaded when asked for (a capture of a 1B model's
+    gradients is 5 GB: diagnose compares it one tensor at a time)."""
+
+    def __init__(self, npz, prefix: str):
+        self._npz = npz
+        self._prefix = prefix
+        self._names = [k[len(prefix):] for k in npz.files if k.startswith(prefix)]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._npz[self._prefix + name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+@dataclass
+class StepCapture:
+    framework: str
+    loss: float | None = None
+    forward: Mapping[str, np.ndarray] = field(default_factory=dict)
+    forward_order: list[str] = field(default_factory=list)
+    output_grads: Mapping[str, np.ndarray] = field(default_factory=dict)
+    grads: Mapping[str, np.ndarray] = field(default_factory=dict)
+    grad_kind: str = GRAD_EXACT
+    grad_precision: dict[str, float] = field(default_factory=dict)  # bound on ||error|| / ||g||, per tensor
+    tie_parts: Mapping[str, np.ndarray] = field(default_factory=dict)
+    token_losses: np.ndarray | None = None  # (micro batches, tokens) FP32 per-token losses of step 1
+    param_order: list[str] = field(default_factory=list)
+    module_kind: dict[str, str] = field(default_factory=dict)
+    sketches: dict[str, Sketch] = field(default_factory=dict)  # "kind/NAME" -> sketch
+    notes: list[str] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+    source: str | None = None  # the file it was read from
+
+    def sketch(self, kind: str, name: str) -> Sketch | None:
+        return self.sketches.get(f"{kind}/{name}")
+
+    def names(self, kind: str) -> list[str]:
+        """Every tensor of a kind ("fwd", "outgrad", "grad", "tie") held whole or as a sketch."""
+        whole = {"fwd": self.forward, "outgrad": self.output_grads, "grad": self.grads, "tie": self.tie_parts}[kind]
+        sketched = [k.split("/", 1)[1] for k in self.sketches if k.startswith(kind + "/")]
+        return list(whole) + [n for n in sketched if n not in whole]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Written aside, one entry at a time, and renamed into place."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".partial")
+        meta = {"schema": CAPTURE_SCHEMA, "framework": self.framework, "loss": self.loss,
+                "forward_order": self.forward_order, "grad_kind": self.grad_kind,
+                "grad_precision": self.grad_precision, "param_order": self.param_order,
+                "module_kind": self.module_kind, "notes": self.notes, "meta": self.meta,
+                "sketches": {k: {"norm": s.norm, "shape": list(s.shape)} for k, s in self.sketches.items()}}
+        try:
+            with zipfile.ZipFile(tmp, "w", allowZip64=True) as zf:
+                def put(name: str, array: np.ndarray) -> None:
+                    with zf.open(name + ".npy", "w", force_zip64=True) as f:
+                        # np.require keeps a 0-d array 0-d (ascontiguousarray would make it 1-d).
+                        np.lib.format.write_array(f, np.require(array, requirements="C"), allow_pickle=False)
+
+                for prefix, tensors in (("fwd/", self.forward), ("outgrad/", self.output_grads),
+                                        ("grad/", self.grads), ("tie/", self.tie_parts)):
+                    for name in tensors:
+                        put(prefix + name, np.asarray(tensors[name], dtype=np.float32))
+                for key, s in self.sketches.items():
+                    put("sk/" + key, np.asarray(s.values, dtype=np.float64))
+                if self.token_losses is not None:
+                    put("token_losses", np.asarray(self.token_losses, dtype=np.float32))
+                put("meta", np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "StepCapture":
+        """The capture at `path`; its whole tensors are read when used (the file stays open)."""
+        try:
+            z = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, zipfile.BadZipFile) as e:
+            raise FormatError(path, f"is not a lockstep step-1 capture ({e})") from None
+        if not hasattr(z, "files") or "meta" not in z.files:
+            raise FormatError(path, "is not a lockstep step-1 capture (no meta entry)")
+        try:
+            meta = json.loads(bytes(z["meta"]).decode())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise FormatError(path, f"has an unreadable meta entry ({e})") from None
+        sketches = {}
+        for key, info in meta.get("sketches", {}).items():
+            if "sk/" + key not in z.files:
+                raise FormatError(path, f"lists sketch {key} but does not hold it")
+            sketches[key] = Sketch(z["sk/" + key], float(info["norm"]), tuple(info["shape"]))
+        return cls(framework=meta["framework"], loss=meta.get("loss"),
+                   forward=LazyTensors(z, "fwd/"), forward_order=meta.get("forward_order", []),
+                   output_grads=LazyTensors(z, "outgrad/"), grads=LazyTensors(z, "grad/"),
+                   grad_kind=meta.get("grad_kind", GRAD_EXACT), grad_precision=meta.get("grad_precision", {}),
+                   tie_parts=LazyTensors(z, "tie/"),
+                   token_losses=z["token_losses"] if "token_losses" in z.files else None,
+                   param_order=meta.get("param_order", []), module_kind=meta.get("module_kind", {}),
+                   sketches=sketches, notes=meta.get("notes", []), meta=meta.get("meta", {}), source=str(path))

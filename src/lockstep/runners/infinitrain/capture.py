@@ -1,0 +1,149 @@
+"""Step 1 of an InfiniTrain build, seen from what it can show: the `infinitrain` runner's capture.
+
+InfiniTrain has no gradient dump, but it saves its weights (`--save`): one step at a chosen lr
+from the case's weights w0 gives w1, and the update w0 - w1 says what the gradient was.
+
+- SGD without momentum moves every weight by exactly lr·g, rounded once when w1 is stored in
+  FP32. With lr a power of two, lr·g is exact, and the only error of g = (w0 - w1)/lr is w1's
+  rounding: |error| <= ulp(w1)/2 / lr, a relative error of 2^-24·|w1|/(lr·|g|) -- about 6e-8
+  once lr·|g| dominates |w0|. `sgd_recovery_lr` picks that lr from a reference's gradient norms
+  (or a large default); `grad_precision` states the bound reached per tensor.
+- Adam's first step (m̂ = g, v̂ = g², bias-corrected) moves a weight by lr·g/(|g| + eps): at lr 1
+  the update u = g/(|g| + eps) itself is recovered (to w1's rounding, ~1e-7), which is what the
+  reference's gradient is compared through: its sign where |g| >> eps, its size below that. The
+  magnitude of a large gradient is gone.
+
+The same step dumps every module's output and the gradient arriving at it (`--precision_check`,
+precision_check.py); step 1's forward is before the update, so the large lr does not touch it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from lockstep.capture.request import CaptureBuilder, CaptureRequest
+from lockstep.cases.spec import CaseSpec
+from lockstep.errors import RunError
+from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, GRAD_SGD_RECOVERED, StepCapture
+from lockstep.models import load_checkpoint
+from lockstep.models.family import split_canonical
+
+HEADROOM = 2.0 ** 10  # lr·|g| at least this many times |w|, for most tensors' typical elements
+DEFAULT_SGD_RECOVERY_LR = 2.0 ** 24  # without a reference's gradient norms (GPT-2 124M needs 2^22)
+ADAM_RECOVERY_LR = 1.0  # Adam moves each weight by ~lr·sign(g): 1.0 dominates every initial weight
+
+
+def sgd_recovery_lr(weight_rms: dict[str, float], grad_rms: dict[str, float]) -> float:
+    """A power of two lr with lr·rms(g) >= 2^10·rms(w) for every tensor that has a gradient."""
+    need = 1.0
+    for name, g_rms in grad_rms.items():
+        if g_rms == 0.0 or name not in weight_rms:
+            continue
+        need = max(need, HEADROOM * max(weight_rms[name], 1e-3) / g_rms)
+    return float(2.0 ** math.ceil(math.log2(need)))
+
+
+def rms(a: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(a, dtype=np.float64)))) if np.size(a) else 0.0
+
+
+def reference_grad_rms(path: str) -> dict[str, float]:
+    """Each gradient's RMS from a reference capture (exact norms are stored beside every sketch)."""
+    ref = StepCapture.load(path)
+    out = {}
+    for name in ref.names("grad"):
+        s = ref.sketch("grad", name)
+        if s is not None:
+            out[name] = s.norm / math.sqrt(max(s.numel, 1))
+        else:
+            out[name] = rms(ref.grads[name])
+    return out
+
+
+def recover_sgd(w0: np.ndarray, w1: np.ndarray, lr: float) -> tuple[np.ndarray, float]:
+    """g = (w0 - w1)/lr, and the bound on ||error||/||g|| that w1's FP32 rounding allows."""
+    g = (np.asarray(w0, dtype=np.float64) - np.asarray(w1, dtype=np.float64)) / lr
+    g_norm = float(np.linalg.norm(g.ravel()))
+    bound = 2.0 ** -24 * float(np.linalg.norm(np.asarray(w1, dtype=np.float64).ravel())) / lr
+    return g.astype(np.float32), (bound / g_norm if g_norm > 0 else 0.0)
+
+
+def recover_adam_update(w0: np.ndarray, w1: np.ndarray, lr: float = ADAM_RECOVERY_LR) -> np.ndarray:
+    """u = (w0 - w1)/lr after Adam's first step: g/(|g| + eps) (0 where the weight did not move)."""
+    return ((np.asarray(w0, dtype=np.float64) - np.asarray(w1, dtype=np.float64)) / lr).astype(np.float32)
+
+
+def capture_step(runner, case: CaseSpec, inputs, work_dir: Path, request: CaptureRequest) -> StepCapture:
+    """One InfiniTrain step at a recovery lr, saved; the gradients recovered from the weights."""
+    from lockstep.runners.base import final_params_path
+    from lockstep.runners.infinitrain.precision_check import UNSUPPORTED_MARK, read_module_outputs
+    from lockstep.runners.infinitrain.runner import PRECISION_CHECK_DIR
+
+    work_dir = Path(work_dir)
+    family = inputs.family
+    ckpt = load_checkpoint(inputs.checkpoint)
+    w0 = split_canonical(ckpt.tensors, ckpt.config)
+    sgd = family.optimizer.kind == "sgd"
+    if sgd:
+        lr = (sgd_recovery_lr({n: rms(w) for n, w in w0.items()}, reference_grad_rms(request.reference))
+              if request.reference else DEFAULT_SGD_RECOVERY_LR)
+    else:
+        lr = ADAM_RECOVERY_LR
+    step_case = case.with_overrides(steps=1, lr=lr, name=f"{case.name}_recovery_lr{lr:g}")
+    check_dir = (work_dir / f"infinitrain_{case.name}_module_outputs").resolve()
+    shutil.rmtree(check_dir, ignore_errors=True)
+    saving = dataclasses.replace(inputs, save_final_params=True, capture=None)
+    record = runner.run(step_case, dataclasses.replace(saving, extra={**inputs.extra, PRECISION_CHECK_DIR: str(check_dir)}),
+                        work_dir)
+    forward_note = ""
+    if not record.ok and "unknown command line flag" in (record.error or "") and UNSUPPORTED_MARK in record.error:
+        forward_note = ("this InfiniTrain build has no --precision_check, so no module outputs: its forward is "
+                        "judged from the step-1 loss and the gradients")
+        record = runner.run(step_case, saving, work_dir)
+    if not record.ok:
+        raise RunError(f"InfiniTrain's recovery step failed: {record.error}")
+    builder = CaptureBuilder(dataclasses.replace(request, adam_eps=None), "infinitrain")
+    cap = builder.capture
+    forward = read_module_outputs(check_dir)
+    for name, value in forward.items():
+        builder.add("fwd", name, value)
+    if case.pp == 1:
+        for name, value in read_module_outputs(check_dir, stage="backward").items():
+            builder.add("outgrad", name, value)
+    shutil.rmtree(check_dir, ignore_errors=True)  # every activation and its gradient: large, and read now
+    cap.forward_order = list(forward)
+    if forward_note:
+        cap.notes.append(forward_note)
+    elif forward:
+        cap.notes.append(f"infinitrain module outputs: its own --precision_check dumps of rank 0's first micro batch "
+                         f"({len(forward)} modules)")
+    params_path = final_params_path(Path(record.source).with_suffix(".log"))
+    with np.load(params_path) as saved:
+        for name, before in w0.items():  # one tensor at a time: w1 of a 1B model is 5 GB
+            if name not in saved.files:
+                raise RunError(f"{params_path}: InfiniTrain's checkpoint has no tensor for {name}")
+            if sgd:
+                g, cap.grad_precision[name] = recover_sgd(before, saved[name], lr)
+            else:
+                g = recover_adam_update(before, saved[name], lr)
+            builder.add("grad", name, g)
+    params_path.unlink(missing_ok=True)
+    if sgd:
+        cap.grad_kind = GRAD_SGD_RECOVERED
+        worst = max(cap.grad_precision.values(), default=0.0)
+        cap.notes.append(f"infinitrain gradients recovered as (w0 - w1)/lr from one SGD step at lr {lr:g} (2^"
+                         f"{int(np.log2(lr))}); w1's FP32 rounding bounds each tensor's relative error by "
+                         f"{worst:.1e} at worst")
+    else:
+        cap.grad_kind = GRAD_ADAM_UPDATE
+        cap.notes.append(f"infinitrain trains {family.title} with Adam, whose first step moves every weight by "
+                         f"lr·g/(|g| + eps): its update direction is recovered (lr {lr:g}) and compared with the "
+                         "reference's; a large gradient's magnitude is not recoverable")
+    cap.loss = record.steps[0].loss
+    cap.meta = {"recovery_lr": lr, "log": record.source, "case": case.to_dict()}
+    return builder.finish()

@@ -1,0 +1,260 @@
+"""Step 1 of the megatron worker, seen from inside: the `megatron` runner's capture.
+
+`StepRecorder` rides along step 1 of the worker's training loop (the schedule runs as it always
+does; the gradients are read after `finalize_model_grads`, before the optimizer step):
+
+- Forward: hooks on every model chunk's modules. A module's k-th call in a step is micro batch
+  k for every schedule (each stage takes micro batches in order), so every micro batch of DP
+  rank 0 up to MAX_MICRO_BATCHES is seen, not only the first: a pipeline that hands a later micro
+  batch the wrong activation shows there. Each rank sketches its share of an output in the
+  canonical (b, s, ...) layout with the canonical index of every element (capture/sketch.py):
+  a replicated output on TP rank 0, a sequence-parallel or a TP-split output (attention before
+  its row-parallel projection, the vocab-parallel logits) on every TP rank, and the shares add up
+  on rank 0. For `lockstep diagnose` (whole tensors) micro batch 0's outputs are gathered whole.
+- Gradients: every chunk's `main_grad` through the adapter's reverse map (`canonical_from_chunk`,
+  TP pieces gathered on the device), sketched or copied on DP rank 0 / TP rank 0 of each stage.
+- Losses: each micro batch's mean token loss from what the loss function reported, and step 1's
+  per-token losses (one DP replica) for the logging emulation.
+
+Everything goes to rank 0 (gather_object), which writes the capture.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from lockstep.capture.request import CaptureBuilder, CaptureRequest, adam_first_update
+from lockstep.capture.sketch import sketch_torch
+from lockstep.formats.step_capture import Sketch
+from lockstep.runners.pytorch.capture import MAX_MICRO_BATCHES, micro_name
+
+# Outputs whose last dimension is split over TP ranks.
+TP_SPLIT_OUTPUTS = ("attn", "logits")
+FORWARD_ORDER = ["embedding", "ln1", "attn", "attproj", "ln2", "mlp", "block", "lnf", "logits", "loss"]
+
+
+def _tensor(out):
+    """A module output as one tensor: megatron's (output, bias) pairs are added back together."""
+    if isinstance(out, tuple):
+        value, bias = out[0], (out[1] if len(out) > 1 else None)
+        if isinstance(bias, torch.Tensor) and bias.dim() == 1:
+            return value + bias
+        return value
+    return out
+
+
+def register_forward_hooks(chunk_module, record) -> list:
+    """Hooks on one GPTModel chunk; record(name, tensor [s, b, ...])."""
+    handles = []
+    if chunk_module.pre_process:
+        handles.append(chunk_module.embedding.register_forward_hook(lambda m, a, out: record("embedding", out)))
+    for layer in chunk_module.decoder.layers:
+        i = int(layer.layer_number) - 1
+        att = layer.self_attention
+        handles += [
+            layer.input_layernorm.register_forward_hook(lambda m, a, out, i=i: record(f"ln1[{i}]", out)),
+            att.linear_proj.register_forward_pre_hook(lambda m, args, i=i: record(f"attn[{i}]", args[0])),
+            att.register_forward_hook(lambda m, a, out, i=i: record(f"attproj[{i}]", _tensor(out))),
+            layer.pre_mlp_layernorm.register_forward_hook(lambda m, a, out, i=i: record(f"ln2[{i}]", out)),
+            layer.mlp.register_forward_hook(lambda m, a, out, i=i: record(f"mlp[{i}]", _tensor(out))),
+            layer.register_forward_hook(lambda m, a, out, i=i: record(f"block[{i}]", out[0] if isinstance(out, tuple) else out)),
+        ]
+    if chunk_module.post_process:
+        handles += [
+            chunk_module.decoder.final_layernorm.register_forward_hook(lambda m, a, out: record("lnf", out)),
+            chunk_module.output_layer.register_forward_hook(lambda m, a, out: record("logits", out[0])),
+        ]
+    return handles
+
+
+def forward_rank(name: str) -> tuple:
+    """Sort key of canonical module names in forward order."""
+    base, _, rest = name.partition("[")
+    layer = int(rest.rstrip("]")) if rest else -1
+    top = {"embedding": (-1,), "lnf": (10**9,), "logits": (10**9 + 1,), "loss": (10**9 + 2,)}
+    if base in top:
+        return top[base] + (0,)
+    return (layer, FORWARD_ORDER.index(base))
+
+
+def _unwrap(chunk):
+    module = chunk
+    while hasattr(module, "module"):  # DDP (and Float16Module) wrappers
+        module = module.module
+    return module
+
+
+class StepRecorder:
+    """Records step 1 of the worker's training step (see the module docstring); every rank makes
+    one before the step's forward-backward and calls `finish` after it (a collective)."""
+
+    def __init__(self, *, request: CaptureRequest, layout, chunks, case, model, adapter, vocab_rows: int):
+        self.request, self.layout, self.chunks, self.case = request, layout, chunks, case
+        self.model, self.adapter, self.vocab_rows = model, adapter, vocab_rows
+        self.calls: dict[str, int] = defaultdict(int)
+        self.shares: dict[str, tuple[torch.Tensor, float, tuple]] = {}  # key -> (sketch share, norm² share, shape)
+        self.whole: dict[str, torch.Tensor] = {}  # micro batch 0, diagnose: [s, b, ...] local pieces
+        self.order: list[str] = []
+        self.handles = [h for c in chunks for h in register_forward_hooks(_unwrap(c), self._record)]
+
+    # ---------------------------------------------------------------- forward
+
+    def _width(self, base: str) -> int:
+        if base == "attn":
+            return self.model.num_heads * self.model.head_dim
+        if base == "logits":
+            return self.vocab_rows
+        return self.model.channels
+
+    def _record(self, name: str, out: torch.Tensor) -> None:
+        micro = self.calls[name]
+        self.calls[name] += 1
+        if self.layout.dp_rank != 0 or micro >= MAX_MICRO_BATCHES:
+            return
+        t = out.detach().float()
+        if micro == 0:
+            self.order.append(name)
+            if self.request.full:
+                # A copy: megatron's vocab-parallel cross entropy turns the FP32 logits into softmax in place.
+                self.whole[name] = t.clone()
+                return
+        self._share(micro_name(name, micro), name.split("[")[0], t)
+
+    def _share(self, key: str, base: str, t: torch.Tensor) -> None:
+        """This rank's share of an output's sketch, indexed in the canonical (b, s, h) layout."""
+        S, B = self.case.seq_len, t.shape[1]
+        s_local, h_local = t.shape[0], t.shape[-1]
+        width = self._width(base)
+        tp, tp_rank = self.layout.tp, self.layout.tp_rank
+        true_width = self.model.vocab_size if base == "logits" else width
+        s0 = tp_rank * s_local if s_local * tp == S and tp > 1 else 0
+        h0 = tp_rank * h_local if h_local * tp == width and tp > 1 else 0
+        if s0 == 0 and h0 == 0 and tp_rank != 0 and s_local == S and h_local == width:
+            return  # replicated over TP: TP rank 0 holds it for all
+        rows = self.request.rows
+        if rows is not None:
+            t = t[:, :rows]
+            B = min(B, rows)
+        dev = t.device
+        s = torch.arange(s_local, device=dev, dtype=torch.int64).view(-1, 1, 1) + s0
+        b = torch.arange(t.shape[1], device=dev, dtype=torch.int64).view(1, -1, 1)
+        h = torch.arange(h_local, device=dev, dtype=torch.int64).view(1, 1, -1) + h0
+        index = (b * S + s) * true_width + h
+        keep = (h < true_width).expand_as(index)
+        values, index = t[keep], index[keep]
+        numel = B * S * true_width
+        self.shares[key] = (sketch_torch(values, numel=numel, index=index),
+                            float(values.double().pow(2).sum().item()), (B, S, true_width))
+
+    # ---------------------------------------------------------------- after the backward
+
+    def finish(self, results: list) -> None:
+        """Gradients and losses read, shares sent to rank 0, the capture written there."""
+        from megatron.core import parallel_state
+
+        from lockstep.runners.megatron import model as mmodel
+        from lockstep.runners.megatron import weights as mweights
+        from lockstep.runners.megatron.worker import logged_micro_loss
+
+        for h in self.handles:
+            h.remove()
+        layout = self.layout
+        tp_group = parallel_state.get_tensor_model_parallel_group()
+
+        def gather_tp(t: torch.Tensor) -> list[torch.Tensor]:
+            if layout.tp == 1:
+                return [t]
+            pieces = [torch.empty_like(t) for _ in range(layout.tp)]
+            dist.all_gather(pieces, t.contiguous(), group=tp_group)
+            return pieces
+
+        whole: dict[str, np.ndarray] = {}
+        for name, t in sorted(self.whole.items()):  # the same order on every TP rank: gathers pair up
+            if name.split("[")[0] in TP_SPLIT_OUTPUTS:
+                t = torch.cat(gather_tp(t), dim=-1)
+            if name == "logits":
+                t = t[..., : self.model.vocab_size]
+            t = t.transpose(0, 1)
+            if self.request.rows is not None:
+                t = t[: self.request.rows]
+            whole[name] = t.cpu().numpy()
+
+        builder = CaptureBuilder(self.request, "megatron")
+        mine_grads: dict[str, object] = {}
+        for chunk in self.chunks:
+            module = _unwrap(chunk)
+            shard = mweights.ChunkShard(rank=layout.rank, tp_rank=layout.tp_rank, tp_size=layout.tp,
+                                        pre_process=module.pre_process, post_process=module.post_process,
+                                        layers=mmodel.chunk_layers(module), vocab_rows=self.vocab_rows)
+            params = {n: (p.main_grad if getattr(p, "main_grad", None) is not None else torch.zeros_like(p)).detach().float()
+                      for n, p in module.named_parameters()}
+            got = mweights.canonical_from_chunk(params, self.model, shard, self.adapter, gather_tp)
+            if layout.dp_rank == 0 and layout.tp_rank == 0:
+                for name, g in got.items():
+                    if self.request.full:
+                        mine_grads[f"grad/{name}"] = g.cpu().numpy()
+                    else:
+                        mine_grads[f"sk/grad/{name}"] = _sketch_of(g)
+                    if self.request.adam_eps is not None:
+                        mine_grads[f"sk/update/{name}"] = _sketch_of(adam_first_update(g, self.request.adam_eps))
+            del got
+
+        losses, token_losses = [], None
+        if layout.reports_loss and layout.dp_rank == 0:
+            losses = [logged_micro_loss(r) for r in results]
+            if layout.dp == 1:
+                token_losses = np.stack([r["lm loss tokens"][0].detach().float().cpu().numpy().reshape(-1)
+                                         for r in results])
+        step_share = 0.0
+        if layout.reports_loss:
+            step_share = sum(logged_micro_loss(r) for r in results) / len(results) / layout.dp
+        step_loss = torch.tensor([step_share], dtype=torch.float64, device=layout.device)
+        dist.all_reduce(step_loss)
+
+        shares = {k: (v.cpu().numpy(), n2, shape) for k, (v, n2, shape) in self.shares.items()}
+        mine = {"whole": whole if layout.dp_rank == 0 else {}, "order": self.order, "shares": shares,
+                "grads": mine_grads, "losses": losses, "token_losses": token_losses}
+        everyone = [None] * layout.world if layout.rank == 0 else None
+        dist.gather_object(mine, everyone, dst=0)
+        if layout.rank != 0:
+            return
+        cap = builder.capture
+        summed: dict[str, list] = {}
+        for part in everyone:
+            for name, value in part["whole"].items():
+                cap.forward.setdefault(name, value)
+            for key, (values, norm2, shape) in part["shares"].items():
+                if key in summed:
+                    summed[key][0] = summed[key][0] + values
+                    summed[key][1] += norm2
+                else:
+                    summed[key] = [values, norm2, shape]
+            for key, value in part["grads"].items():
+                if key.startswith("grad/"):
+                    cap.grads.setdefault(key[len("grad/"):], value)
+                else:
+                    cap.sketches.setdefault(key[len("sk/"):], value)
+            for micro, loss in enumerate(part["losses"]):
+                if micro == 0:
+                    builder.add("fwd", "loss", np.array(loss))
+                elif micro < MAX_MICRO_BATCHES:
+                    cap.sketches[f"fwd/{micro_name('loss', micro)}"] = Sketch(np.array([loss]), abs(loss), ())
+            if part["token_losses"] is not None:
+                cap.token_losses = part["token_losses"]
+        for key, (values, norm2, shape) in summed.items():
+            cap.sketches[f"fwd/{key}"] = Sketch(values, float(np.sqrt(norm2)), shape)
+        names = set(cap.forward) | {k[len("fwd/"):] for k in cap.sketches if k.startswith("fwd/") and "@" not in k}
+        cap.forward_order = sorted(names, key=forward_rank)
+        cap.loss = float(step_loss.item())
+        cap.meta = {"case": self.case.to_dict(), "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp}
+        builder.finish()
+
+
+def _sketch_of(t: torch.Tensor) -> Sketch:
+    from lockstep.capture.sketch import l2_norm
+
+    return Sketch(sketch_torch(t).cpu().numpy(), l2_norm(t), tuple(t.shape))

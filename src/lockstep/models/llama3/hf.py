@@ -25,9 +25,11 @@ from lockstep.models.family import HFAdapter, HFModel, HFOptions
 from lockstep.models.hf_config import head_dim_problem, hf_float, hf_int, require, rope_parameters, rope_theta, rope_type
 from lockstep.models.llama3.config import Llama3Config, llama3_ffn_hidden
 
-# (ffn_dim_multiplier, multiple_of) of Meta's params.json for Llama 3.x: 3.2 1B, 3.2 3B, 3.1 8B,
-# 70B, 405B. Tried in this order; the first that gives the intermediate size is written.
-META_FFN_PARAMETERS = ((1.5, 256), (1.0, 256), (1.3, 1024), (1.3, 4096), (1.2, 4096))
+# (ffn_dim_multiplier, multiple_of) of Meta's params.json for Llama 3.x by (C, intermediate size):
+# 3.2 1B, 3.2 3B, 3.1 8B, 70B, 405B. Other shapes try these pairs in this order, and take the
+# first that gives their intermediate size (70B's is also reached by (1.3, 1024), hence the table).
+META_FFN_PARAMETERS = {(2048, 8192): (1.5, 256), (3072, 8192): (1.0, 256), (4096, 14336): (1.3, 1024),
+                       (8192, 28672): (1.3, 4096), (16384, 53248): (1.2, 4096)}
 # What llm.c (and, following it, the LLMC readers) apply for use_scaled_rope: Llama 3.1's.
 LLMC_ROPE_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                      "original_max_position_embeddings": 8192}
@@ -38,7 +40,10 @@ MLP = {"fcw": "mlp.up_proj", "fcw2": "mlp.gate_proj", "fcprojw": "mlp.down_proj"
 def ffn_header(channels: int, intermediate_size: int) -> tuple[float, int] | None:
     """(ffn_dim_multiplier, multiple_of) whose SPEC formula gives `intermediate_size` at width C,
     Meta's own values first; None when no pair can (intermediate_size below 1)."""
-    for multiplier, multiple_of in META_FFN_PARAMETERS:
+    known = META_FFN_PARAMETERS.get((channels, intermediate_size))
+    if known is not None:
+        return known
+    for multiplier, multiple_of in dict.fromkeys(META_FFN_PARAMETERS.values()):
         if llama3_ffn_hidden(channels, multiplier, multiple_of) == intermediate_size:
             return multiplier, multiple_of
     base = int(2 * 4 * channels / 3)

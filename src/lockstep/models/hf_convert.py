@@ -17,7 +17,7 @@ from pathlib import Path
 from lockstep.errors import FormatError, LockstepError
 from lockstep.formats import llmc
 from lockstep.formats.hf_checkpoint import HFCheckpoint
-from lockstep.fsutil import prepare_output_file
+from lockstep.fsutil import check_writable_target
 from lockstep.models import FAMILIES, family
 from lockstep.models.family import HFModel, HFOptions, ModelFamily
 
@@ -60,7 +60,9 @@ def family_for(config: dict, config_path: Path, requested: str | None) -> ModelF
 def convert_hf_checkpoint(directory: str | os.PathLike, out: str | os.PathLike, family_name: str | None = None,
                           options: HFOptions = HFOptions()) -> Conversion:
     started = time.perf_counter()
-    out = prepare_output_file(out, "LLMC checkpoint")
+    # An --out that can never be a file fails first; its folder is made only once the input has
+    # passed every check, so that a refused conversion leaves nothing behind.
+    out = check_writable_target(out, "LLMC checkpoint")
     with HFCheckpoint(directory) as ckpt:
         fam = family_for(ckpt.config, ckpt.config_path, family_name)
         adapter = fam.hf

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
-from tests.support.hf_models import build, save  # noqa: E402
+from support.hf_models import build, save  # noqa: E402
 
 
 def convert(capsys, *argv: str) -> tuple[int, str, str]:

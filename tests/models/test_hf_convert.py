@@ -26,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
-from tests.support.hf_models import build, hf_logits, save, token_batch  # noqa: E402
+from support.hf_models import build, hf_logits, save, token_batch  # noqa: E402
 
 LOGITS_LIMIT = 1e-5  # FP32, the contract's loss threshold (issue 24)
 VARIANTS = {"gpt2": ("gpt2", {}), "llama3": ("llama3", {}), "llama3-tied": ("llama3", {"tie_word_embeddings": True}),
@@ -97,6 +97,22 @@ def test_gpt2_layout_is_llm_c_s(saved, tmp_path):
     assert not ckpt.tensors["wte"][300:].any()
     assert np.array_equal(ckpt.tensors["qkvw"][1], sd["transformer.h.1.attn.c_attn.weight"].T)
     assert np.array_equal(ckpt.tensors["fcprojw"][0], sd["transformer.h.0.mlp.c_proj.weight"].T)
+
+
+def test_gpt2_hub_layout_converts_to_the_same_bytes(saved, tmp_path):
+    """openai-community/gpt2's model.safetensors names tensors without `transformer.` and keeps each
+    block's causal-mask buffer (`h.N.attn.bias`): the same weights, the same file."""
+    _, folder = saved("gpt2")
+    tensors = safetensors_numpy.load_file(str(folder / "model.safetensors"))
+    hub = {name.removeprefix("transformer."): t for name, t in tensors.items()}
+    hub |= {f"h.{i}.attn.bias": np.tril(np.ones((1, 1, 64, 64), np.float32)) for i in range(2)}
+    hub_folder = tmp_path / "hub"
+    hub_folder.mkdir()
+    safetensors_numpy.save_file(hub, str(hub_folder / "model.safetensors"))
+    (hub_folder / "config.json").write_text((folder / "config.json").read_text())
+    convert_hf_checkpoint(folder, tmp_path / "saved.bin")
+    convert_hf_checkpoint(hub_folder, tmp_path / "hub.bin")
+    assert sha256_file(tmp_path / "hub.bin") == sha256_file(tmp_path / "saved.bin")
 
 
 def test_sharded_checkpoint_converts_to_the_same_bytes(saved, tmp_path):

@@ -65,10 +65,6 @@ class HFCheckpoint:
         self.tensors = self._inventory()
         self._handles: dict[Path, Any] = {}
 
-    @property
-    def sharded(self) -> bool:
-        return len(self.files) > 1 or (self.directory / INDEX_FILE).is_file()
-
     def _weight_files(self) -> list[Path]:
         index = self.directory / INDEX_FILE
         if index.is_file():

@@ -2,9 +2,10 @@
 
 A family (gpt2, llama3, qwen3) brings its config (built from its LLMC header), its LLMC
 checkpoint codec, its seeded init rule, its reference module (plain PyTorch, one readable
-file) and the optimizer its training contract uses. Its canonical tensor names are the LLMC
-names of its config's `tensor_shapes()`; every runner maps to and from them. A *model* is a
-registered shape of a family (`ModelShape`, e.g. gpt2-tiny) or a checkpoint's header.
+file), the optimizer its training contract uses, and its Hugging Face layout (`hf.py`, for
+`lockstep convert`). Its canonical tensor names are the LLMC names of its config's
+`tensor_shapes()`; every runner maps to and from them. A *model* is a registered shape of a
+family (`ModelShape`, e.g. gpt2-tiny) or a checkpoint's header.
 
 Nothing here imports torch: the CLI and the run planner read families cheaply; the reference
 module is imported only when something trains.

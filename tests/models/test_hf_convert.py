@@ -167,6 +167,42 @@ def test_registered_shapes_round_trip_their_headers():
         assert back == shape.config, shape.name
 
 
+LLAMA_32_SCALING = {"rope_type": "llama3", "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                    "original_max_position_embeddings": 8192}
+
+
+# The fields of the Hub's config.json of the seed's models (transformers 4.x spelling).
+QWEN3_COMMON = {"model_type": "qwen3", "hidden_act": "silu", "attention_bias": False, "use_sliding_window": False,
+                "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-06,
+                "rope_theta": 1000000, "rope_scaling": None, "num_key_value_heads": 8}
+HUB_CONFIGS = {
+    "qwen3-1.7b": QWEN3_COMMON | {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
+                                  "num_attention_heads": 16, "tie_word_embeddings": True},
+    "qwen3-8b": QWEN3_COMMON | {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                                "num_attention_heads": 32, "tie_word_embeddings": False},
+    "llama3": {"model_type": "llama", "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "head_dim": 64,
+               "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+               "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
+               "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": True,
+               "rope_scaling": LLAMA_32_SCALING},
+}
+
+
+@pytest.mark.parametrize("shape", list(HUB_CONFIGS))
+def test_hub_configs_of_the_seed_s_models_give_the_registered_shapes(shape):
+    """Qwen3-1.7B, Qwen3-8B and Llama 3.2 1B (with --no-rope-scaling; its maxT is the Hub's 131072)."""
+    fam = FAMILIES[SHAPES[shape].family]
+    model = fam.hf.read_config(HUB_CONFIGS[shape], "config.json", HFOptions(drop_rope_scaling=True))
+    expected = SHAPES[shape].config
+    if shape == "llama3":
+        assert model.config.max_seq_len == 131072
+        assert {k: v for k, v in model.config.to_dict().items() if k != "max_seq_len"} == \
+            {k: v for k, v in expected.to_dict().items() if k != "max_seq_len"}
+    else:
+        assert model.config == expected
+    assert model.tied == HUB_CONFIGS[shape]["tie_word_embeddings"]
+
+
 @pytest.mark.parametrize("channels, intermediate, expected", [
     (2048, 8192, (1.5, 256)),  # Llama 3.2 1B (Meta's params.json)
     (3072, 8192, (1.0, 256)),  # Llama 3.2 3B
@@ -183,10 +219,6 @@ def test_ffn_header_reproduces_any_other_intermediate_size(channels, intermediat
     multiplier, multiple_of = llama3_hf.ffn_header(channels, intermediate)
     assert llama3_ffn_hidden(channels, multiplier, multiple_of) == intermediate
     assert np.float32(multiplier) == multiplier  # what the float32 header word holds
-
-
-LLAMA_32_SCALING = {"rope_type": "llama3", "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                    "original_max_position_embeddings": 8192}
 
 
 def llama_config_json(**changes) -> dict:

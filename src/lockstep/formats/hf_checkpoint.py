@@ -28,8 +28,8 @@ from lockstep.fsutil import read_text, regular_file_size
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-# safetensors dtype names that hold real numbers, and whether widening them to fp32 is exact.
-FLOAT_DTYPES = {"F32": True, "BF16": True, "F16": True, "F64": False}
+# safetensors dtype names of weights (every one but F64 widens to fp32 exactly).
+FLOAT_DTYPES = frozenset({"F32", "BF16", "F16", "F64"})
 
 
 @dataclass(frozen=True)

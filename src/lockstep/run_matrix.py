@@ -145,6 +145,9 @@ def resolve_case_models(cases: list[CaseSpec], req: RunRequest, device: str,
     file_model = None
     if req.llmc:
         file_family, layout = read_checkpoint_layout(req.llmc)
+        problems = layout.config.training_problems()
+        if problems:
+            raise FormatError(req.llmc, "; ".join(problems))
         file_model = PlannedModel(name=Path(req.llmc).name, family=file_family.name, config=layout.config,
                                   checkpoint=Path(req.llmc))
         if req.model:

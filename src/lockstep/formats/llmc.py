@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -101,6 +101,27 @@ def write_checkpoint(path: str | os.PathLike, header: np.ndarray, layout: Checkp
             if t.shape != shape:
                 raise FormatError(path, f"tensor {name} has shape {t.shape}, the header needs {shape}")
             f.write((fp32_to_bf16_bits(t) if layout.dtype == "bf16" else t.astype("<f4")).tobytes())
+
+
+def write_checkpoint_by_layer(path: str | os.PathLike, header: np.ndarray, layout: CheckpointLayout,
+                              tensor: Callable[[str, int | None], np.ndarray]) -> None:
+    """Write header + tensors atomically, asking `tensor(name, layer)` for one layer's slice of
+    each per-layer tensor (the config's PER_LAYER) and `tensor(name, None)` for the others, in
+    LLMC order: a converter then holds one layer of one kind at a time, never the whole model.
+    Each slice's shape is checked; on any error nothing is left at `path`."""
+    if header.shape != (HEADER_INTS,):
+        raise FormatError(path, f"an LLMC header is {HEADER_INTS} int32 words, got {header.shape}")
+    per_layer = set(layout.config.PER_LAYER)
+    with atomic_write(path) as f:
+        f.write(np.asarray(header, dtype="<i4").tobytes())
+        for name, shape in layout.tensor_shapes:
+            parts = [(layer, shape[1:]) for layer in range(shape[0])] if name in per_layer else [(None, shape)]
+            for layer, part_shape in parts:
+                t = np.asarray(tensor(name, layer), dtype=np.float32)
+                if t.shape != part_shape:
+                    where = f"{name}[{layer}]" if layer is not None else name
+                    raise FormatError(path, f"tensor {where} has shape {t.shape}, the header needs {part_shape}")
+                f.write((fp32_to_bf16_bits(t) if layout.dtype == "bf16" else t.astype("<f4")).tobytes())
 
 
 def float_bits(value: float) -> int:

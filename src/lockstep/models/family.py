@@ -2,9 +2,10 @@
 
 A family (gpt2, llama3, qwen3) brings its config (built from its LLMC header), its LLMC
 checkpoint codec, its seeded init rule, its reference module (plain PyTorch, one readable
-file) and the optimizer its training contract uses. Its canonical tensor names are the LLMC
-names of its config's `tensor_shapes()`; every runner maps to and from them. A *model* is a
-registered shape of a family (`ModelShape`, e.g. gpt2-tiny) or a checkpoint's header.
+file), the optimizer its training contract uses, and its Hugging Face layout (`hf.py`, for
+`lockstep convert`). Its canonical tensor names are the LLMC names of its config's
+`tensor_shapes()`; every runner maps to and from them. A *model* is a registered shape of a
+family (`ModelShape`, e.g. gpt2-tiny) or a checkpoint's header.
 
 Nothing here imports torch: the CLI and the run planner read families cheaply; the reference
 module is imported only when something trains.
@@ -59,6 +60,45 @@ class InitRule:
 
 
 @dataclass(frozen=True)
+class HFOptions:
+    """Choices a user makes when converting a Hugging Face checkpoint."""
+
+    # Write use_scaled_rope 0 even where config.json scales RoPE (Llama 3.1/3.2): the file then
+    # trains with plain RoPE, as every lockstep framework does.
+    drop_rope_scaling: bool = False
+
+
+@dataclass(frozen=True)
+class HFModel:
+    """What a Hugging Face config.json describes, in a family's terms."""
+
+    config: Any  # the family's config: the LLMC header to write
+    tied: bool  # the output head is the input embedding (the checkpoint need not hold lm_head)
+    notes: tuple[str, ...] = ()  # what the conversion did that a user should know
+
+
+@dataclass(frozen=True)
+class HFAdapter:
+    """A family's Hugging Face Transformers layout, both ways (`models/<family>/hf.py`).
+
+    HF -> LLMC: `read_config` decodes config.json (FormatError naming it for anything the LLMC
+    format cannot hold), `tensor_shapes` lists every tensor the checkpoint must hold,
+    `hf_name` maps a stored name onto those (None: a buffer such as GPT-2's causal mask, or a
+    tied lm_head, which the file does not need), and `llmc_tensor(model, name, layer, read)`
+    builds one LLMC tensor (one layer's slice of a per-layer one) from `read(hf_name)`.
+    LLMC -> HF: `to_hf` gives the HF state dict, `hf_config` the config.json that goes with it.
+    """
+
+    model_types: tuple[str, ...]  # config.json "model_type" values of this family
+    read_config: Callable[[dict, str | os.PathLike, HFOptions], HFModel]
+    tensor_shapes: Callable[[HFModel], dict[str, tuple[int, ...]]]
+    hf_name: Callable[[HFModel, str], str | None]
+    llmc_tensor: Callable[[HFModel, str, int | None, Callable[[str], np.ndarray]], np.ndarray]
+    to_hf: Callable[[Any, dict[str, np.ndarray]], dict[str, np.ndarray]]
+    hf_config: Callable[[Any], dict]
+
+
+@dataclass(frozen=True)
 class ModelFamily:
     name: str  # "gpt2"
     title: str  # "GPT-2", for people
@@ -75,6 +115,7 @@ class ModelFamily:
     reference: str  # "module:Class" of the reference nn.Module, with from_llmc() and llmc_tensors()
     # Rows of a tensor from which on it is padding (may hold anything): GPT-2's wte rows V..Vp-1.
     padding_rows: Callable[[Any], dict[str, int]] = lambda config: {}
+    hf: HFAdapter | None = None  # its Hugging Face layout, for `lockstep convert`
 
     def layout(self, config, bf16: bool = False) -> llmc.CheckpointLayout:
         if bf16 and self.bf16_version is None:
@@ -120,6 +161,10 @@ class LLMCConfig:
 
     def to_dict(self) -> dict:
         return {"family": self.family, **asdict(self)}
+
+    def training_problems(self) -> list[str]:
+        """Why lockstep's frameworks cannot train this (valid) shape as its file means it; empty when they can."""
+        return []
 
     @classmethod
     def from_dict(cls, d: dict):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from lockstep.models.family import InitRule, ModelFamily, ModelShape, OptimizerSpec
-from lockstep.models.gpt2 import checkpoint
+from lockstep.models.gpt2 import checkpoint, hf
 from lockstep.models.gpt2.config import GPT2Config
 
 INIT_STD = 0.02
@@ -32,6 +32,7 @@ FAMILY = ModelFamily(
     fp32_version=checkpoint.VERSION_FP32,
     bf16_version=checkpoint.VERSION_BF16,
     init_rule=init_rule,
+    hf=hf.ADAPTER,
     reference="lockstep.models.gpt2.model:GPT2",
     padding_rows=lambda config: {"wte": config.vocab_size},
 )

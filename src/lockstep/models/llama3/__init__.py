@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from lockstep.models.family import InitRule, ModelFamily, ModelShape, OptimizerSpec
-from lockstep.models.llama3 import checkpoint
+from lockstep.models.llama3 import checkpoint, hf
 from lockstep.models.llama3.config import Llama3Config
 
 INIT_STD = 0.02
@@ -36,6 +36,7 @@ FAMILY = ModelFamily(
     fp32_version=checkpoint.VERSION_FP32,
     bf16_version=None,
     init_rule=init_rule,
+    hf=hf.ADAPTER,
     reference="lockstep.models.llama3.model:Llama3",
 )
 

@@ -96,6 +96,14 @@ class Llama3Config(GroupedAttentionShape):
             out.append(f"ffn_dim_multiplier is {self.ffn_dim_multiplier}, must be positive")
         return out
 
+    def training_problems(self) -> list[str]:
+        if self.use_scaled_rope:
+            # Every framework lockstep drives rotates with plain RoPE frequencies: training a
+            # scaled-RoPE model would silently train a different model.
+            return ["use_scaled_rope is 1 (Llama 3.1 RoPE scaling), which lockstep's frameworks do not implement; "
+                    "convert with `lockstep convert --no-rope-scaling` to train it with plain RoPE"]
+        return []
+
     def tensor_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """LLMC order (llm.c's train_llama3.py): c_fc is "up", c_fc2 is "gate", then the down projection."""
         L, C, V, F = self.num_layers, self.channels, self.vocab_size, self.ffn_hidden

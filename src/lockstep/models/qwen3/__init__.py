@@ -5,7 +5,7 @@ from __future__ import annotations
 from lockstep.models.family import ModelFamily, ModelShape
 from lockstep.models.llama3 import ADAM
 from lockstep.models.llama3 import init_rule as llama_init_rule
-from lockstep.models.qwen3 import checkpoint
+from lockstep.models.qwen3 import checkpoint, hf
 from lockstep.models.qwen3.config import Qwen3Config
 
 FAMILY = ModelFamily(
@@ -20,6 +20,7 @@ FAMILY = ModelFamily(
     fp32_version=checkpoint.VERSION_FP32,
     bf16_version=None,
     init_rule=llama_init_rule,  # the same rule: q_norm/k_norm weights are RMSNorm weights, 1
+    hf=hf.ADAPTER,
     reference="lockstep.models.qwen3.model:Qwen3",
 )
 

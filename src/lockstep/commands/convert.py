@@ -1,0 +1,54 @@
+"""`lockstep convert --from-hf DIR`: a Hugging Face checkpoint as its family's LLMC file.
+
+So that a run can start from pretrained weights (`lockstep run --llmc FILE`) instead of llm.c's
+random init, as the seed's GPT-2, Llama 3 and Qwen3 tables do. What each family's conversion
+does is in its `models/<family>/hf.py`; the command prints it, and the file's sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lockstep.fsutil import sha256_file
+from lockstep.models.family import HFOptions
+from lockstep.models.hf_convert import convert_hf_checkpoint, convertible_families
+
+DTYPE_WORDS = {"F32": "fp32", "BF16": "bf16", "F16": "fp16", "F64": "fp64"}
+
+
+def add_parser(subparsers) -> None:
+    names = [f.name for f in convertible_families()]
+    p = subparsers.add_parser(
+        "convert", help="write a Hugging Face checkpoint (safetensors) as an LLMC checkpoint",
+        description="Convert a Hugging Face Transformers checkpoint directory (config.json and model.safetensors, or "
+                    "shards with model.safetensors.index.json; fp32, bf16 or fp16) into the family's LLMC file, laid "
+                    "out as llm.c and InfiniTrain-Test's converters write it. Then: lockstep run --llmc FILE.")
+    p.add_argument("--from-hf", required=True, type=Path, metavar="DIR", help="the checkpoint's folder")
+    p.add_argument("--family", choices=names, default=None,
+                   help="the model family (default: from config.json's model_type, which must agree)")
+    p.add_argument("--out", required=True, type=Path, metavar="FILE", help="LLMC file to write (replaced atomically)")
+    p.add_argument("--no-rope-scaling", action="store_true",
+                   help="Llama 3.1/3.2: write use_scaled_rope 0 although config.json scales RoPE, so that lockstep's "
+                        "frameworks can train the file (they implement plain RoPE only)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    done = convert_hf_checkpoint(args.from_hf, args.out, args.family,
+                                 HFOptions(drop_rope_scaling=args.no_rope_scaling))
+    fam, config = done.family, done.model.config
+    layout = fam.layout(config)
+    stored = "one file" if done.shards == 1 else f"{done.shards} shards"
+    dtypes = "/".join(DTYPE_WORDS.get(d, d) for d in done.source_dtypes)
+    print(f"wrote {done.out}")
+    print(f"  from        {done.source} (model_type {done.model_type}; {stored}, {dtypes})")
+    print(f"  model       {fam.name}: {config.describe()} maxT={config.max_seq_len}")
+    print(f"  format      LLMC {fam.title} version {layout.version} ({layout.dtype})")
+    for i, note in enumerate(done.model.notes):
+        print(f"  {'conversion' if i == 0 else '':<10}  {note}")
+    print(f"  parameters  {config.num_parameters():,}")
+    print(f"  bytes       {layout.file_size:,}")
+    print(f"  sha256      {sha256_file(done.out)}")
+    print(f"  took        {done.seconds:.1f} s")
+    return 0

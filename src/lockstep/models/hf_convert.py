@@ -1,0 +1,111 @@
+"""A Hugging Face checkpoint directory -> the family's LLMC file, through the family's `HFAdapter`.
+
+The family comes from config.json's model_type (or is checked against it). Before a byte is
+written, the checkpoint's tensor inventory is checked against what its config.json implies: every
+tensor present, none left over (a weight the LLMC format has no place for would be dropped
+silently), every shape right. Then the LLMC file is written one layer of one tensor kind at a
+time, in LLMC order, to a temporary file renamed into place: an error leaves nothing at `out`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from lockstep.errors import FormatError, LockstepError
+from lockstep.formats import llmc
+from lockstep.formats.hf_checkpoint import HFCheckpoint
+from lockstep.fsutil import check_writable_target
+from lockstep.models import FAMILIES, family
+from lockstep.models.family import HFModel, HFOptions, ModelFamily
+
+
+@dataclass(frozen=True)
+class Conversion:
+    source: Path
+    out: Path
+    family: ModelFamily
+    model: HFModel
+    model_type: str
+    shards: int
+    source_dtypes: tuple[str, ...]
+    seconds: float
+
+
+def convertible_families() -> list[ModelFamily]:
+    return [f for f in FAMILIES.values() if f.hf is not None]
+
+
+def family_for(config: dict, config_path: Path, requested: str | None) -> ModelFamily:
+    """The family of config.json's model_type; with `requested` (--family), that it agrees."""
+    model_type = config.get("model_type")
+    known = ", ".join(f"{f.name} ({'/'.join(f.hf.model_types)})" for f in convertible_families())
+    found = next((f for f in convertible_families() if model_type in f.hf.model_types), None)
+    if requested is not None:
+        wanted = family(requested)
+        if wanted.hf is None:
+            raise LockstepError(f"--family {requested}: lockstep cannot convert {wanted.title} checkpoints")
+        if found is not wanted:
+            what = f"a {found.title} checkpoint" if found else "not a checkpoint lockstep converts"
+            raise FormatError(config_path, f"model_type is {model_type!r}, {what}, but --family {requested} asks for "
+                                           f"{wanted.title} (model_type {' or '.join(map(repr, wanted.hf.model_types))})")
+        return wanted
+    if found is None:
+        raise FormatError(config_path, f"model_type is {model_type!r}; lockstep converts {known}")
+    return found
+
+
+def convert_hf_checkpoint(directory: str | os.PathLike, out: str | os.PathLike, family_name: str | None = None,
+                          options: HFOptions = HFOptions()) -> Conversion:
+    started = time.perf_counter()
+    # An --out that can never be a file fails first; its folder is made only once the input has
+    # passed every check, so that a refused conversion leaves nothing behind.
+    out = check_writable_target(out, "LLMC checkpoint")
+    with HFCheckpoint(directory) as ckpt:
+        fam = family_for(ckpt.config, ckpt.config_path, family_name)
+        adapter = fam.hf
+        model = adapter.read_config(ckpt.config, ckpt.config_path, options)
+        stored = check_inventory(ckpt, fam, model)
+        layout = fam.layout(model.config)
+
+        def read(name: str):
+            return ckpt.read(stored[name])
+
+        llmc.write_checkpoint_by_layer(out, fam.encode_header(layout), layout,
+                                       lambda name, layer: adapter.llmc_tensor(model, name, layer, read))
+        fam.read_layout(out)  # the header decodes and the size is exact, or FormatError
+        return Conversion(source=ckpt.directory, out=out, family=fam, model=model,
+                          model_type=str(ckpt.config.get("model_type")), shards=len(ckpt.files),
+                          source_dtypes=tuple(ckpt.dtypes()), seconds=time.perf_counter() - started)
+
+
+def check_inventory(ckpt: HFCheckpoint, fam: ModelFamily, model: HFModel) -> dict[str, str]:
+    """Adapter name -> name as stored, once every expected tensor is there with its shape and
+    nothing unknown is left over."""
+    stored: dict[str, str] = {}
+    for name in ckpt.tensors:
+        canonical = fam.hf.hf_name(model, name)
+        if canonical is None:
+            continue
+        if canonical in stored:
+            raise FormatError(ckpt.tensors[name].file, f"holds tensor {name} and {stored[canonical]}, the same tensor "
+                                                       "under two names")
+        stored[canonical] = name
+    expected = fam.hf.tensor_shapes(model)
+    shape_words = f"config.json's {fam.title} shape ({model.config.describe()})"
+    missing = [n for n in expected if n not in stored]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise FormatError(ckpt.directory, f"tensor {missing[0]}{more} is missing; {shape_words} needs it")
+    extra = [stored[n] for n in stored if n not in expected]
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise FormatError(ckpt.tensors[extra[0]].file, f"holds tensor {extra[0]}{more}, which the LLMC {fam.title} "
+                                                       "format has no place for; converting would drop it")
+    for name, shape in expected.items():
+        info = ckpt.tensors[stored[name]]
+        if info.shape != shape:
+            raise FormatError(info.file, f"tensor {info.name} has shape {info.shape}, but {shape_words} needs {shape}")
+    return stored

@@ -19,6 +19,9 @@ The defects are the ones issue 16's audit found hidden under the contract's lr 1
   tied word-embedding gradient (the head's gradient never reaches wte);
 - megatron_tp_input_grad_unreduced: megatron's column-parallel layers stop all-reducing their
   input gradient over TP ranks (each rank back-propagates only its slice).
+- megatron_batched_p2p: the megatron runner's pipeline p2p batched for every layout, as it was
+  on CUDA before issue 22 (with PP=2 and VPP, megatron-core then swaps activations and gradients
+  in the interleaved schedule's two-way exchanges).
 """
 
 from __future__ import annotations
@@ -96,7 +99,8 @@ class BrokenTieGPT2(GPT2):
 
 REFERENCE_DEFECTS = {"exact_gelu": ExactGeluGPT2, "frozen_layernorm": FrozenLayerNormGPT2,
                      "transposed_bias_grad": TransposedBiasGradGPT2, "broken_tie": BrokenTieGPT2}
-OTHER_DEFECTS = ("data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced")
+OTHER_DEFECTS = ("data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
+                 "megatron_batched_p2p")
 DEFECTS = (*REFERENCE_DEFECTS, *OTHER_DEFECTS)
 
 
@@ -147,6 +151,10 @@ def inject(name: str, patch) -> None:
             self.disable_grad_reduce = True
 
         patch.setattr(layers.ColumnParallelLinear, "__init__", init_without_dgrad_reduce)
+    elif name == "megatron_batched_p2p":
+        from lockstep.runners.megatron import model
+
+        patch.setattr(model, "pipeline_p2p", lambda case: model.PipelineP2P(batch=True, overlap=False))
     else:
         raise ValueError(f"unknown defect {name!r}; known: {', '.join(DEFECTS)}")
 

@@ -354,28 +354,30 @@ def vpp_case(model: str, name: str, **parallel) -> CaseSpec:
     return c
 
 
+@dataclasses.dataclass(frozen=True)
+class Trained:
+    record: object
+    params: dict
+    log: str
+
+
+def run_interleaved_cases(model_cases: list[tuple[str, CaseSpec]], family_inputs, out: Path) -> list[Trained]:
+    """Cases of one world size in one persistent megatron worker group (one start-up for them all)."""
+    pairs = [(c, replace(family_inputs(model), save_final_params=True)) for model, c in model_cases]
+    done = []
+    for (c, _), (rec,) in zip(pairs, MegatronRunner().run_many(pairs, [out], persistent=True)):
+        assert rec.ok, rec.error
+        done.append(Trained(rec, final_params(out, "megatron", c.name), (out / "megatron" / f"{c.name}.log").read_text()))
+    return done
+
+
 @pytest.fixture(scope="module")
-def one_process_accum4(family_inputs, tmp_path_factory):
-    """model -> (record, final parameters) of the one-process run of the interleaved tests' case."""
-    made = {}
-
-    def get(model: str):
-        if model not in made:
-            out = tmp_path_factory.mktemp(f"{model}_accum4")
-            rec = MegatronRunner().run(vpp_case(model, "one"), replace(family_inputs(model), save_final_params=True), out)
-            assert rec.ok, rec.error
-            made[model] = (rec, final_params(out, "megatron", "one"))
-        return made[model]
-
-    return get
-
-
-def interleaved_run(model: str, family_inputs, out: Path):
-    rec = MegatronRunner().run(vpp_case(model, "pp2_vpp2", pp=2, vpp=2),
-                               replace(family_inputs(model), save_final_params=True), out)
-    assert rec.ok, rec.error
-    assert (rec.meta["pp"], rec.meta["vpp"]) == (2, 2)
-    return rec, final_params(out, "megatron", "pp2_vpp2"), (out / "megatron" / "pp2_vpp2.log").read_text()
+def interleaved_runs(family_inputs, tmp_path_factory):
+    """model -> (one-process run, PP=2 x VPP=2 run) of the same accum-4 case."""
+    out = tmp_path_factory.mktemp("interleaved")
+    one = run_interleaved_cases([(m, vpp_case(m, f"{m}_one")) for m in MODELS], family_inputs, out)
+    split = run_interleaved_cases([(m, vpp_case(m, f"{m}_pp2_vpp2", pp=2, vpp=2)) for m in MODELS], family_inputs, out)
+    return {m: (a, b) for m, a, b in zip(MODELS, one, split)}
 
 
 def largest_param_gap(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[float, str]:
@@ -387,20 +389,19 @@ def largest_param_gap(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tup
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
-def test_interleaved_pipeline_in_its_steady_state_matches_one_process(one_process_accum4, family_inputs, tmp_path,
-                                                                      model):
+def test_interleaved_pipeline_in_its_steady_state_matches_one_process(interleaved_runs, model):
     """PP=2 x VPP=2, accum 4, 3 steps at lr 1e-3 (Adam): every loss and every final parameter
     within 1e-5 of the one-process run, on the p2p path a GPU takes (overlapped, unbatched)."""
-    single, single_params = one_process_accum4(model)
-    rec, params, log = interleaved_run(model, family_inputs, tmp_path)
-    assert "batch_p2p_comm=False overlap_p2p_comm=True" in log
-    assert rec.meta["pipeline_p2p"] == {"batch_p2p_comm": False, "overlap_p2p_comm": True}
+    single, split = interleaved_runs[model]
+    assert (split.record.meta["pp"], split.record.meta["vpp"]) == (2, 2)
+    assert "batch_p2p_comm=False overlap_p2p_comm=True" in split.log
+    assert split.record.meta["pipeline_p2p"] == {"batch_p2p_comm": False, "overlap_p2p_comm": True}
     from lockstep.models.family import canonical_tensor_names
 
-    assert set(params) == set(canonical_tensor_names(SHAPES[model].config))
-    diff = max_dloss(rec, single, VPP_STEPS)
-    gap, worst = largest_param_gap(params, single_params)
-    losses = single.losses()
+    assert set(split.params) == set(canonical_tensor_names(SHAPES[model].config))
+    diff = max_dloss(split.record, single.record, VPP_STEPS)
+    gap, worst = largest_param_gap(split.params, single.params)
+    losses = single.record.losses()
     print(f"{model} PP=2 x VPP=2 accum 4 vs one process: max |dloss| {diff:.3e}, max |dparam| {gap:.3e} ({worst}); "
           f"loss {losses[0]:.6f} -> {losses[-1]:.6f}")
     assert losses[0] - losses[-1] > 0.1  # lr 1e-3 really trains: far past either threshold
@@ -409,18 +410,18 @@ def test_interleaved_pipeline_in_its_steady_state_matches_one_process(one_proces
 
 
 @pytest.mark.slow
-def test_interleaved_pipeline_comparison_catches_batched_p2p(one_process_accum4, family_inputs, tmp_path,
-                                                             monkeypatch):
+def test_interleaved_pipeline_comparison_catches_batched_p2p(interleaved_runs, family_inputs, tmp_path, monkeypatch):
     """The same comparison with the runner's p2p batched, as it was on CUDA before issue 22:
     megatron-core swaps activations and gradients in the steady state and the run must FAIL,
     already at step 1 and by far in the parameters."""
-    single, single_params = one_process_accum4("qwen3-tiny")
+    single = interleaved_runs["qwen3-tiny"][0]
     defects.worker_env("megatron_batched_p2p", monkeypatch)
-    rec, params, log = interleaved_run("qwen3-tiny", family_inputs, tmp_path)
-    assert "batch_p2p_comm=True overlap_p2p_comm=False" in log  # the defect reached the workers
-    step1 = abs(rec.losses()[0] - single.losses()[0])
-    diff = max_dloss(rec, single, VPP_STEPS)
-    gap, worst = largest_param_gap(params, single_params)
+    (bad,) = run_interleaved_cases([("qwen3-tiny", vpp_case("qwen3-tiny", "batched", pp=2, vpp=2))], family_inputs,
+                                   tmp_path)
+    assert "batch_p2p_comm=True overlap_p2p_comm=False" in bad.log  # the defect reached the workers
+    step1 = abs(bad.record.losses()[0] - single.record.losses()[0])
+    diff = max_dloss(bad.record, single.record, VPP_STEPS)
+    gap, worst = largest_param_gap(bad.params, single.params)
     print(f"qwen3-tiny PP=2 x VPP=2 with batched p2p vs one process: |dloss| step 1 {step1:.3e}, "
           f"max {diff:.3e}; max |dparam| {gap:.3e} ({worst})")
     assert step1 > 100 * FP32_TOLERANCE

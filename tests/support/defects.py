@@ -22,6 +22,9 @@ The defects are the ones issue 16's audit found hidden under the contract's lr 1
 - megatron_layernorm_bias_grad_5pct: every LayerNorm bias gradient in megatron's workers is 5% too
   large -- the InfiniTrain CPU defect build's fault, which the loss at the contract's lr hides and
   the step-1 certificate must name.
+- megatron_batched_p2p: the megatron runner's pipeline p2p batched for every layout, as it was
+  on CUDA before issue 22 (with PP=2 and VPP, megatron-core then swaps activations and gradients
+  in the interleaved schedule's two-way exchanges).
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ class BrokenTieGPT2(GPT2):
 REFERENCE_DEFECTS = {"exact_gelu": ExactGeluGPT2, "frozen_layernorm": FrozenLayerNormGPT2,
                      "transposed_bias_grad": TransposedBiasGradGPT2, "broken_tie": BrokenTieGPT2}
 OTHER_DEFECTS = ("data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
-                 "megatron_layernorm_bias_grad_5pct")
+                 "megatron_layernorm_bias_grad_5pct", "megatron_batched_p2p")
 DEFECTS = (*REFERENCE_DEFECTS, *OTHER_DEFECTS)
 
 
@@ -160,6 +163,10 @@ def inject(name: str, patch) -> None:
                 self.bias.register_hook(lambda g: g * 1.05)
 
         patch.setattr(torch.nn.LayerNorm, "__init__", init_with_wrong_bias_grad)
+    elif name == "megatron_batched_p2p":
+        from lockstep.runners.megatron import model
+
+        patch.setattr(model, "pipeline_p2p", lambda case: model.PipelineP2P(batch=True, overlap=False))
     else:
         raise ValueError(f"unknown defect {name!r}; known: {', '.join(DEFECTS)}")
 

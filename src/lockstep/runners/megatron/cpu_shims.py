@@ -22,12 +22,14 @@ when the job runs on the CPU. Nothing here changes any arithmetic.
 4. The current CUDA stream: megatron-core 0.19's DDP starts every gradient reduction with
    `torch.cuda.current_stream()` and waits there for CUDA-graph events (which only CUDA-graph
    replays create). CPU work is synchronous, so a stream whose waits are no-ops stands in.
+5. Device synchronisation: batched pipeline p2p (`batch_p2p_comm`, model.pipeline_p2p) waits on
+   its `batch_isend_irecv` requests, then calls `torch.cuda.synchronize()` (`batch_p2p_sync`).
+   gloo runs the batch itself; what remains to wait for is nothing, so synchronize is a no-op.
+   This keeps the CPU on the p2p path a GPU takes, so the CPU tests guard it.
 
 Not shimmed, on purpose: bf16. megatron-core's bf16 autocast backward (and its bf16 optimizer,
 which checks for `torch.cuda.BFloat16Tensor` parameters) needs CUDA, so the runner skips bf16
-cases on the CPU rather than faking them. Batched pipeline p2p (`batch_isend_irecv` followed by
-`torch.cuda.synchronize()`) is switched off on the CPU by the model config instead
-(`batch_p2p_comm=False`: plain isend/irecv, which gloo supports).
+cases on the CPU rather than faking them.
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ def _current_stream_without_cuda(device=None) -> SynchronousStream:
     return _CPU_STREAM
 
 
+def _synchronize_without_cuda(device=None) -> None:
+    """Shim 5: nothing is in flight on a CPU once a call has returned."""
+
+
 def _current_device_without_cuda() -> int:
     """Shim 1: megatron's "current CUDA device", which shim 2 maps to the CPU."""
     return 0
@@ -96,6 +102,7 @@ def apply_cpu_shims() -> list[str]:
 
     torch.cuda.current_device = _current_device_without_cuda
     torch.cuda.current_stream = _current_stream_without_cuda
+    torch.cuda.synchronize = _synchronize_without_cuda
     if _ACTIVE_MODE is None:
         # Entered and deliberately never exited: the worker process ends with the run.
         _ACTIVE_MODE = CudaDevicesOnCpu()
@@ -103,4 +110,4 @@ def apply_cpu_shims() -> list[str]:
     mpu_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
     return ["torch.cuda.current_device -> 0", "CUDA device arguments -> cpu (TorchFunctionMode)",
             "CUDA RNG tracker fork -> no-op (megatron inference tracker)",
-            "torch.cuda.current_stream -> a synchronous stand-in"]
+            "torch.cuda.current_stream -> a synchronous stand-in", "torch.cuda.synchronize -> no-op"]

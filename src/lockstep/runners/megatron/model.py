@@ -11,6 +11,8 @@ SPEC section 4 is visible in one place:
   schedules wrap each micro batch's forward in `torch.autocast("cuda", bf16)`), with FP32
   parameters, gradients and optimizer. `native_bf16` is the diagnostic alternative: megatron's
   `--bf16` (bf16 parameters in a Float16Module, FP32 main parameters in the optimizer).
+- Pipeline p2p: `pipeline_p2p`, Megatron-LM's choice on every device (never batched with VPP:
+  megatron-core's batched exchange swaps activations and gradients there at PP=2).
 - Training: megatron's DistributedDataParallel (gradients averaged over DP in an FP32
   buffer), `get_megatron_optimizer` with the family's contract optimizer (plain SGD, or Adam
   with the contract's betas and eps; no weight decay, no clipping), and an
@@ -54,9 +56,36 @@ class Precision:
         return "fp32 (TF32 off)"
 
 
+@dataclass(frozen=True)
+class PipelineP2P:
+    """How pipeline stages exchange activations and gradients (megatron-core's p2p switches)."""
+
+    batch: bool  # batch_p2p_comm: one batch_isend_irecv per exchange
+    overlap: bool  # overlap_p2p_comm: unbatched isend/irecv, waited on later (interleaved schedule only)
+
+
+def pipeline_p2p(case: CaseSpec) -> PipelineP2P:
+    """Megatron-LM's choice (`batch_p2p_comm = not overlap_p2p_comm`, overlap on when interleaving),
+    on every device, so that the CPU suite runs the exchanges a GPU runs.
+
+    Never batched with VPP: megatron-core's `_batched_p2p_ops` posts [send_prev, recv_prev,
+    send_next, recv_next] in one batch, and with a pipeline group of two ranks prev == next, so
+    the interleaved schedule's two-way exchanges (`send_forward_backward_recv_forward_backward`)
+    pair rank 0's [gradient, activation] with rank 1's [activation, gradient] buffers: they swap,
+    silently (equal shapes), from the first steady-state micro batch on (accum >= 2 x PP). The
+    unbatched path orders its posts by even/odd rank and is exact. Upstream: Megatron-LM issues
+    #750 and #1450, PR #5271; present in megatron-core 0.16.1 and 0.19.2
+    (docs/results/2026-12-01-vpp/ reproduces it without lockstep). Without VPP no exchange sends
+    two messages to one peer, and batching is what Megatron-LM does there too."""
+    if case.vpp > 1:
+        return PipelineP2P(batch=False, overlap=True)
+    return PipelineP2P(batch=True, overlap=False)
+
+
 def transformer_config(case: CaseSpec, model, adapter: MegatronFamily, precision: Precision, on_cpu: bool):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    p2p = pipeline_p2p(case)
     return TransformerConfig(
         # shape
         num_layers=model.num_layers,
@@ -93,8 +122,9 @@ def transformer_config(case: CaseSpec, model, adapter: MegatronFamily, precision
         # initialisation: every value is loaded from the LLMC file, so megatron's random init is skipped
         perform_initialization=False,
         use_cpu_initialization=on_cpu,
-        # gloo has no coalesced p2p and the batched path ends in torch.cuda.synchronize()
-        batch_p2p_comm=not on_cpu,
+        # pipeline p2p: the same on every device (the CPU shims answer the batched path's CUDA sync)
+        batch_p2p_comm=p2p.batch,
+        overlap_p2p_comm=p2p.overlap,
     )
 
 

@@ -8,9 +8,9 @@ case making and releasing its own TP/PP/DP grid inside the one process group (pa
 
 On the CPU (CI) the workers use gloo and a few small shims (cpu_shims.py) and otherwise run
 the same megatron-core code as on CUDA -- GPTModel, the TP layers and vocab-parallel cross
-entropy, the pipeline schedules, megatron's DDP and its SGD optimizer. What differs on the CPU:
-parameters are created on the CPU (`use_cpu_initialization`), pipeline p2p is unbatched
-(`batch_p2p_comm=False`), and BF16 and sequence-parallel cases are skipped (megatron-core's
+entropy, the pipeline schedules and their p2p settings (model.pipeline_p2p), megatron's DDP and
+its optimizers. What differs on the CPU: parameters are created on the CPU
+(`use_cpu_initialization`), and BF16 and sequence-parallel cases are skipped (megatron-core's
 bf16 autocast backward needs CUDA; its local-spec LayerNorm supports SP only through Apex).
 """
 

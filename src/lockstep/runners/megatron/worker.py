@@ -187,6 +187,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     vocab_rows = adapter.vocab_rows(job.model, case.tp)
     T, B = case.seq_len, case.micro_batch
     global_batch = case.total_batch // T  # sequences per step
+    p2p = mmodel.pipeline_p2p(case)
 
     _say(layout, f"config: family={family.name} num_layers={job.model.num_layers} hidden_size={job.model.channels} "
                  f"num_attention_heads={job.model.num_heads} num_query_groups={job.model.num_kv_heads} "
@@ -195,6 +196,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
                  f"num_microbatches={case.accum} data_parallel_size={case.dp} tensor_model_parallel_size={case.tp} "
                  f"pipeline_model_parallel_size={case.pp} virtual_pipeline_model_parallel_size={case.vpp} "
                  + (f"pipeline_model_parallel_layout={case.pp_layout} " if case.pp_layout else "") +
+                 f"batch_p2p_comm={p2p.batch} overlap_p2p_comm={p2p.overlap} " +
                  f"sequence_parallel={case.sp} vocab_size={job.model.vocab_size} padded_vocab_size={vocab_rows} "
                  f"optimizer={family.optimizer.kind} lr={case.lr:.6E} weight_decay=0.0 clip_grad=0.0 "
                  f"train_iters={case.steps}")
@@ -329,6 +331,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
         "device_name": device_name,
         "world_size": layout.world,
         "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "sequence_parallel": case.sp,
+        "pipeline_p2p": {"batch_p2p_comm": config.batch_p2p_comm, "overlap_p2p_comm": config.overlap_p2p_comm},
         "distributed_optimizer": case.zero >= 1,
         "precision": precision.label,
         "native_bf16": precision.native_bf16,

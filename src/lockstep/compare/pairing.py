@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.errors import FormatError
-from lockstep.fsutil import os_problem, read_text
+from lockstep.fsutil import MOVED_ASIDE_MARK, os_problem, read_text
 
 CASE_SUFFIXES = (".jsonl", ".log")
 RUN_MANIFEST = "run.json"  # what `lockstep run` writes at the top of its output directory
-# Names that are never case files (build logs, CTest logs, profiler output, run metadata, our own output).
-IGNORED_FILE_PATTERNS = ("build*", "ctest_*", "*_profile.log", "run_metadata.*", ".*")
-IGNORED_DIR_PATTERNS = ("build*", "report_files", ".*", "__pycache__")
+# Names that are never case files (build logs, CTest logs, profiler output, run metadata, our own
+# output, and what `lockstep run --force` moved out of its way: someone else's, never this run's).
+IGNORED_FILE_PATTERNS = ("build*", "ctest_*", "*_profile.log", "run_metadata.*", ".*", f"*{MOVED_ASIDE_MARK}*")
+IGNORED_DIR_PATTERNS = ("build*", "report_files", ".*", "__pycache__", f"*{MOVED_ASIDE_MARK}*")
 
 
 @dataclass(frozen=True)

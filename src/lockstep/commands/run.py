@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 
 from rich.console import Console
@@ -16,7 +15,8 @@ from lockstep.compare.options import CompareOptions
 from lockstep.compare.throughput import (NOISY_CV, Throughput, format_memory, format_mfu,
                                          format_repeated_tokens_per_s, format_tokens_per_s, throughput_of)
 from lockstep.errors import LockstepError
-from lockstep.outdir import STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
+from lockstep.fsutil import os_problem
+from lockstep.outdir import CASE_OUTPUT_SUFFIXES, STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
 from lockstep.run_matrix import CaseOutcome, RunPlan, RunRequest, execute_plan, plan_run
 from lockstep.run_verdict import run_verdict
 from lockstep.runners import RUNNERS
@@ -103,6 +103,9 @@ def run(args) -> int:
     with open_run_dir(plan.out_dir, [*RUNNERS, REPEATS_DIR], run_manifest(plan), force=args.force) as run_dir:
         for note in plan.notes:
             console.print(f"[dim]{note}[/dim]")
+        for m in run_dir.moved_aside:
+            console.print(f"[yellow]moved aside[/yellow] (not written by lockstep, in the way of its outputs): "
+                          f"{plan.out_dir / m.original} -> {m.moved_to}", highlight=False)
         models = "; ".join(f"{m.model_name} ({m.model.describe()}, {m.family.optimizer.kind})" for m in plan.models())
         console.print(f"device {plan.device} | model {models} | frameworks {', '.join(r.name for r in plan.runners)} "
                       f"(baseline {plan.runners[0].name}) | out {plan.out_dir}", highlight=False)
@@ -191,7 +194,7 @@ def run_as_follower(plan: RunPlan, console: Console, repeat: int = 1) -> int:
     """A node other than 0: start this node's ranks of every case in the plan's order; node 0
     writes the records, compares and reports. Its logs go to `<out>/node<R>/`."""
     here = plan.out_dir / f"node{plan.nodes.node_rank}"
-    shutil.rmtree(here, ignore_errors=True)
+    clear_node_logs(here, plan)
     console.print(f"node {plan.nodes.node_rank} of {plan.nodes.nnodes}: training this node's ranks of each case; "
                   f"node 0 writes the records and the report (logs here: {here})", highlight=False)
     outcomes = execute_plan(plan, repeat=repeat)  # the same runs, in the same order, as node 0
@@ -200,6 +203,21 @@ def run_as_follower(plan: RunPlan, console: Console, repeat: int = 1) -> int:
         state = f"skipped ({o.skipped})" if o.skipped else ("ok" if o.record.ok else f"failed: {o.record.error}")
         console.print(f"{o.framework}/{o.case.name}: {state}", highlight=False)
     return 1 if failed else 0
+
+
+def clear_node_logs(node_dir: Path, plan: RunPlan) -> None:
+    """Remove this node's logs of the cases it is about to run (an earlier run's, which a crash
+    before the new log would leave looking current), and nothing else: the directory may be on a
+    shared filesystem, and a file lockstep did not write there is not its to delete."""
+    for runner in plan.runners:
+        for case in plan.cases:
+            for suffix in CASE_OUTPUT_SUFFIXES:
+                path = node_dir / runner.name / f"{case.name}{suffix}"
+                try:
+                    if path.is_file():
+                        path.unlink()
+                except OSError as e:
+                    raise LockstepError(f"{path}: cannot remove the earlier run's log ({os_problem(e)})") from None
 
 
 def run_manifest(plan: RunPlan) -> dict:

@@ -90,14 +90,17 @@ def free_bytes(directory: str | os.PathLike) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def check_free_space(directory: str | os.PathLike, need_bytes: int, what: str) -> None:
+def check_free_space(directory: str | os.PathLike, need_bytes: int, what: str,
+                     path: str | os.PathLike | None = None) -> None:
     """Refuse, before any work, a write of `need_bytes` that the filesystem holding `directory`
-    has no room for: one sentence naming the directory, what was to be written, how much it needs
-    and how much is free (rather than a full disk after minutes of work)."""
+    has no room for: one sentence naming the directory (or the file `path` about to be written
+    there), what was to be written, how much it needs and how much is free, rather than a full
+    disk after minutes of work."""
     free = free_bytes(directory)
     if free is not None and free < need_bytes:
-        raise WriteError(directory, f"no space left on device for the {what}: it needs {format_bytes(need_bytes)}, "
-                                    f"{format_bytes(free)} are free")
+        room = f"{directory} has {format_bytes(free)} free" if path is not None else f"{format_bytes(free)} are free"
+        raise WriteError(path if path is not None else directory,
+                         f"no space left on device for the {what}: it needs {format_bytes(need_bytes)}, {room}")
 
 
 def regular_file_size(path: str | os.PathLike, what: str = "file") -> int:
@@ -201,7 +204,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", what: str = "file",
     bytes about to be written) a filesystem without room for them is refused before writing."""
     path = check_writable_target(path, what)
     if size is not None:
-        check_free_space(path.parent, size, what)
+        check_free_space(path.parent, size, what, path=path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import itertools
 import os
+import resource
 import stat
 import tempfile
 from pathlib import Path
@@ -43,6 +44,9 @@ _REASONS = {
     errno.ENAMETOOLONG: "file name too long",
     errno.EMFILE: "too many open files",
 }
+
+# Below this much free space a failed write is put down to a full disk (write_failure_hint).
+NEARLY_FULL_BYTES = 1 << 20
 
 # What lockstep appends to the name of something it found in its way and moved aside.
 MOVED_ASIDE_MARK = ".moved-by-lockstep-"
@@ -88,6 +92,19 @@ def free_bytes(directory: str | os.PathLike) -> int | None:
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
+
+
+def write_failure_hint(directory: str | os.PathLike) -> str | None:
+    """The likely reason a write into `directory` failed when the failing code could not say (SQLite's
+    "disk I/O error", a file found cut short): "no space left on device (...)" when the filesystem is
+    (nearly) full, "file too large (...)" when this process has a file-size limit; else None."""
+    free = free_bytes(directory)
+    if free is not None and free < NEARLY_FULL_BYTES:
+        return f"no space left on device ({format_bytes(free)} free on the filesystem holding {directory})"
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != resource.RLIM_INFINITY:
+        return f"file too large (this process may write files of at most {format_bytes(soft)})"
+    return None
 
 
 def check_free_space(directory: str | os.PathLike, need_bytes: int, what: str,

@@ -105,7 +105,7 @@ def run(args) -> int:
             console.print(f"[dim]{note}[/dim]")
         for m in run_dir.moved_aside:
             console.print(f"[yellow]moved aside[/yellow] (not written by lockstep, in the way of its outputs): "
-                          f"{plan.out_dir / m.original} -> {m.moved_to}", highlight=False)
+                          f"{plan.out_dir / m.original} -> {m.moved_to}", highlight=False, soft_wrap=True)
         models = "; ".join(f"{m.model_name} ({m.model.describe()}, {m.family.optimizer.kind})" for m in plan.models())
         console.print(f"device {plan.device} | model {models} | frameworks {', '.join(r.name for r in plan.runners)} "
                       f"(baseline {plan.runners[0].name}) | out {plan.out_dir}", highlight=False)

@@ -107,6 +107,6 @@ def test_no_room_for_the_init_is_said_before_drawing_it_and_leaves_nothing(tmp_p
     with pytest.raises(WriteError) as info:
         ensure_initial_checkpoint(tmp_path, "gpt2-tiny", FAMILIES["gpt2"], TINY, 42)
     directory = tmp_path / "checkpoints"
-    assert str(info.value) == (f"{directory}: no space left on device for the llm.c init of gpt2-tiny (seed 42): "
-                               f"it needs {fsutil.format_bytes(size)}, 5 MB are free")
+    assert str(info.value) == (f"{directory / CACHED_NAME}: no space left on device for the llm.c init of gpt2-tiny "
+                               f"(seed 42): it needs {fsutil.format_bytes(size)}, {directory} has 5 MB free")
     assert not (directory / CACHED_NAME).exists() and not [p for p in directory.iterdir() if p.suffix != ".lock"]

@@ -15,7 +15,8 @@ def add_parser(subparsers) -> None:
         "report", help="write report.html and report.md for a run directory",
         description="Write RUN_DIR/report.html (self-contained, plots embedded) and RUN_DIR/report.md "
                     "(plots in RUN_DIR/report_files/): loss curves, |Δloss| against the threshold, tok/s, "
-                    "the verdict table and the run's metadata.")
+                    "the verdict table and the run's metadata. Exits 1 when a file of the run cannot be read or "
+                    "is not a lockstep record (each named; the report of the rest is still written).")
     p.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="output directory of `lockstep run`")
     p.add_argument("--baseline", default="pytorch", metavar="FRAMEWORK",
                    help="framework the others are compared with (default pytorch)")

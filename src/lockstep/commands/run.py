@@ -56,7 +56,8 @@ def add_parser(sub) -> None:
     add_junit_argument(p)
     add_history_arguments(p)
     p.add_argument("--force", action="store_true",
-                   help="write into a non-empty --out that is not a lockstep run directory (its files are kept)")
+                   help="write into a non-empty --out that is not a lockstep run directory: what has lockstep's "
+                        "names there is moved aside (<name>.moved-by-lockstep-<UTC time>), nothing is deleted")
     p.add_argument("--oversubscribe", action="store_true",
                    help="CPU: run cases with more ranks than cores anyway (gloo, 1 torch thread per rank; slow)")
     p.add_argument("--no-persistent-workers", action="store_true",

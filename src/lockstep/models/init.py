@@ -235,5 +235,5 @@ def write_initial_checkpoint(path: str | os.PathLike, family: ModelFamily, confi
                              bf16: bool = False, what: str = "llm.c init checkpoint") -> None:
     """Write llm.c's init for `config` and `seed` as the family's LLMC checkpoint, atomically.
     A filesystem without room for it is refused before the (minutes of) drawing, not after."""
-    check_free_space(Path(path).absolute().parent, family.layout(config, bf16).file_size, what)
+    check_free_space(Path(path).absolute().parent, family.layout(config, bf16).file_size, what, path=path)
     family.write(path, config, init_tensors(config, family.init_rule(config), seed), bf16=bf16)

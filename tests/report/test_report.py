@@ -90,3 +90,18 @@ def test_report_of_a_run_with_unreadable_records_is_written_but_exits_1_naming_e
     assert md.startswith("# lockstep report: run\n\n**INCOMPLETE: 2 file(s) of this run could not be read")
     assert str(junk) in md and "| infinitrain | gpt2_1 |" in md
     assert "INCOMPLETE: 2 file(s)" in (run / "report.html").read_text()
+
+
+def test_a_report_html_lockstep_did_not_write_is_never_overwritten(tmp_path, capsys):
+    run = make_run(tmp_path / "run")
+    mine = run / "report.html"
+    mine.write_text("<html><title>my lab notes</title></html>")
+    assert main(["report", str(run), "--no-history"]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"lockstep: error: {mine}: exists and was not written by lockstep; lockstep does not overwrite it: "
+                   "move it away, or report into a directory of lockstep's\n")
+    assert mine.read_text() == "<html><title>my lab notes</title></html>"
+    assert not (run / "report.md").exists() and not (run / "report_files").exists()  # nothing written
+    mine.unlink()
+    assert main(["report", str(run), "--no-history"]) == 0
+    assert main(["report", str(run), "--no-history"]) == 0  # its own report: rewritten

@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 
 from lockstep.compare import CompareOptions
-from lockstep.fsutil import atomic_write
+from lockstep.errors import FormatError
+from lockstep.fsutil import atomic_write, read_head
 from lockstep.outdir import RUN_OUTPUT_DIRS, report_image_name
 from lockstep.report.data import ReportData, gather
 from lockstep.report.html import render_html
@@ -23,6 +24,22 @@ MARKDOWN_NAME = "report.md"
 IMAGES_DIR = RUN_OUTPUT_DIRS[0]  # report_files/, which a later run clears of the plots it knows
 
 
+# How lockstep's reports begin: a file of that name that does not is someone else's.
+HTML_MARK = "<title>lockstep report: "
+MARKDOWN_MARK = "# lockstep report: "
+
+
+def refuse_to_overwrite_foreign(path: Path, mark: str) -> None:
+    """`lockstep report DIR` may be pointed at any directory: a report.html there that lockstep did
+    not write is refused (before anything is written), never overwritten."""
+    if not os.path.lexists(path):
+        return
+    head = read_head(path, 4096, "report").decode("utf-8", errors="replace")
+    if mark not in head:
+        raise FormatError(path, "exists and was not written by lockstep; lockstep does not overwrite it: move it "
+                                "away, or report into a directory of lockstep's")
+
+
 def write_report(run_dir: str | os.PathLike, baseline_framework: str = "pytorch",
                  options: CompareOptions | None = None,
                  history_path: str | os.PathLike | None = None, data: ReportData | None = None) -> tuple[Path, Path]:
@@ -32,6 +49,9 @@ def write_report(run_dir: str | os.PathLike, baseline_framework: str = "pytorch"
     if data is None:
         data = gather(run_dir, baseline_framework, options)
     run_dir = Path(run_dir)
+    html_path, md_path = run_dir / HTML_NAME, run_dir / MARKDOWN_NAME
+    for path, mark in ((html_path, HTML_MARK), (md_path, MARKDOWN_MARK)):
+        refuse_to_overwrite_foreign(path, mark)
     images = {case: case_figure_png(data, case) for case in data.cases if data.records.get(case)}
     image_paths = {}
     for case, png in images.items():
@@ -39,7 +59,6 @@ def write_report(run_dir: str | os.PathLike, baseline_framework: str = "pytorch"
         with atomic_write(run_dir / rel, "wb", what="report plot") as f:
             f.write(png)
         image_paths[case] = rel
-    html_path, md_path = run_dir / HTML_NAME, run_dir / MARKDOWN_NAME
     with atomic_write(html_path, "w", what="HTML report") as f:
         f.write(render_html(data, images, history_trends(data, history_path)))
     with atomic_write(md_path, "w", what="Markdown report") as f:

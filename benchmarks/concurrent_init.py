@@ -89,6 +89,7 @@ def main() -> int:
         print(json.dumps(child(args.cache, args.model, args.seed)))
         return 0
 
+    commit = git_commit()  # of the code the two processes run, taken before they start
     cache = args.cache or Path(tempfile.mkdtemp(prefix="lockstep-concurrent-init-"))
     from lockstep.models import family, model_shape
 
@@ -112,7 +113,7 @@ def main() -> int:
         r["started_after_s"] = round(r.pop("started") - started, 2)
     report = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "lockstep_commit": git_commit(), "machine": machine(), "model": args.model, "seed": args.seed,
+        "lockstep_commit": commit, "machine": machine(), "model": args.model, "seed": args.seed,
         "file": str(path), "expected_size": expected_size, "wall_s": round(wall, 2), "processes": results,
         "stderr": stderr, "files_beside": beside,
         "one_writer": sorted(r["writes"] for r in results) == [0, 1],

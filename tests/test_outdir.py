@@ -1,28 +1,39 @@
-"""The run directory: refused when unusable or someone else's, locked for one run at a time,
-cleared only under the lock, and marked running / finished / interrupted in run.json."""
+"""The run directory: refused when unusable or someone else's (by run.json's schema marker, not
+by its name), locked for one run at a time, cleared only under the lock and only of what lockstep
+wrote, marked running / finished / interrupted in run.json; nothing it did not write is deleted."""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from lockstep.outdir import (LOCK_NAME, STATUS_FINISHED, OutDirError, check_out_dir, open_run_dir)
+from lockstep.outdir import (LOCK_NAME, RUN_SCHEMA, STATUS_FINISHED, OutDirError, check_out_dir, open_run_dir)
 
-FRAMEWORKS = ["pytorch", "megatron"]
+FRAMEWORKS = ["pytorch", "megatron", "repeats"]
+MOVED = r"\.moved-by-lockstep-\d{8}T\d{6}Z"
 
 
 def lockstep_run_dir(path: Path) -> Path:
-    """A directory as an earlier `lockstep run` left it."""
+    """A directory as an earlier `lockstep run` of case gpt2_1 on pytorch left it."""
     (path / "pytorch").mkdir(parents=True)
     (path / "pytorch" / "gpt2_1.jsonl").write_text('{"type": "meta"}\n')
-    (path / "run.json").write_text('{"status": "finished"}\n')
+    (path / "pytorch" / "gpt2_1.log").write_text("step 1\n")
+    (path / "run.json").write_text(json.dumps({"schema": RUN_SCHEMA, "status": "finished", "frameworks": ["pytorch"],
+                                               "cases": [{"name": "gpt2_1"}]}))
     (path / "summary.json").write_text('{"passed": true}\n')
     (path / "report_files").mkdir()
+    (path / "report_files" / "gpt2_1.png").write_bytes(b"png")
     return path
+
+
+def tree(path: Path) -> dict[str, str]:
+    """Every file under `path` -> its content (what must survive)."""
+    return {str(p.relative_to(path)): p.read_text() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
 def test_out_that_is_a_file_is_one_sentence(tmp_path):
@@ -72,7 +83,67 @@ def test_foreign_files_are_refused_unless_forced_and_are_never_removed(tmp_path)
     with open_run_dir(out, FRAMEWORKS, {"cases": []}, force=True) as rd:
         rd.mark(STATUS_FINISHED)
     assert (out / "thesis.tex").read_text() == "keep me"
-    assert json.loads((out / "run.json").read_text())["status"] == "finished"
+    # The folder named like lockstep's is moved aside whole, never merged into or cleared.
+    [moved] = rd.moved_aside
+    assert moved.original == "pytorch" and re.fullmatch("pytorch" + MOVED, moved.moved_to)
+    assert (out / moved.moved_to / "notes.txt").read_text() == "mine" and not (out / "pytorch").exists()
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["status"] == "finished" and manifest["schema"] == RUN_SCHEMA
+    assert manifest["moved_aside"] == [{"from": "pytorch", "to": moved.moved_to}]
+
+
+@pytest.mark.parametrize("content, why", [
+    ('{"tool": "trainer-x", "status": "finished"}', r'its run.json was not written by lockstep \(it has no "schema": '
+                                                    r'"lockstep.run/1"\)'),
+    ("epochs: 3\n", "its run.json is not JSON, so lockstep did not write it"),
+    ('{"schema": "lockstep.run/9"}', r"its run.json is of another lockstep version \(lockstep.run/9; this one reads"),
+])
+def test_another_tools_run_json_makes_a_foreign_dir(tmp_path, content, why):
+    """The issue's case: a folder holding a run.json and a pytorch/ of someone else's."""
+    out = tmp_path / "o"
+    (out / "pytorch").mkdir(parents=True)
+    (out / "pytorch" / "model.pt").write_text("weights")
+    (out / "run.json").write_text(content)
+    before = tree(out)
+    with pytest.raises(OutDirError, match=rf"not empty \(pytorch, run.json\) and was not written by lockstep run: "
+                                          rf"{why}.*--force \(lockstep then moves what is in its way aside"):
+        check_out_dir(out)
+    with pytest.raises(OutDirError):
+        open_run_dir(out, FRAMEWORKS, {})
+    assert tree(out) == before and not (out / LOCK_NAME).exists()
+
+    with open_run_dir(out, FRAMEWORKS, {"cases": [{"name": "gpt2_1"}]}, force=True) as rd:
+        rd.mark(STATUS_FINISHED)
+    moved = {m.original: m.moved_to for m in rd.moved_aside}
+    assert sorted(moved) == ["pytorch", "run.json"]
+    assert (out / moved["run.json"]).read_text() == content  # not overwritten
+    assert (out / moved["pytorch"] / "model.pt").read_text() == "weights"  # not deleted
+    assert json.loads((out / "run.json").read_text())["schema"] == RUN_SCHEMA
+    # Now it is lockstep's: the next run needs no --force and moves nothing more.
+    with open_run_dir(out, FRAMEWORKS, {"cases": []}) as again:
+        assert again.moved_aside == []
+    assert (out / moved["pytorch"] / "model.pt").read_text() == "weights"
+
+
+def test_reusing_its_own_dir_removes_only_what_the_earlier_run_wrote(tmp_path):
+    out = lockstep_run_dir(tmp_path / "o")
+    (out / "pytorch" / "notes.txt").write_text("the user's")  # kept where it is
+    (out / "pytorch" / "old_case.jsonl").write_text("{}")  # not the earlier run's: would be read as a record
+    (out / "repeats" / "2" / "pytorch").mkdir(parents=True)
+    (out / "repeats" / "2" / "pytorch" / "gpt2_1.jsonl").write_text("{}")  # the earlier run's repeat 2
+    (out / "report_files" / "gpt2_2.png").write_bytes(b"user's plot")  # this run's gpt2_2 would overwrite it
+    with open_run_dir(out, FRAMEWORKS, {"cases": [{"name": "gpt2_1"}, {"name": "gpt2_2"}]}) as rd:
+        moved = {m.original: m.moved_to for m in rd.moved_aside}
+        assert sorted(moved) == ["pytorch/old_case.jsonl", "report_files/gpt2_2.png"]
+        assert all(re.fullmatch(re.escape(k) + MOVED, v) for k, v in moved.items())
+        left = tree(out)
+        assert left.pop("pytorch/notes.txt") == "the user's"
+        assert left.pop(moved["pytorch/old_case.jsonl"]) == "{}"
+        assert left.pop(moved["report_files/gpt2_2.png"]) == "user's plot"
+        assert sorted(left) == [LOCK_NAME, "run.json"]  # summary, reports, records and repeats went
+        assert not (out / "repeats").exists()  # emptied, and it was lockstep's
+        assert json.loads((out / "run.json").read_text())["moved_aside"] == [
+            {"from": k, "to": v} for k, v in moved.items()]
 
 
 def test_a_held_lock_refuses_the_second_run_and_touches_nothing(tmp_path):

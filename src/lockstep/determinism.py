@@ -135,7 +135,7 @@ def add_to_summary(summary_path: str | os.PathLike, report: DeterminismReport) -
     summary_path = Path(summary_path)
     summary = json.loads(summary_path.read_text())
     summary["determinism"] = report.to_json()
-    with atomic_write(summary_path, "w") as f:
+    with atomic_write(summary_path, "w", what="run summary") as f:
         json.dump(summary, f, indent=2, allow_nan=True)
         f.write("\n")
     return summary

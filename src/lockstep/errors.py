@@ -18,6 +18,12 @@ class FormatError(LockstepError):
         super().__init__(f"{self.path}: {problem}")
 
 
+class WriteError(FormatError):
+    """A file could not be written: no space left, a file-size limit, no permission. The message
+    names the file and the reason in words. A FormatError, so that every caller that already
+    reports a bad file by its path reports a failed write the same way."""
+
+
 class CaseError(LockstepError):
     """A case cannot run as specified (impossible batch split, too few tokens, ...)."""
 

@@ -1,6 +1,12 @@
 """File access in one place: reads that turn every I/O and decoding error into a FormatError
-naming the file, and atomic writes (a reader never sees a half-written file under its final
-name) whose failures (read-only directory, disk full, a directory in the way) do the same.
+naming the file, and writes whose every failure is a WriteError naming the file and the reason
+in words ("no space left on device", "file too large", "permission denied").
+
+Writes are atomic (written aside, renamed into place only when complete): a file lockstep failed
+to write never exists under its final name. A file that more than one lockstep process may make
+at once (a cached checkpoint) is made by one of them under a lock while the others wait and
+reuse it (`write_once`). What lockstep finds in its way and did not write is moved aside, never
+deleted (`move_aside`).
 
 Only regular files are read: opening a FIFO would block forever and a device may never end, so
 both are refused before anything is read from them.
@@ -9,22 +15,109 @@ both are refused before anything is read from them.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
+import itertools
 import os
+import resource
 import stat
 import tempfile
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Callable, Iterator
 
-from lockstep.errors import FormatError
+from lockstep.errors import FormatError, WriteError
+
+# The reasons the user reads, fixed here: the C library's strerror may be translated by the
+# locale, and says "operation not permitted" for EPERM where the user needs "permission denied".
+_REASONS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EROFS: "read-only file system",
+    errno.EIO: "input/output error",
+    errno.ENOENT: "no such file or directory",
+    errno.ENOTDIR: "not a directory",
+    errno.EISDIR: "is a directory",
+    errno.ENAMETOOLONG: "file name too long",
+    errno.EMFILE: "too many open files",
+}
+
+# Below this much free space a failed write is put down to a full disk (write_failure_hint).
+NEARLY_FULL_BYTES = 1 << 20
+
+# What lockstep appends to the name of something it found in its way and moved aside.
+MOVED_ASIDE_MARK = ".moved-by-lockstep-"
 
 
 def os_problem(e: OSError) -> str:
     """An OSError as the end of a sentence: "permission denied", "no space left on device"."""
+    if e.errno in _REASONS:
+        return _REASONS[e.errno]
     if isinstance(e, PermissionError):
         return "permission denied"
     text = e.strerror or (os.strerror(e.errno) if e.errno else str(e))
     return (text or type(e).__name__).lower()
+
+
+def write_error(path: str | os.PathLike, e: OSError, what: str = "file") -> WriteError:
+    """The one sentence every failed write of lockstep's ends in: the path, what it was, and why."""
+    return WriteError(path, f"cannot write the {what}: {os_problem(e)}")
+
+
+def os_error_sentence(e: OSError) -> str:
+    """An OSError of unknown origin as a sentence naming its file where it has one."""
+    where = f"{e.filename}: " if e.filename else ""
+    return f"{where}{os_problem(e)}"
+
+
+def format_bytes(n: int) -> str:
+    """1,234,567,890 -> "1.23 GB" (decimal units, as disks are sold and `df -H` shows them)."""
+    for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def free_bytes(directory: str | os.PathLike) -> int | None:
+    """Bytes an unprivileged writer may still use on the filesystem holding `directory` (or its
+    nearest existing ancestor); None when the filesystem does not say."""
+    p = Path(directory).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def write_failure_hint(directory: str | os.PathLike) -> str | None:
+    """The likely reason a write into `directory` failed when the failing code could not say (SQLite's
+    "disk I/O error", a file found cut short): "no space left on device (...)" when the filesystem is
+    (nearly) full, "file too large (...)" when this process has a file-size limit; else None."""
+    free = free_bytes(directory)
+    if free is not None and free < NEARLY_FULL_BYTES:
+        return f"no space left on device ({format_bytes(free)} free on the filesystem holding {directory})"
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != resource.RLIM_INFINITY:
+        return f"file too large (this process may write files of at most {format_bytes(soft)})"
+    return None
+
+
+def check_free_space(directory: str | os.PathLike, need_bytes: int, what: str,
+                     path: str | os.PathLike | None = None) -> None:
+    """Refuse, before any work, a write of `need_bytes` that the filesystem holding `directory`
+    has no room for: one sentence naming the directory (or the file `path` about to be written
+    there), what was to be written, how much it needs and how much is free, rather than a full
+    disk after minutes of work."""
+    free = free_bytes(directory)
+    if free is not None and free < need_bytes:
+        room = f"{directory} has {format_bytes(free)} free" if path is not None else f"{format_bytes(free)} are free"
+        raise WriteError(path if path is not None else directory,
+                         f"no space left on device for the {what}: it needs {format_bytes(need_bytes)}, {room}")
 
 
 def regular_file_size(path: str | os.PathLike, what: str = "file") -> int:
@@ -111,24 +204,29 @@ def prepare_output_file(path: str | os.PathLike, what: str = "file") -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise FormatError(path, f"cannot write the {what}: {os_problem(e)}") from None
+        raise write_error(path, e, what) from None
     if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise FormatError(path, f"cannot write the {what}: {path.parent} is not writable")
+        raise WriteError(path, f"cannot write the {what}: permission denied ({path.parent} is not writable)")
     return path
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "wb", what: str = "file") -> Iterator[IO]:
+def atomic_write(path: str | os.PathLike, mode: str = "wb", what: str = "file",
+                 size: int | None = None) -> Iterator[IO]:
     """Write to a temporary file beside `path` and rename it into place only on success.
 
     Every OSError on the way (a parent that cannot be made, a read-only directory, a full disk
-    while writing, a directory in the way of the rename) becomes a FormatError naming `path`."""
+    or a file-size limit while writing, a directory in the way of the rename) becomes a
+    WriteError naming `path` and the reason; the temporary file is removed. With `size` (the
+    bytes about to be written) a filesystem without room for them is refused before writing."""
     path = check_writable_target(path, what)
+    if size is not None:
+        check_free_space(path.parent, size, what, path=path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
-        raise FormatError(path, f"cannot write the {what}: {os_problem(e)}") from None
+        raise write_error(path, e, what) from None
     try:
         with os.fdopen(fd, mode) as f:
             yield f
@@ -141,8 +239,109 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", what: str = "file") 
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(e, OSError):
-            raise FormatError(path, f"cannot write the {what}: {os_problem(e)}") from None
+            raise write_error(path, e, what) from None
         raise
+
+
+class NamedWrites:
+    """A text file being streamed (a native log) whose failed writes say which file and why,
+    as a WriteError, instead of a bare "[Errno 27] File too large" from deep in a training loop."""
+
+    def __init__(self, f: IO, path: str | os.PathLike, what: str):
+        self._f, self.path, self.what = f, Path(path), what
+
+    def write(self, text: str) -> int:
+        try:
+            return self._f.write(text)
+        except OSError as e:
+            raise write_error(self.path, e, self.what) from None
+
+    def flush(self) -> None:
+        try:
+            self._f.flush()
+        except OSError as e:
+            raise write_error(self.path, e, self.what) from None
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+@contextlib.contextmanager
+def open_for_streaming(path: str | os.PathLike, what: str = "log") -> Iterator[NamedWrites]:
+    """Open a text file that is written while something runs (so it cannot be written aside):
+    every failure to open, write or close it is a WriteError naming it."""
+    path = Path(path)
+    try:
+        f = open(path, "w")
+    except OSError as e:
+        raise write_error(path, e, what) from None
+    try:
+        yield NamedWrites(f, path, what)
+    finally:
+        try:
+            f.close()
+        except OSError as e:
+            raise write_error(path, e, what) from None
+
+
+def move_aside(path: str | os.PathLike, stamp: str) -> Path:
+    """Rename `path` (a file or a directory lockstep did not write, in the way of one it will) to
+    `<name>.moved-by-lockstep-<stamp>` beside it, never over anything that exists; returns the
+    new path. Nothing is deleted."""
+    path = Path(path)
+    for i in itertools.count(1):
+        target = path.with_name(f"{path.name}{MOVED_ASIDE_MARK}{stamp}" + (f"-{i}" if i > 1 else ""))
+        if not os.path.lexists(target):
+            break
+    try:
+        os.rename(path, target)
+    except OSError as e:
+        raise WriteError(path, f"cannot move it aside to {target.name}: {os_problem(e)}") from None
+    return target
+
+
+def lock_path_for(path: str | os.PathLike) -> Path:
+    """The lock file that guards the making of `path`: a hidden sibling, `.<name>.lock`."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.lock")
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: str | os.PathLike, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on `lock_path` for the block, across processes. When another process
+    holds it, `on_wait` is called once and this one waits (a signal still interrupts the wait).
+    The lock file stays: removing it would race with a process that is just opening it."""
+    lock_path = Path(lock_path)
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as e:
+        raise write_error(lock_path, e, "lock file") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def write_once(path: str | os.PathLike, is_complete: Callable[[Path], bool], write: Callable[[Path], None],
+               on_wait: Callable[[], None] | None = None) -> bool:
+    """Make `path` with `write` (which must write atomically) unless `is_complete` says a good one
+    is there; when several processes need it at once, one writes while the others wait on its
+    lock file and then reuse what it wrote. Returns True when this process wrote it."""
+    path = Path(path)
+    if is_complete(path):
+        return False
+    with exclusive_lock(lock_path_for(path), on_wait):
+        if is_complete(path):  # another process made it while this one waited
+            return False
+        write(path)
+        return True
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:

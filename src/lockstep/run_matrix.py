@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -26,7 +27,7 @@ from lockstep.errors import CaseError, FormatError, LockstepError
 from lockstep.formats import llmc
 from lockstep.formats.run_record import RunRecord, StepRecord
 from lockstep.formats.tokens import read_token_stream
-from lockstep.fsutil import sha256_file
+from lockstep.fsutil import sha256_file, write_once
 from lockstep.models import CPU_SHAPES, family, model_shape, read_checkpoint_layout
 from lockstep.runners import get_runner
 from lockstep.runners.base import FrameworkRunner, RunInputs, available_devices, device_shortage
@@ -350,18 +351,32 @@ def runner_options(name: str, req: RunRequest) -> dict:
     return {}
 
 
-def ensure_initial_checkpoint(cache: Path, model_name: str, fam, config, seed: int) -> Path:
+def ensure_initial_checkpoint(cache: Path, model_name: str, fam, config, seed: int,
+                              on_wait: Callable[[Path], None] | None = None) -> Path:
+    """The cached llm.c init of a shape and seed, written once. Several lockstep processes may
+    need it at once (CI jobs sharing a cache): one writes it (aside, then renamed) while the
+    others wait on its lock file, then reuse it unwritten; none ever sees a torn file."""
     from lockstep.models.init import INIT_SCHEME, write_initial_checkpoint
 
     path = cache / "checkpoints" / f"{model_name}_llmc_init_seed{seed}_{INIT_SCHEME}.bin"
-    if path.is_file():
+
+    def is_complete(p: Path) -> bool:
+        if not p.is_file():
+            return False
         try:
-            if fam.read_layout(path).config == config:
-                return path
+            return fam.read_layout(p).config == config
         except LockstepError:
-            pass  # a damaged cache entry is rewritten below
-    write_initial_checkpoint(path, fam, config, seed)
+            return False  # a damaged cache entry (e.g. left by an older lockstep) is rewritten
+
+    what = f"llm.c init of {model_name} (seed {seed})"
+    write_once(path, is_complete, lambda p: write_initial_checkpoint(p, fam, config, seed, what=what),
+               on_wait=lambda: (on_wait or say_waiting)(path))
     return path
+
+
+def say_waiting(path: Path) -> None:
+    """Said at once (not among the plan's notes): a wait of minutes must not look like a hang."""
+    print(f"waiting for another lockstep writing {path}", file=sys.stderr, flush=True)
 
 
 def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None = None,

@@ -90,7 +90,7 @@ def test_unwritable_location(capsys, tmp_path):
     blocker.write_bytes(b"")
     rc, _, err = init_checkpoint(capsys, "--model", "gpt2-tiny", "--out", str(blocker / "x.bin"))
     assert rc == 1 and "Traceback" not in err
-    assert err == f"lockstep: error: {blocker / 'x.bin'}: cannot write the file: {blocker} is not a directory\n"
+    assert err == f"lockstep: error: {blocker / 'x.bin'}: cannot write the LLMC checkpoint: {blocker} is not a directory\n"
 
 
 @pytest.mark.parametrize("argv", [

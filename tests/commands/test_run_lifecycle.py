@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -50,14 +51,21 @@ def test_the_run_ends_with_the_verdict_and_where_everything_is(capsys, tmp_path,
                        f"summary: {out_dir / 'summary.json'} | run: {out_dir / 'run.json'}")
     assert json.loads((out_dir / "run.json").read_text())["status"] == "finished"
 
-    # The same directory again: the earlier run's outputs go, the new run's come.
+    # The same directory again: the earlier run's outputs go, the new run's come; a record-like file
+    # the earlier run did not write is moved out of the way (said), a user's other file stays.
     (out_dir / "pytorch" / "stale.jsonl").write_text("{}")
+    (out_dir / "pytorch" / "notes.txt").write_text("mine")
     rc, out, err = run_cli(capsys, "--cases", "gpt2_1", "--frameworks", "pytorch", "--steps", "1",
                            "--llmc", str(tiny_checkpoint), "--data", str(tiny_shakespeare_train),
                            "--device", "cpu", "--out", str(out_dir), "--no-report")
     assert rc == 0, err
-    assert sorted(p.name for p in (out_dir / "pytorch").iterdir()) == ["gpt2_1.jsonl", "gpt2_1.log"]
-    assert not (out_dir / "report.html").exists()
+    names = sorted(p.name for p in (out_dir / "pytorch").iterdir())
+    assert names[:3] == ["gpt2_1.jsonl", "gpt2_1.log", "notes.txt"] and len(names) == 4
+    assert re.fullmatch(r"stale\.jsonl\.moved-by-lockstep-\d{8}T\d{6}Z", names[3])
+    assert (out_dir / "pytorch" / names[3]).read_text() == "{}"
+    assert f"moved aside (not written by lockstep, in the way of its outputs): {out_dir / 'pytorch' / 'stale.jsonl'} " \
+           f"-> pytorch/{names[3]}" in out
+    assert not (out_dir / "report.html").exists() and not (out_dir / "report_files").exists()
 
 
 def outcome(case: str, framework: str, ok: bool = True, skipped: str | None = None) -> CaseOutcome:
@@ -137,3 +145,31 @@ def test_force_writes_into_a_foreign_directory_and_keeps_its_files(capsys, tmp_p
                            "--device", "cpu", "--out", str(out_dir), "--no-report")
     assert rc == 0, err
     assert (out_dir / "thesis.tex").read_text() == "keep me" and (out_dir / "pytorch" / "gpt2_1.jsonl").is_file()
+
+
+def test_another_tools_folder_is_refused_and_with_force_moved_aside_not_deleted(capsys, tmp_path, tiny_checkpoint,
+                                                                                tiny_shakespeare_train):
+    """Issue 26: a folder holding another tool's run.json and a pytorch/ lost pytorch/model.pt."""
+    out_dir = tmp_path / "o"
+    (out_dir / "pytorch").mkdir(parents=True)
+    (out_dir / "pytorch" / "model.pt").write_text("weights")
+    (out_dir / "run.json").write_text('{"tool": "trainer-x", "epochs": 3}')
+    args = ["--cases", "gpt2_1", "--frameworks", "pytorch", "--steps", "1", "--llmc", str(tiny_checkpoint),
+            "--data", str(tiny_shakespeare_train), "--device", "cpu", "--out", str(out_dir), "--no-report"]
+    rc, out, err = run_cli(capsys, *args)
+    assert rc == 1 and out == ""
+    assert err == (f"lockstep: error: {out_dir}: output directory is not empty (pytorch, run.json) and was not written "
+                   'by lockstep run: its run.json was not written by lockstep (it has no "schema": "lockstep.run/1"); '
+                   "choose another --out, empty it, or pass --force (lockstep then moves what is in its way aside, "
+                   "and deletes nothing)\n")
+    assert sorted(p.name for p in out_dir.rglob("*")) == ["model.pt", "pytorch", "run.json"]
+
+    rc, out, err = run_cli(capsys, *args, "--force")
+    assert rc == 0, err
+    manifest = json.loads((out_dir / "run.json").read_text())
+    moved = {m["from"]: m["to"] for m in manifest["moved_aside"]}
+    assert sorted(moved) == ["pytorch", "run.json"] and manifest["schema"] == "lockstep.run/1"
+    assert (out_dir / moved["pytorch"] / "model.pt").read_text() == "weights"
+    assert (out_dir / moved["run.json"]).read_text() == '{"tool": "trainer-x", "epochs": 3}'
+    for name, to in moved.items():
+        assert f"{out_dir / name} -> {to}" in out

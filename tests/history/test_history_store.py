@@ -4,8 +4,12 @@ writers, and a damaged database file."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sqlite3
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +18,8 @@ from lockstep.errors import LockstepError
 from lockstep.history import HistoryStore, ResultRow, RunRow, diff_runs, run_from_summary, trend
 
 from history_runs import BASE_LOSSES, make_run
+
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 @pytest.fixture
@@ -143,3 +149,35 @@ def test_a_run_that_cannot_be_added_leaves_nothing_behind(history_file):
     assert [r.run_id for r in store.runs()] == ["w0-0"]
     with sqlite3.connect(history_file) as conn:
         assert conn.execute("SELECT COUNT(*) FROM results WHERE run_id = 'broken'").fetchone() == (0,)
+
+
+# Appends a run too big for RLIMIT_FSIZE (a full disk or a quota, without filling this machine's).
+APPEND_UNDER_LIMIT = """
+import resource, sys
+from lockstep.errors import LockstepError
+from lockstep.history import HistoryStore, ResultRow, RunRow
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+big = [ResultRow(f"case{c}", "pytorch", "baseline", losses=[0.5] * 2000) for c in range(40)]
+try:
+    HistoryStore(sys.argv[1]).append(RunRow("big", "2026-12-01T00:00:00+00:00", "run", "src", results=big))
+except LockstepError as e:
+    print(e)
+"""
+
+
+def test_a_history_write_cut_by_a_file_size_limit_says_so_and_keeps_the_file_whole(history_file):
+    _append_runs(str(history_file), 0, 1)
+    proc = subprocess.run([sys.executable, "-c", APPEND_UNDER_LIMIT, str(history_file)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == (f"{history_file}: cannot write the history database: file too large (this "
+                                   "process may write files of at most 200 kB)")
+    store = HistoryStore(history_file)
+    assert [r.run_id for r in store.runs()] == ["w0-0"] and store.integrity_check() == "ok"
+
+
+def test_a_full_disk_under_sqlite_is_no_space_not_a_damaged_file(history_file):
+    full = sqlite3.OperationalError("database or disk is full")
+    full.sqlite_errorname = "SQLITE_FULL"  # what SQLite sets when write() fails with ENOSPC
+    assert str(HistoryStore(history_file)._problem(full)) == (
+        f"{history_file}: cannot write the history database: no space left on device")

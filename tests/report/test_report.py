@@ -69,3 +69,39 @@ def test_report_cli_unknown_baseline_is_an_error_without_traceback(tmp_path, cap
     err = capsys.readouterr().err
     assert "nope" in err and "Traceback" not in err
     assert main(["report", str(tmp_path / "nowhere")]) == 2
+
+
+def test_report_of_a_run_with_unreadable_records_is_written_but_exits_1_naming_each(tmp_path, capsys):
+    run = make_run(tmp_path / "run")
+    junk = run / "pytorch" / "notes.jsonl"
+    junk.write_text('{"tool": "another tool"}\n')  # JSON lines, but no lockstep record
+    cut = run / "megatron" / "gpt2_2.jsonl"
+    cut.write_bytes(b'{"type": "meta", "caf\xe9')  # not UTF-8
+    assert main(["report", str(run), "--no-history"]) == 1
+    out, err = capsys.readouterr()
+    assert "wrote " + str(run / "report.html") in out  # the rest is still reported
+    lines = err.strip().splitlines()
+    assert lines[0] == (f"lockstep report: error: {cut}: is not UTF-8 text: byte 0xe9 at offset 21 (line 1) "
+                        "cannot be decoded; is it a run record?")
+    assert lines[1].startswith(f"lockstep report: error: {junk}: not a lockstep run record")
+    assert lines[2] == (f"lockstep report: the report is incomplete: 2 file(s) of {run} could not be read or are not "
+                        "lockstep records (listed above and under Problems in the report)")
+    md = (run / "report.md").read_text()
+    assert md.startswith("# lockstep report: run\n\n**INCOMPLETE: 2 file(s) of this run could not be read")
+    assert str(junk) in md and "| infinitrain | gpt2_1 |" in md
+    assert "INCOMPLETE: 2 file(s)" in (run / "report.html").read_text()
+
+
+def test_a_report_html_lockstep_did_not_write_is_never_overwritten(tmp_path, capsys):
+    run = make_run(tmp_path / "run")
+    mine = run / "report.html"
+    mine.write_text("<html><title>my lab notes</title></html>")
+    assert main(["report", str(run), "--no-history"]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"lockstep: error: {mine}: exists and was not written by lockstep; lockstep does not overwrite it: "
+                   "move it away, or report into a directory of lockstep's\n")
+    assert mine.read_text() == "<html><title>my lab notes</title></html>"
+    assert not (run / "report.md").exists() and not (run / "report_files").exists()  # nothing written
+    mine.unlink()
+    assert main(["report", str(run), "--no-history"]) == 0
+    assert main(["report", str(run), "--no-history"]) == 0  # its own report: rewritten

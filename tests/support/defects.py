@@ -21,7 +21,7 @@ The defects are the ones issue 16's audit found hidden under the contract's lr 1
   input gradient over TP ranks (each rank back-propagates only its slice);
 - megatron_layernorm_bias_grad_5pct: every LayerNorm bias gradient in megatron's workers is 5% too
   large -- the InfiniTrain CPU defect build's fault, which the loss at the contract's lr hides and
-  the step-1 certificate must name.
+  the step-1 certificate must name;
 - megatron_batched_p2p: the megatron runner's pipeline p2p batched for every layout, as it was
   on CUDA before issue 22 (with PP=2 and VPP, megatron-core then swaps activations and gradients
   in the interleaved schedule's two-way exchanges).

@@ -83,7 +83,7 @@ def run_trend(store: HistoryStore, args: argparse.Namespace, console: Console) -
     console.print(t)
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{args.case}_{args.framework}")
     png_path = args.png or Path(f"trend_{safe}.png")
-    with atomic_write(png_path, "wb") as f:
+    with atomic_write(png_path, "wb", what="trend plot") as f:
         f.write(trend_png(points, f"{args.case} on {args.framework}"))
     console.print(f"plot: {png_path}")
     return 0

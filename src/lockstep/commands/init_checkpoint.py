@@ -12,7 +12,7 @@ from pathlib import Path
 
 from lockstep.commands.arguments import seed_argument
 from lockstep.errors import LockstepError
-from lockstep.fsutil import sha256_file
+from lockstep.fsutil import sha256_file, write_error
 from lockstep.models import SHAPES, family, model_shape
 from lockstep.models.init import write_initial_checkpoint
 
@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         write_initial_checkpoint(out, fam, config, args.seed, bf16=args.bf16)
-    except OSError as e:
-        raise LockstepError(f"cannot write {out}: {e.strerror or e}") from None
+    except OSError as e:  # atomic_write names its own failures; this is anything else on the way
+        raise write_error(out, e, "llm.c init checkpoint") from None
     seconds = time.perf_counter() - started
     size = out.stat().st_size
     if size != layout.file_size:  # cannot happen unless the writer is broken; never hand out such a file

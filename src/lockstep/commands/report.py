@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from lockstep.compare import CompareOptions
-from lockstep.report import write_report
+from lockstep.report import gather, write_report
 
 
 def add_parser(subparsers) -> None:
@@ -15,7 +15,8 @@ def add_parser(subparsers) -> None:
         "report", help="write report.html and report.md for a run directory",
         description="Write RUN_DIR/report.html (self-contained, plots embedded) and RUN_DIR/report.md "
                     "(plots in RUN_DIR/report_files/): loss curves, |Δloss| against the threshold, tok/s, "
-                    "the verdict table and the run's metadata.")
+                    "the verdict table and the run's metadata. Exits 1 when a file of the run cannot be read or "
+                    "is not a lockstep record (each named; the report of the rest is still written).")
     p.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="output directory of `lockstep run`")
     p.add_argument("--baseline", default="pytorch", metavar="FRAMEWORK",
                    help="framework the others are compared with (default pytorch)")
@@ -34,8 +35,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from lockstep.commands.ci_options import history_path
 
-    html_path, md_path = write_report(args.run_dir, args.baseline, CompareOptions(peak_tflops=args.peak_tflops),
-                                      history_path=history_path(args))
+    options = CompareOptions(peak_tflops=args.peak_tflops)
+    data = gather(args.run_dir, args.baseline, options)
+    html_path, md_path = write_report(args.run_dir, args.baseline, options, history_path=history_path(args), data=data)
     print(f"wrote {html_path}")
     print(f"wrote {md_path}")
+    unreadable = data.unreadable_files()
+    if unreadable:
+        # The report of the rest is still worth having; the exit status must not call it whole.
+        for line in unreadable:
+            print(f"lockstep report: error: {line}", file=sys.stderr)
+        print(f"lockstep report: the report is incomplete: {len(unreadable)} file(s) of {args.run_dir} could not be "
+              "read or are not lockstep records (listed above and under Problems in the report)", file=sys.stderr)
+        return 1
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import shutil
 from pathlib import Path
 
@@ -17,8 +18,9 @@ from lockstep.compare.policy import class_of
 from lockstep.compare.throughput import (NOISY_CV, Throughput, format_memory, format_mfu,
                                          format_repeated_tokens_per_s, format_tokens_per_s, throughput_of)
 from lockstep.errors import LockstepError
-from lockstep.outdir import STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
 from lockstep.compare.pairing import EVIDENCE_DIR, STEP1_DIR
+from lockstep.fsutil import os_problem
+from lockstep.outdir import CASE_OUTPUT_SUFFIXES, STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
 from lockstep.run_matrix import (CaseOutcome, RunPlan, RunRequest, certify_outcomes, execute_plan, gather_evidence,
                                  plan_run)
 from lockstep.run_verdict import run_verdict
@@ -59,7 +61,8 @@ def add_parser(sub) -> None:
     add_junit_argument(p)
     add_history_arguments(p)
     p.add_argument("--force", action="store_true",
-                   help="write into a non-empty --out that is not a lockstep run directory (its files are kept)")
+                   help="write into a non-empty --out that is not a lockstep run directory: what has lockstep's "
+                        "names there is moved aside (<name>.moved-by-lockstep-<UTC time>), nothing is deleted")
     p.add_argument("--oversubscribe", action="store_true",
                    help="CPU: run cases with more ranks than cores anyway (gloo, 1 torch thread per rank; slow)")
     p.add_argument("--no-certify", action="store_true",
@@ -97,6 +100,9 @@ def run(args) -> int:
                       force=args.force) as run_dir:
         for note in plan.notes:
             console.print(f"[dim]{note}[/dim]")
+        for m in run_dir.moved_aside:
+            console.print(f"[yellow]moved aside[/yellow] (not written by lockstep, in the way of its outputs): "
+                          f"{plan.out_dir / m.original} -> {m.moved_to}", highlight=False, soft_wrap=True)
         models = "; ".join(f"{m.model_name} ({m.model.describe()}, {m.family.optimizer.kind})" for m in plan.models())
         console.print(f"device {plan.device} | model {models} | frameworks {', '.join(r.name for r in plan.runners)} "
                       f"(baseline {plan.runners[0].name}) | out {plan.out_dir}", highlight=False)
@@ -189,7 +195,7 @@ def run_as_follower(plan: RunPlan, console: Console, repeat: int = 1) -> int:
     """A node other than 0: start this node's ranks of every case in the plan's order; node 0
     writes the records, compares and reports. Its logs go to `<out>/node<R>/`."""
     here = plan.out_dir / f"node{plan.nodes.node_rank}"
-    shutil.rmtree(here, ignore_errors=True)
+    clear_node_logs(here, plan)
     console.print(f"node {plan.nodes.node_rank} of {plan.nodes.nnodes}: training this node's ranks of each case; "
                   f"node 0 writes the records and the report (logs here: {here})", highlight=False)
     outcomes = execute_plan(plan, repeat=repeat)  # the same runs, in the same order, as node 0
@@ -198,6 +204,21 @@ def run_as_follower(plan: RunPlan, console: Console, repeat: int = 1) -> int:
         state = f"skipped ({o.skipped})" if o.skipped else ("ok" if o.record.ok else f"failed: {o.record.error}")
         console.print(f"{o.framework}/{o.case.name}: {state}", highlight=False)
     return 1 if failed else 0
+
+
+def clear_node_logs(node_dir: Path, plan: RunPlan) -> None:
+    """Remove this node's logs of the cases it is about to run (an earlier run's, which a crash
+    before the new log would leave looking current), and nothing else: the directory may be on a
+    shared filesystem, and a file lockstep did not write there is not its to delete."""
+    for runner in plan.runners:
+        for case in plan.cases:
+            for suffix in CASE_OUTPUT_SUFFIXES:
+                path = node_dir / runner.name / f"{case.name}{suffix}"
+                try:
+                    if path.is_file():
+                        path.unlink()
+                except OSError as e:
+                    raise LockstepError(f"{path}: cannot remove the earlier run's log ({os_problem(e)})") from None
 
 
 def run_manifest(plan: RunPlan) -> dict:

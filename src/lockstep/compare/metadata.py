@@ -12,7 +12,7 @@ from lockstep.compare.pairing import DIAGNOSE_DIR, EVIDENCE_DIR, STEP1_DIR
 from lockstep.compare.pairing import RUN_MANIFEST, collect_cases
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import read_run_record
-from lockstep.fsutil import read_text
+from lockstep.fsutil import MOVED_ASIDE_MARK, read_text
 
 # Keys of a record's meta that describe the run rather than the case.
 RUN_KEYS = ("lockstep_version", "lockstep_commit", "device", "device_name", "host", "torch_version",
@@ -28,7 +28,8 @@ def framework_dirs(run_dir: str | os.PathLike) -> list[Path]:
     out = []
     for d in sorted(p for p in run_dir.iterdir() if p.is_dir()):
         # repeats/: `lockstep run --repeat`'s extra runs, which only the determinism check reads.
-        if d.name.startswith((".", "build")) or d.name in ("report_files", "repeats", STEP1_DIR, EVIDENCE_DIR, DIAGNOSE_DIR):
+        if (d.name.startswith((".", "build")) or d.name in ("report_files", "repeats", STEP1_DIR, EVIDENCE_DIR, DIAGNOSE_DIR)
+                or MOVED_ASIDE_MARK in d.name):
             continue
         try:
             tree = collect_cases(d)

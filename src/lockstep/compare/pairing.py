@@ -20,17 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.errors import FormatError
-from lockstep.fsutil import os_problem, read_text
+from lockstep.fsutil import MOVED_ASIDE_MARK, os_problem, read_text
 
 CASE_SUFFIXES = (".jsonl", ".log")
 RUN_MANIFEST = "run.json"  # what `lockstep run` writes at the top of its output directory
-# Names that are never case files (build logs, CTest logs, profiler output, run metadata, our own output).
-IGNORED_FILE_PATTERNS = ("build*", "ctest_*", "*_profile.log", "run_metadata.*", ".*")
+# Names that are never case files (build logs, CTest logs, profiler output, run metadata, our own
+# output, and what `lockstep run --force` moved out of its way: someone else's, never this run's).
+IGNORED_FILE_PATTERNS = ("build*", "ctest_*", "*_profile.log", "run_metadata.*", ".*", f"*{MOVED_ASIDE_MARK}*")
 # Directories of a run dir that hold no framework's records: <out>/step1/<framework>/<case>.npz, the
 # captures the step-1 certificates are made from; <out>/evidence/<case>.fp64.jsonl, the policy's
 # FP64 reference runs; diagnose/, `lockstep diagnose`'s outputs.
 STEP1_DIR, EVIDENCE_DIR, DIAGNOSE_DIR = "step1", "evidence", "diagnose"
-IGNORED_DIR_PATTERNS = ("build*", "report_files", ".*", "__pycache__", STEP1_DIR, EVIDENCE_DIR, DIAGNOSE_DIR)
+IGNORED_DIR_PATTERNS = ("build*", "report_files", ".*", "__pycache__", f"*{MOVED_ASIDE_MARK}*", STEP1_DIR, EVIDENCE_DIR,
+                        DIAGNOSE_DIR)
 
 
 @dataclass(frozen=True)

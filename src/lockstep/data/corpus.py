@@ -151,9 +151,9 @@ def download_tiny_shakespeare(cache_file: Path, fetch: Fetcher = fetch_url,
     corpus = tiny_shakespeare_from_bytes(raw, TINY_SHAKESPEARE_URL,
                                          f"Tiny Shakespeare downloaded from {TINY_SHAKESPEARE_URL}")
     try:
-        with atomic_write(cache_file) as f:
+        with atomic_write(cache_file, what="cached Tiny Shakespeare text") as f:
             f.write(raw)
-    except OSError:
+    except (OSError, LockstepError):  # atomic_write's WriteError: the disk, a limit, permission
         # The cache only saves a download next time; training on the verified text is still right.
         return corpus, ""
     return Corpus(corpus.name, corpus.text, corpus.sha256,

@@ -155,7 +155,7 @@ def write_manifest(prepared: PreparedData) -> None:
                       "sha256": prepared.train_sha256},
         },
     }
-    with atomic_write(prepared.manifest_path, "w") as f:
+    with atomic_write(prepared.manifest_path, "w", what="prepared-data manifest") as f:
         json.dump(manifest, f, indent=2)
         f.write("\n")
 

@@ -92,7 +92,7 @@ def write_checkpoint(path: str | os.PathLike, header: np.ndarray, layout: Checkp
     """Write header + tensors atomically, checking every tensor's shape against the layout."""
     if header.shape != (HEADER_INTS,):
         raise FormatError(path, f"an LLMC header is {HEADER_INTS} int32 words, got {header.shape}")
-    with atomic_write(path) as f:
+    with atomic_write(path, what="LLMC checkpoint", size=layout.file_size) as f:
         f.write(np.asarray(header, dtype="<i4").tobytes())
         for name, shape in layout.tensor_shapes:
             if name not in tensors:

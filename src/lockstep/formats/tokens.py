@@ -116,7 +116,7 @@ def write_token_stream(path: str | os.PathLike, tokens, kind: str = "gpt2", voca
         raise FormatError(path, f"token ids must lie in [0, {limit}) for a {k.name} stream")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = [k.magic, k.version, arr.size]
-    with atomic_write(path) as f:
+    with atomic_write(path, what="token file", size=header.nbytes + arr.size * np.dtype(k.dtype).itemsize) as f:
         f.write(header.tobytes())
         f.write(arr.astype(k.dtype).tobytes())
 

@@ -109,7 +109,7 @@ def record_golden(run_dirs: list[str | os.PathLike], framework: str | None = Non
 
 
 def write_golden(path: str | os.PathLike, golden: dict) -> None:
-    with atomic_write(path, "w") as f:
+    with atomic_write(path, "w", what="golden file") as f:
         json.dump(golden, f, indent=2)
         f.write("\n")
 

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from lockstep.errors import LockstepError
+from lockstep.errors import LockstepError, WriteError
+from lockstep.fsutil import write_failure_hint
 
 SCHEMA_VERSION = 1
 HISTORY_ENV = "LOCKSTEP_HISTORY"
@@ -130,6 +131,19 @@ class HistoryStore:
     # -- connections ------------------------------------------------------------------------
 
     def _problem(self, e: sqlite3.Error) -> LockstepError:
+        """A failed write is not a damaged file: it says why (the disk, a limit, permission), and
+        the file is left as it was (the transaction is rolled back)."""
+        name = getattr(e, "sqlite_errorname", "") or ""
+        if name == "SQLITE_FULL":
+            return WriteError(self.path, "cannot write the history database: no space left on device")
+        if name.startswith("SQLITE_READONLY"):
+            return WriteError(self.path, "cannot write the history database: permission denied or a read-only "
+                                         "file system")
+        if name.startswith("SQLITE_IOERR"):
+            # SQLite reports ENOSPC as SQLITE_FULL, but every other failed write (a file-size limit,
+            # a quota) only as "disk I/O error": say the likely cause where the machine shows one.
+            reason = write_failure_hint(self.path.absolute().parent) or f"disk I/O error ({name})"
+            return WriteError(self.path, f"cannot write the history database: {reason}")
         return LockstepError(f"{self.path}: cannot use it as the lockstep history database "
                              f"(SQLite: {e}); move the file away or choose another with --history")
 
@@ -184,7 +198,7 @@ class HistoryStore:
                     conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                _rollback(conn)
                 raise
         row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
         if row is None or row[0] != SCHEMA_VERSION:
@@ -211,7 +225,7 @@ class HistoryStore:
                     conn.execute(f"INSERT INTO results (run_id, {', '.join(_RESULT_COLUMNS)}) VALUES ({marks})", values)
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                _rollback(conn)
                 raise
 
     # -- reading ----------------------------------------------------------------------------
@@ -273,3 +287,11 @@ class HistoryStore:
             d["losses"] = json.loads(d["losses"]) if d["losses"] else []
             run.results.append(ResultRow(**d))
         return run
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Undo the open transaction, if SQLite has not already (it rolls back by itself when a write
+    fails, e.g. on a full disk): a failing ROLLBACK must not hide the error that caused it."""
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")

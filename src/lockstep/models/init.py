@@ -27,9 +27,11 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
+from lockstep.fsutil import check_free_space
 from lockstep.models.family import InitRule, ModelFamily
 # Names the drawn values: bump it whenever a change here changes the bytes of a checkpoint, so
 # that caches keyed by it (lockstep run's seeded checkpoints) are not reused across the change.
@@ -230,6 +232,8 @@ def init_tensors(config, rule: InitRule, seed: int, threads: int | None = None) 
 
 
 def write_initial_checkpoint(path: str | os.PathLike, family: ModelFamily, config, seed: int,
-                             bf16: bool = False) -> None:
-    """Write llm.c's init for `config` and `seed` as the family's LLMC checkpoint, atomically."""
+                             bf16: bool = False, what: str = "llm.c init checkpoint") -> None:
+    """Write llm.c's init for `config` and `seed` as the family's LLMC checkpoint, atomically.
+    A filesystem without room for it is refused before the (minutes of) drawing, not after."""
+    check_free_space(Path(path).absolute().parent, family.layout(config, bf16).file_size, what, path=path)
     family.write(path, config, init_tensors(config, family.init_rule(config), seed), bf16=bf16)

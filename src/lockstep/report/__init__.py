@@ -7,11 +7,12 @@ html / markdown: the two writers.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from lockstep.compare import CompareOptions
-from lockstep.fsutil import atomic_write
+from lockstep.errors import FormatError
+from lockstep.fsutil import atomic_write, read_head
+from lockstep.outdir import RUN_OUTPUT_DIRS, report_image_name
 from lockstep.report.data import ReportData, gather
 from lockstep.report.html import render_html
 from lockstep.report.markdown import render_markdown
@@ -20,28 +21,44 @@ from lockstep.report.plots import case_figure_png
 
 HTML_NAME = "report.html"
 MARKDOWN_NAME = "report.md"
-IMAGES_DIR = "report_files"
+IMAGES_DIR = RUN_OUTPUT_DIRS[0]  # report_files/, which a later run clears of the plots it knows
 
 
-def _file_name(case: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", case) + ".png"
+# How lockstep's reports begin: a file of that name that does not is someone else's.
+HTML_MARK = "<title>lockstep report: "
+MARKDOWN_MARK = "# lockstep report: "
+
+
+def refuse_to_overwrite_foreign(path: Path, mark: str) -> None:
+    """`lockstep report DIR` may be pointed at any directory: a report.html there that lockstep did
+    not write is refused (before anything is written), never overwritten."""
+    if not os.path.lexists(path):
+        return
+    head = read_head(path, 4096, "report").decode("utf-8", errors="replace")
+    if mark not in head:
+        raise FormatError(path, "exists and was not written by lockstep; lockstep does not overwrite it: move it "
+                                "away, or report into a directory of lockstep's")
 
 
 def write_report(run_dir: str | os.PathLike, baseline_framework: str = "pytorch",
                  options: CompareOptions | None = None,
-                 history_path: str | os.PathLike | None = None) -> tuple[Path, Path]:
+                 history_path: str | os.PathLike | None = None, data: ReportData | None = None) -> tuple[Path, Path]:
     """Write `<run_dir>/report.html` and `<run_dir>/report.md`; return their paths. With a history
-    database that holds earlier runs of the run's cases, report.html also shows their trend."""
-    data = gather(run_dir, baseline_framework, options)
+    database that holds earlier runs of the run's cases, report.html also shows their trend.
+    `data`: what `gather` found, when the caller needs it too (e.g. to say what was unreadable)."""
+    if data is None:
+        data = gather(run_dir, baseline_framework, options)
     run_dir = Path(run_dir)
+    html_path, md_path = run_dir / HTML_NAME, run_dir / MARKDOWN_NAME
+    for path, mark in ((html_path, HTML_MARK), (md_path, MARKDOWN_MARK)):
+        refuse_to_overwrite_foreign(path, mark)
     images = {case: case_figure_png(data, case) for case in data.cases if data.records.get(case)}
     image_paths = {}
     for case, png in images.items():
-        rel = f"{IMAGES_DIR}/{_file_name(case)}"
+        rel = f"{IMAGES_DIR}/{report_image_name(case)}"
         with atomic_write(run_dir / rel, "wb", what="report plot") as f:
             f.write(png)
         image_paths[case] = rel
-    html_path, md_path = run_dir / HTML_NAME, run_dir / MARKDOWN_NAME
     with atomic_write(html_path, "w", what="HTML report") as f:
         f.write(render_html(data, images, history_trends(data, history_path)))
     with atomic_write(md_path, "w", what="Markdown report") as f:

@@ -56,6 +56,14 @@ class ReportData:
                     out[fw] = v
         return out
 
+    def unreadable_files(self) -> list[str]:
+        """One sentence per file (or directory) of the run that could not be read or is not a
+        lockstep record, each naming it: what the report had to leave out."""
+        lines = list(self.problems)
+        for case, by_fw in sorted(self.unreadable.items()):
+            lines += list(by_fw.values())
+        return lines
+
     @property
     def passed(self) -> bool | None:
         judged = [r for r in self.comparisons.values() if r.judged]
@@ -85,6 +93,7 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
         data.problems.append(str(e))
     for fw in frameworks:
         tree = collect_cases(run_dir / fw)
+        data.problems += tree.unreadable
         for case, case_file in tree.files.items():
             side = load_side(case_file, options)
             if side.record is not None:
@@ -92,7 +101,8 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
             else:
                 data.unreadable.setdefault(case, {})[fw] = side.error or "unreadable"
         for case, paths in tree.conflicts.items():
-            data.unreadable.setdefault(case, {})[fw] = f"{len(paths)} files for one case: {', '.join(map(str, paths))}"
+            data.unreadable.setdefault(case, {})[fw] = (f"{run_dir / fw}: {len(paths)} files for the case {case}: "
+                                                        f"{', '.join(map(str, paths))}")
         if fw != baseline_framework:
             data.comparisons[fw] = compare_frameworks_in_run(run_dir, baseline_framework, fw, options)
     return data

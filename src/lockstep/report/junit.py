@@ -104,5 +104,5 @@ def to_xml(cases: list[JUnitCase], name: str = "lockstep") -> ET.Element:
 def write_junit(path: str | os.PathLike, cases: list[JUnitCase], name: str = "lockstep") -> None:
     tree = ET.ElementTree(to_xml(cases, name))
     ET.indent(tree)
-    with atomic_write(path, "wb") as f:
+    with atomic_write(path, "wb", what="JUnit XML") as f:
         tree.write(f, encoding="utf-8", xml_declaration=True)

@@ -94,6 +94,16 @@ def framework_rows(data: ReportData) -> list[list[str]]:
     return rows
 
 
+def incomplete_line(data: ReportData) -> str | None:
+    """Said above everything else when files of the run could not be read: the verdicts below
+    cover only what could."""
+    n = len(data.unreadable_files())
+    if not n:
+        return None
+    return (f"INCOMPLETE: {n} file(s) of this run could not be read or are not lockstep records (listed under "
+            "Problems); the verdicts below leave them out.")
+
+
 def overall_line(data: ReportData) -> str:
     if data.passed is None:
         return f"Nothing ran on both {data.baseline} and another framework: nothing to compare."

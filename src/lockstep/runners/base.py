@@ -31,6 +31,7 @@ from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import LockstepError, RunError
 from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
+from lockstep.fsutil import atomic_write, open_for_streaming, os_error_sentence, write_error
 from lockstep.models import family as model_family
 from lockstep.models.family import ModelFamily
 from lockstep.runners.nodes import NodeLayout
@@ -166,6 +167,8 @@ class FrameworkRunner(ABC):
                     record.meta.update(self._capture_after_run(case, inputs, out_dir))
         except LockstepError as e:
             record.status, record.error = "failed", str(e)
+        except OSError as e:  # an I/O failure nothing above named: its file, if it has one, and the reason
+            record.status, record.error = "failed", f"{type(e).__name__}: {os_error_sentence(e)}"
         except Exception as e:  # a bug or framework crash in-process: still a failed record, never a good one
             record.status, record.error = "failed", f"{type(e).__name__}: {e}"
         record.meta["finished_at"] = now_iso()
@@ -203,7 +206,8 @@ def run_in_process(log_path: Path, on_step: StepCallback | None, train: Callable
         if on_step:
             on_step(rec)
 
-    with open(log_path, "w") as log:
+    # The log is streamed while training (never written aside); a failed write names it.
+    with open_for_streaming(log_path, "native log") as log:
         try:
             info = train(emit, log)
         except torch.cuda.OutOfMemoryError as e:
@@ -214,20 +218,22 @@ def run_in_process(log_path: Path, on_step: StepCallback | None, train: Callable
 def write_record_or_fail(record_path: Path, record: RunRecord) -> None:
     """Write the record; when that fails (disk full, file-size limit), leave a small record
     marked failed that says why, or, if even that cannot be written, stop with one sentence
-    naming the case: a run must never end with no record and no word."""
+    naming the case: a run must never end with no record and no word. Either way no partial
+    record is left under its name (the write is atomic)."""
     try:
         write_run_record(record_path, record)
         return
-    except (OSError, LockstepError) as e:  # LockstepError: a write error already turned into a sentence
-        reason = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
-        problem = f"cannot write the run record ({reason})"
-    record.status, record.error = "failed", f"{record_path}: {problem}" + (
+    except OSError as e:
+        failure = str(write_error(record_path, e, "run record"))
+    except LockstepError as e:  # a failed write, already one sentence naming the file and the reason
+        failure = str(e)
+    record.status, record.error = "failed", failure + (
         f" after the run had failed: {record.error}" if record.error else f"; {len(record.steps)} step(s) were lost")
     record.steps = []
     try:
         write_run_record(record_path, record)
     except (OSError, LockstepError):
-        raise RunError(f"{record_path}: {problem}; {record.framework}/{record.case} has no record") from None
+        raise RunError(f"{record.error}; {record.framework}/{record.case} has no record") from None
 
 
 def final_params_path(log_path: Path) -> Path:
@@ -236,13 +242,13 @@ def final_params_path(log_path: Path) -> Path:
 
 
 def write_final_params(path: str | os.PathLike, tensors: dict) -> None:
-    """Canonical name -> FP32 array, as one .npz, written aside and renamed into place."""
+    """Canonical name -> FP32 array, as one .npz, written aside and renamed into place (after
+    checking there is room for it)."""
     import numpy as np
 
-    path = Path(path)
-    tmp = path.with_name(path.name + ".partial.npz")
-    np.savez(tmp, **{name: np.asarray(t, dtype=np.float32) for name, t in tensors.items()})
-    os.replace(tmp, path)
+    arrays = {name: np.asarray(t, dtype=np.float32) for name, t in tensors.items()}
+    with atomic_write(path, "wb", what="final parameters", size=sum(a.nbytes for a in arrays.values())) as f:
+        np.savez(f, **arrays)
 
 
 def check_complete(case: CaseSpec, steps: list[StepRecord], log_path: Path) -> None:

@@ -22,6 +22,7 @@ from typing import Callable
 
 from lockstep.errors import RunError
 from lockstep.formats.run_record import StepRecord
+from lockstep.fsutil import open_for_streaming
 from lockstep.runners.nodes import NODE_RANK_ENV, NodeLayout, slurm_command, torchrun_args
 
 # NVLink multicast (NVLS) can take a shared host's GPUs out of service; never let NCCL use it.
@@ -83,7 +84,7 @@ def run_workers(module: str, job: dict, nproc: int, log_path: Path, timeout_s: f
             cmd = [sys.executable, "-m", module, str(job_path)]
         steps: list[StepRecord] = []
         info: dict = {"worker_command": shlex.join(cmd)}
-        with open(log_path, "w") as log:
+        with open_for_streaming(log_path, "native log") as log:
             log.write(f"[COMMAND] {shlex.join(cmd)}\n")
             log.flush()
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env(env),

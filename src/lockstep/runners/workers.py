@@ -40,6 +40,7 @@ from typing import Callable
 
 from lockstep.errors import LockstepError, RunError
 from lockstep.formats.run_record import StepRecord
+from lockstep.fsutil import open_for_streaming
 from lockstep.runners.launch import (ResultsWriter, _drain, _tail, kill_process_group, rendezvous_id,
                                      torchrun_command, worker_env)
 from lockstep.runners.nodes import NODE_RANK_ENV, NodeLayout, reports_results
@@ -142,7 +143,7 @@ class WorkerGroup:
         job = {**job, "results_path": str(results_path), "log_path": str(log_path)}
         group_log = self.queue_dir / "group.log"
         group_log_offset = group_log.stat().st_size
-        with open(log_path, "w") as log:
+        with open_for_streaming(log_path, "native log") as log:
             log.write(f"[COMMAND] {shlex.join(self.command)}\n"
                       f"[WORKER] persistent worker group {self.starts} ({self.label}, started {self.started_at}), "
                       f"case {self.position} in this group\n")

@@ -38,6 +38,7 @@ from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint
 from lockstep.formats.logs import parse_infinitrain_log
 from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
+from lockstep.fsutil import open_for_streaming
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
                                    write_final_params)
 from lockstep.runners.infinitrain.families import adapter_for
@@ -205,7 +206,7 @@ class InfiniTrainRunner(FrameworkRunner):
         log_path.parent.mkdir(parents=True, exist_ok=True)
 
         streamer = _StepStreamer(str(log_path), on_step)
-        with open(log_path, "w") as log:
+        with open_for_streaming(log_path, "native log") as log:
             log.write(f"[COMMAND] {shlex.join(cmd)}\n")
             log.flush()
             try:

@@ -11,6 +11,7 @@ that never happened.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import fcntl
@@ -20,6 +21,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from lockstep.errors import LockstepError
 from lockstep.fsutil import atomic_write
@@ -178,6 +180,21 @@ def open_run_dir(out: Path, framework_dirs: list[str], manifest: dict, force: bo
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OutDirError(f"{out}: cannot create the output directory ({_reason(e)})") from None
+    fd = _lock(out)
+    run_dir = RunDir(out, fd)
+    try:
+        _refuse_foreign(out, force)  # again, now that nobody else can be writing
+        _clear_earlier_outputs(out, framework_dirs)
+        run_dir.write_manifest({"status": STATUS_RUNNING, "started_at": now_iso(), "pid": os.getpid(),
+                                "command": shlex.join(sys.argv), **manifest})
+    except BaseException:
+        run_dir.release()
+        raise
+    return run_dir
+
+
+def _lock(out: Path) -> int:
+    """Take `out`'s exclusive lock, saying who holds it; OutDirError when another process does."""
     try:
         fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
@@ -190,18 +207,32 @@ def open_run_dir(out: Path, framework_dirs: list[str], manifest: dict, force: bo
         if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
             raise OutDirError(_in_use_message(out)) from None
         raise OutDirError(f"{out}: cannot lock the output directory ({_reason(e)})") from None
-    run_dir = RunDir(out, fd)
     try:
-        _refuse_foreign(out, force)  # again, now that nobody else can be writing
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()}, started {now_iso()}\n".encode())
-        _clear_earlier_outputs(out, framework_dirs)
-        run_dir.write_manifest({"status": STATUS_RUNNING, "started_at": now_iso(), "pid": os.getpid(),
-                                "command": shlex.join(sys.argv), **manifest})
     except BaseException:
-        run_dir.release()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
         raise
-    return run_dir
+    return fd
+
+
+@contextlib.contextmanager
+def locked_dir(out: Path) -> Iterator[Path]:
+    """Hold `out`'s lock for a command that owns the whole directory (`lockstep bisect`, whose
+    run directories lie inside it), the way a run holds its run directory: a second command into
+    the same `out` gets one sentence. The caller checks what `out` holds."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutDirError(f"{out}: cannot create the output directory ({_reason(e)})") from None
+    fd = _lock(out)
+    try:
+        yield out
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def _clear_earlier_outputs(out: Path, framework_dirs: list[str]) -> None:

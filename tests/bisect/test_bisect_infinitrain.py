@@ -45,7 +45,7 @@ def infinitrain_bisect_inputs():
 
 
 def test_a_committed_defect_between_real_infinitrain_commits_is_found_and_named(infinitrain_bisect_inputs, tmp_path,
-                                                                                tiny_checkpoint, training_tokens):
+                                                                                shared_text):
     repo, good, bad, build = infinitrain_bisect_inputs
     defects = [line.split(" ", 1)[0] for line in
                git(repo, "log", "--format=%H %B", "--grep", DEFECT_MARK, "--fixed-strings", f"{good}..{bad}").splitlines()
@@ -53,7 +53,7 @@ def test_a_committed_defect_between_real_infinitrain_commits_is_found_and_named(
     assert len(defects) == 1, f"{repo}: {good}..{bad} must hold exactly one commit marked {DEFECT_MARK}"
     out = Path(os.environ.get(OUT_ENV) or tmp_path / "out")
     code = main(["bisect", "--repo", str(repo), "--good", good, "--bad", bad, "--build", build, "--cases", "gpt2_1",
-                 "--device", "cpu", "--llmc", str(tiny_checkpoint), "--data", str(training_tokens), "--out", str(out)])
+                 "--device", "cpu", "--model", "gpt2-tiny", "--text", str(shared_text), "--out", str(out)])
     result = json.loads((out / "bisect.json").read_text())
     assert code == 0, result["reason"]
     first = result["first_bad"]

@@ -7,6 +7,8 @@ its OUT, resume it, or give bad input that is refused before anything is built.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import shutil
@@ -14,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from support.fake_framework import BUILD_LOG_ENV, FakeRepo, git, make_fake_repo
+from support.fake_framework import BUILD_LOG_ENV, DEFECT_SUBJECT, FakeRepo, git, make_fake_repo
 from lockstep.cli import main
 from lockstep.formats.run_record import read_run_record
 
 COMMITS = 16
+pytestmark = pytest.mark.slow
 
 
 def bisect_args(repo: FakeRepo, out: Path, checkpoint: Path, tokens: Path, good: str | None = None,
@@ -40,10 +43,12 @@ def bisected(tmp_path_factory, tiny_checkpoint, training_tokens):
     root = tmp_path_factory.mktemp("bisect")
     repo = make_fake_repo(root / "repo", commits=COMMITS)
     builds = root / "builds.txt"
-    with pytest.MonkeyPatch.context() as mp:
+    stdout = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout):
         mp.setenv(BUILD_LOG_ENV, str(builds))
         code = main(bisect_args(repo, root / "out", tiny_checkpoint, training_tokens) + ["--no-diagnose"])
     return {"repo": repo, "out": root / "out", "builds_log": builds, "code": code, "builds": built_shas(builds),
+            "stdout": stdout.getvalue(),
             "result": json.loads((root / "out" / "bisect.json").read_text()),
             "markdown": (root / "out" / "bisect.md").read_text(), "root": root}
 
@@ -53,7 +58,9 @@ def test_finds_the_defect_commit_within_log2_builds(bisected):
     assert bisected["code"] == 0
     first = result["first_bad"]
     assert first["sha"] == repo.shas[repo.defect_index]
-    assert first["subject"] == "scale the learning rate for the new scheduler"
+    assert first["subject"] == DEFECT_SUBJECT
+    assert f"first bad commit: {first['sha']} {DEFECT_SUBJECT}" in bisected["stdout"]
+    assert f"{first['sha'][:10]} │ {DEFECT_SUBJECT}" in bisected["stdout"]  # its row of the table
     assert first["verdict"] == "FAIL" and first["failing_case"] == "gpt2_1"
     # LR x1.5 moves gpt2-tiny's loss by ~2e-4 within 3 steps, twenty times FP32's 1e-5.
     assert 1e-4 < first["max_abs_diff"] < 1e-3
@@ -124,13 +131,16 @@ def test_resume_rebuilds_nothing_and_reruns_only_the_interrupted_commit(bisected
 def test_endpoints_that_do_not_bracket_a_change_stop_with_both_verdicts(bisected, tiny_checkpoint, training_tokens,
                                                                         capsys):
     repo = bisected["repo"]
-    # Both already tested by the module's bisect (same options, same OUT): answered from OUT/tested.
-    good_but_bad = repo.shas[repo.defect_index + 1]
+    # A commit after the defect that the module's bisect tested (which ones depends on git's path):
+    # both endpoints are then answered from OUT/tested, with the same options into the same OUT.
+    good_but_bad = next(r["sha"] for r in bisected["result"]["tested"][2:]
+                        if r["state"] == "bad" and r["sha"] != repo.shas[repo.defect_index])
     assert main(bisect_args(repo, bisected["out"], tiny_checkpoint, training_tokens, good=good_but_bad)
                 + ["--no-diagnose"]) == 1
     result = json.loads((bisected["out"] / "bisect.json").read_text())
     assert not result["found"] and result["builds"] == 0
-    assert f"--good {good_but_bad[:10]} is bad (FAIL" in result["reason"]
+    assert result["reason"].startswith("--good must judge good and --bad bad")
+    assert f"--good {good_but_bad[:10]} is bad (FAIL: gpt2_1 infinitrain vs pytorch: FAIL, max |Δloss| " in result["reason"]
     assert f"--bad {repo.shas[-1][:10]} is bad (FAIL" in result["reason"]
     assert "no first bad commit" in capsys.readouterr().out
 

@@ -19,6 +19,7 @@ import lockstep
 
 LOCKSTEP_SRC = Path(lockstep.__file__).resolve().parents[1]
 LR_DEFECT = 1.5  # moves gpt2-tiny's step-2 loss by ~2e-3, far past FP32's 1e-5
+DEFECT_SUBJECT = "[sched] scale the learning rate for the new scheduler"  # brackets: not rich markup
 BUILD_LOG_ENV = "FAKE_FRAMEWORK_BUILD_LOG"  # each build appends its sha here (counts builds)
 
 TRAIN = '''#!{python}
@@ -112,7 +113,7 @@ def make_fake_repo(path: Path, commits: int = 16, defect_index: int = 11, broken
         (path / "train.py").write_text(TRAIN.format(python=sys.executable, src=str(LOCKSTEP_SRC), lr_scale=lr_scale,
                                                     broken=broken))
         (path / "NOTES.txt").write_text(f"change {i}\n")
-        subject = ("scale the learning rate for the new scheduler" if i == defect_index else
+        subject = (DEFECT_SUBJECT if i == defect_index else
                    "start a refactor (does not build)" if i == broken_index else f"change {i}")
         git(path, "add", "-A")
         git(path, "commit", "-q", "-m", subject)

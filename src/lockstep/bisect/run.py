@@ -208,7 +208,7 @@ def _bisect(plan: BisectPlan, worktree: Worktree, say: Callable[[str], None]) ->
     good = test(plan.good, "good endpoint")
     bad = test(plan.bad, "bad endpoint")
     if good.state != GOOD or bad.state != BAD:
-        return BisectResult(plan, tested, reason=endpoint_problem(plan, good, bad))
+        return BisectResult(plan, tested, reason=endpoint_problem(good, bad))
     say(f"bisecting {plan.commits} commits ({plan.good.short}..{plan.bad.short}): "
         f"about {plan.max_steps} to test")
     step = worktree.bisect_start(plan.good.sha, plan.bad.sha)
@@ -229,19 +229,13 @@ def _bisect(plan: BisectPlan, worktree: Worktree, say: Callable[[str], None]) ->
                                + ", ".join(f"{c.short} ({c.subject})" for c in candidates))
 
 
-def endpoint_problem(plan: BisectPlan, good: TestedCommit, bad: TestedCommit) -> str:
+def endpoint_problem(good: TestedCommit, bad: TestedCommit) -> str:
     """Why the bisection cannot start, with both endpoints' verdicts."""
     def said(t: TestedCommit) -> str:
         return f"{t.commit.short} is {t.state} ({t.judgement.verdict}: {t.judgement.reason})"
 
-    wrong = []
-    if good.state != GOOD:
-        wrong.append(f"--good {said(good)}")
-    if bad.state != BAD:
-        wrong.append(f"--bad {said(bad)}")
-    both = f"--good {said(good)}; --bad {said(bad)}"
-    return ("the endpoints do not bracket a change, so there is nothing to bisect: " + "; ".join(wrong)
-            + ("" if len(wrong) == 2 else f" (both: {both})"))
+    return (f"--good must judge good and --bad bad, so there is nothing to bisect: --good {said(good)}; "
+            f"--bad {said(bad)}")
 
 
 def diagnose_first_bad(first_bad: TestedCommit, plan: BisectPlan, say: Callable[[str], None]) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from lockstep.commands.run import seed_argument, split_list
@@ -54,12 +55,13 @@ def run(args) -> int:
     console.print(f"bisect {plan.repo}: {plan.good.short} good .. {plan.bad.short} bad ({plan.commits} commits) | "
                   f"{plan.framework.name} vs {', '.join(plan.run.frameworks[:-1])} | out {plan.out_dir}",
                   highlight=False)
-    result = run_bisect(plan, say=lambda text: console.print(f"[dim]{text}[/dim]", highlight=False))
+    # Commit subjects may hold brackets ("[skip ci]") that rich would read as markup: escaped.
+    result = run_bisect(plan, say=lambda text: console.print(f"[dim]{escape(text)}[/dim]", highlight=False))
     table = Table(title="tested commits")
     for col in TABLE_COLUMNS:
         table.add_column(col, justify="right" if col in ("#", "max |Δloss|", "seconds") else "left")
     for row in table_rows(result):
-        table.add_row(*row)
+        table.add_row(*(escape(cell) for cell in row))
     console.print(table)
     if result.diagnose:
         d = result.diagnose

@@ -67,8 +67,9 @@ class BisectPlan:
 
     @property
     def max_steps(self) -> int:
-        """The most commits git's bisection tests in good..bad when none is skipped: ceil(log2(n+1))."""
-        return math.ceil(math.log2(self.commits + 1)) if self.commits else 0
+        """About how many commits git's bisection tests when none is skipped: the first bad commit is
+        one of the n commits of good..bad, so ceil(log2(n))."""
+        return math.ceil(math.log2(self.commits)) if self.commits > 1 else 0
 
     def request_record(self) -> dict:
         """What a re-run into the same OUT must repeat for its verdicts and builds to be reused."""

@@ -19,6 +19,7 @@ import pytest
 from support.fake_framework import BUILD_LOG_ENV, DEFECT_SUBJECT, FakeRepo, git, make_fake_repo
 from lockstep.cli import main
 from lockstep.formats.run_record import read_run_record
+from lockstep.outdir import locked_dir
 
 COMMITS = 16
 pytestmark = pytest.mark.slow
@@ -146,14 +147,15 @@ def test_endpoints_that_do_not_bracket_a_change_stop_with_both_verdicts(bisected
 
 
 @pytest.mark.parametrize("problem", ["not a repo", "unknown rev", "good after bad", "no build command",
-                                     "another bisect's out"])
+                                     "another bisect's out", "out in use"])
 def test_bad_input_is_one_sentence_and_exit_1_before_any_build(problem, bisected, tmp_path, tiny_checkpoint,
                                                                training_tokens, capsys):
     repo = bisected["repo"]
     args = bisect_args(repo, tmp_path / "out", tiny_checkpoint, training_tokens)
     expected = {"not a repo": "is not a git repository", "unknown rev": "--bad v9.9 is not a commit",
                 "good after bad": "is not an ancestor of --bad", "no build command": "no build command",
-                "another bisect's out": "holds a bisect with other options (build differ)"}[problem]
+                "another bisect's out": "holds a bisect with other options (build differ)",
+                "out in use": "is writing to this directory"}[problem]
     if problem == "not a repo":
         args[args.index("--repo") + 1] = str(tmp_path)
     elif problem == "unknown rev":
@@ -162,10 +164,14 @@ def test_bad_input_is_one_sentence_and_exit_1_before_any_build(problem, bisected
         args[args.index("--good") + 1], args[args.index("--bad") + 1] = repo.shas[-1], repo.shas[0]
     elif problem == "no build command":
         args = args[: args.index("--build")]
-    else:
+    elif problem == "another bisect's out":
         args[args.index("--out") + 1] = str(bisected["out"])
         args[args.index("--build") + 1] = "make gpt2"
-    assert main(args) == 1
+    if problem == "out in use":
+        with locked_dir(tmp_path / "out"):  # as a bisect still running there holds it
+            assert main(args) == 1
+    else:
+        assert main(args) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("lockstep: error: ") and expected in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "out" / "builds").exists()

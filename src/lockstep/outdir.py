@@ -18,6 +18,7 @@ got to its comparison, so no summary can speak for a run that never happened.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import fcntl
@@ -29,6 +30,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from lockstep.compare.pairing import EVIDENCE_DIR, STEP1_DIR, is_case_file_name
 from lockstep.errors import LockstepError
@@ -236,24 +238,11 @@ def open_run_dir(out: Path, framework_dirs: list[str], manifest: dict, force: bo
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OutDirError(f"{out}: cannot create the output directory ({os_problem(e)})") from None
-    try:
-        fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise OutDirError(f"{out}: output directory is not writable (cannot create {LOCK_NAME}: {os_problem(e)}); "
-                          "choose another --out") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise OutDirError(_in_use_message(out)) from None
-        raise OutDirError(f"{out}: cannot lock the output directory ({os_problem(e)})") from None
+    fd = _lock(out)
     run_dir = RunDir(out, fd)
     try:
         foreign = _foreign_reason(out)  # again, now that nobody else can be writing
         _refuse_foreign(out, force, foreign)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}, started {now_iso()}\n".encode())
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         if foreign:
             run_dir.moved_aside = _move_foreign_aside(out, framework_dirs, stamp)
@@ -268,6 +257,48 @@ def open_run_dir(out: Path, framework_dirs: list[str], manifest: dict, force: bo
         run_dir.release()
         raise
     return run_dir
+
+
+def _lock(out: Path) -> int:
+    """Take `out`'s exclusive lock, saying who holds it; OutDirError when another process does."""
+    try:
+        fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise OutDirError(f"{out}: output directory is not writable (cannot create {LOCK_NAME}: {os_problem(e)}); "
+                          "choose another --out") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise OutDirError(_in_use_message(out)) from None
+        raise OutDirError(f"{out}: cannot lock the output directory ({os_problem(e)})") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}, started {now_iso()}\n".encode())
+    except BaseException:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def locked_dir(out: Path) -> Iterator[Path]:
+    """Hold `out`'s lock for a command that owns the whole directory (`lockstep bisect`, whose
+    run directories lie inside it), the way a run holds its run directory: a second command into
+    the same `out` gets one sentence. The caller checks what `out` holds."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutDirError(f"{out}: cannot create the output directory ({os_problem(e)})") from None
+    fd = _lock(out)
+    try:
+        yield out
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def lockstep_top_level_names(framework_dirs: list[str]) -> list[str]:

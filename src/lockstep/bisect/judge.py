@@ -1,0 +1,73 @@
+"""The one place that turns a commit's `lockstep run` into good, bad or skip for git's bisection.
+
+It reads only the run's summary.json, as `lockstep run` wrote it: a commit is good when every
+compared (case, framework) pair passes (`passed`), bad when any compared pair fails or could not
+be compared (a crashed run, a missing case: lockstep's own run verdict fails those too), and
+untestable (skipped) when nothing was compared at all. A case entry's `verdict` and `cause` (the
+step-1 gradient certificate, where the summary has them) are shown as they are; without them the
+verdict is PASS / FAIL / ERROR from `passed` and `error`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from lockstep.compare.run_dir import SUMMARY_NAME
+
+GOOD, BAD, SKIP = "good", "bad", "skip"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    state: str  # good | bad | skip: what git is told
+    verdict: str  # PASS, FAIL, ERROR, or the summary's own verdict word
+    reason: str  # one sentence: which pair decided it
+    cause: str | None = None
+    max_abs_diff: float | None = None  # the largest |Δloss| of any compared pair
+    failing_case: str | None = None  # the worst failing case (for `lockstep diagnose`)
+    baseline: str | None = None  # its comparison's frameworks
+    test: str | None = None
+
+
+def judge_run(run_dir: Path) -> Judgement:
+    path = Path(run_dir) / SUMMARY_NAME
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return Judgement(SKIP, "NO SUMMARY", f"{path} is missing or unreadable: the run did not reach its comparison")
+    compared: list[tuple[dict, dict]] = [(comp, case) for comp in summary.get("comparisons", [])
+                                         for case in comp.get("cases", [])]
+    diffs = [c["max_abs_diff"] for _, c in compared if isinstance(c.get("max_abs_diff"), (int, float))]
+    max_diff = max(diffs, default=None)
+    problems = [(comp, p) for comp in summary.get("comparisons", [])
+                for p in comp.get("missing", []) + comp.get("errors", [])]
+    problems += [({}, e) for e in summary.get("errors", [])]
+    failing = [(comp, c) for comp, c in compared if not c.get("passed")]
+    if failing:
+        # Errors (a crashed run) first, then the largest |Δloss|: the pair a user looks at first.
+        comp, worst = max(failing, key=lambda pc: (bool(pc[1].get("error")), pc[1].get("max_abs_diff") or 0.0))
+        verdict = worst.get("verdict") or ("ERROR" if worst.get("error") else "FAIL")
+        where = f"{worst['case']} {comp.get('test_framework')} vs {comp.get('baseline_framework')}"
+        detail = (worst["error"] if worst.get("error") else
+                  f"max |Δloss| {worst['max_abs_diff']:.3e} at step {worst.get('max_diff_step')}, "
+                  f"threshold {worst.get('threshold'):.0e}")
+        more = f" ({len(failing) - 1} more failing)" if len(failing) > 1 else ""
+        return Judgement(BAD, verdict, f"{where}: {verdict}, {detail}{more}", cause=worst.get("cause"),
+                         max_abs_diff=max_diff, failing_case=worst["case"],
+                         baseline=comp.get("baseline_framework"), test=comp.get("test_framework"))
+    if problems:
+        comp, problem = problems[0]
+        message = problem.get("message", str(problem)) if isinstance(problem, dict) else str(problem)
+        case = problem.get("case") if isinstance(problem, dict) else None
+        return Judgement(BAD, "ERROR", message, max_abs_diff=max_diff, failing_case=case,
+                         baseline=comp.get("baseline_framework"), test=comp.get("test_framework"))
+    if not compared:
+        return Judgement(SKIP, "NOT COMPARED", f"{path}: nothing was compared (every pair was skipped)")
+    # Every pair passed: show the weakest pass ("PASS within logging precision" over "PASS").
+    verdicts = [c.get("verdict") or "PASS" for _, c in compared]
+    verdict = next((v for v in verdicts if v != "PASS"), "PASS")
+    causes = [c.get("cause") for _, c in compared if c.get("cause")]
+    return Judgement(GOOD, verdict, f"{len(compared)} compared pair(s) passed", cause=causes[0] if causes else None,
+                     max_abs_diff=max_diff)

@@ -1,0 +1,98 @@
+"""The end of `lockstep bisect`: OUT/bisect.json (everything) and OUT/bisect.md (for people): the
+first bad commit, its verdict, its diagnose, and a table of every tested commit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lockstep.bisect.build import BUILD_FAILED
+from lockstep.bisect.evaluate import BUILDS_DIR, TestedCommit
+from lockstep.bisect.run import RESULT_JSON, RESULT_MD, BisectResult
+from lockstep.fsutil import atomic_write
+
+TABLE_COLUMNS = ("#", "commit", "subject", "build", "verdict", "max |Δloss|", "seconds", "git told")
+
+
+def build_label(t: TestedCommit) -> str:
+    label = f"{t.build} (skipped)" if t.build == BUILD_FAILED else t.build
+    return f"{label}, earlier run" if t.earlier else label
+
+
+def verdict_label(t: TestedCommit) -> str:
+    j = t.judgement
+    return j.verdict + (f" ({j.cause})" if j.cause else "")
+
+
+def format_diff(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3e}"
+
+
+def table_rows(result: BisectResult) -> list[tuple[str, ...]]:
+    return [(str(i), t.commit.short, t.commit.subject, build_label(t), verdict_label(t),
+             format_diff(t.judgement.max_abs_diff), f"{t.seconds:.1f}", t.state)
+            for i, t in enumerate(result.tested, 1)]
+
+
+def headline(result: BisectResult) -> str:
+    if not result.found:
+        return f"no first bad commit: {result.reason}"
+    t = result.first_bad
+    return (f"first bad commit: {t.commit.sha} {t.commit.subject} ({t.commit.author_date}) | "
+            f"{verdict_label(t)}, max |Δloss| {format_diff(t.judgement.max_abs_diff)}")
+
+
+def result_json(result: BisectResult) -> dict:
+    plan = result.plan
+    first = None
+    if result.first_bad is not None:
+        t = result.first_bad
+        first = {**t.to_json(), "build_dir": str(plan.out_dir / BUILDS_DIR / t.commit.sha)}
+    return {
+        "found": result.found, "headline": headline(result), "reason": result.reason or None,
+        "first_bad": first, "candidates": [c.to_json() for c in result.candidates], "diagnose": result.diagnose,
+        "repo": str(plan.repo), "good": plan.good.to_json(), "bad": plan.bad.to_json(),
+        "build_command": plan.build_command, "frameworks": plan.run.frameworks,
+        "framework_under_test": plan.framework.name, "commits_between": plan.commits,
+        "bisect_steps_without_skips": plan.max_steps, "builds": result.builds,
+        "seconds": round(result.seconds, 1), "tested": [t.to_json() for t in result.tested],
+    }
+
+
+def result_markdown(result: BisectResult) -> str:
+    plan = result.plan
+    lines = ["# lockstep bisect", "",
+             f"`{plan.repo}`: {plan.good.short} (good) .. {plan.bad.short} (bad), {plan.commits} commits; "
+             f"{plan.framework.name} against {', '.join(plan.run.frameworks[:-1])}; build: `{plan.build_command}`", "",
+             f"**{headline(result)}**", ""]
+    if result.found:
+        t = result.first_bad
+        lines += [f"- reason: {t.judgement.reason}", f"- run: `{t.run_dir}`",
+                  f"- build: `{plan.out_dir / BUILDS_DIR / t.commit.sha}`"]
+    d = result.diagnose
+    if d:
+        lines += ["", "## Diagnose of the first bad commit", "", f"`{d.get('command', '')}`", ""]
+        if d.get("error"):
+            lines.append(f"diagnose could not run: {d['error']}")
+        else:
+            lines += [f"- verdict: {d['verdict']}", f"- first diverging module: {d.get('first_diverging_module') or '-'}"]
+            lines += [f"- {f}" for f in d.get("findings", [])] + [f"- details: `{d['path']}`"]
+    lines += ["", f"## Tested commits ({len(result.tested)}; {result.builds} built by this run, "
+                  f"{result.seconds:.0f} s)", "",
+              markdown_row(TABLE_COLUMNS), "|" + "---|" * len(TABLE_COLUMNS)]
+    lines += [markdown_row(row) for row in table_rows(result)]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_row(cells) -> str:
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+
+def write_result(result: BisectResult) -> tuple[Path, Path]:
+    out = result.plan.out_dir
+    with atomic_write(out / RESULT_JSON, "w", what="bisect result") as f:
+        json.dump(result_json(result), f, indent=2, allow_nan=True)
+        f.write("\n")
+    with atomic_write(out / RESULT_MD, "w", what="bisect report") as f:
+        f.write(result_markdown(result))
+    return out / RESULT_JSON, out / RESULT_MD

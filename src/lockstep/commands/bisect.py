@@ -1,0 +1,74 @@
+"""`lockstep bisect`: the first commit of the framework under test whose verdict is bad."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from lockstep.commands.run import seed_argument, split_list
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bisect", help="find the commit of the framework under test that moved the loss",
+                       description="Drive git's bisection over the framework's repository (in a worktree under "
+                                   "--out, never your checkout): build each commit with --build into its own build "
+                                   "directory, `lockstep run` it against the baseline, and tell git good (every "
+                                   "compared pair passes), bad, or skip (the build failed). Ends with the first bad "
+                                   "commit, its diagnose and a table of every tested commit. Re-running the same "
+                                   "command with the same --out resumes, reusing every build and verdict.")
+    p.add_argument("--repo", required=True, help="the framework's git repository (left untouched)")
+    p.add_argument("--good", required=True, help="a commit that passes (an ancestor of --bad)")
+    p.add_argument("--bad", required=True, help="a commit that fails")
+    p.add_argument("--build", help="shell command that builds the checked-out commit into $LOCKSTEP_BISECT_BUILD; "
+                                   "it runs in the worktree ($LOCKSTEP_BISECT_SRC), $LOCKSTEP_BISECT_COMMIT is the sha")
+    p.add_argument("--build-timeout", type=float, default=None, help="seconds per build before it counts as failed")
+    p.add_argument("--frameworks", help="baseline first, the framework under test last (default pytorch,infinitrain)")
+    p.add_argument("--matrix", default="gpt2", help="built-in matrix name or a TOML file (as for run)")
+    p.add_argument("--cases", help="comma-separated case names (as for run; default every case of the matrix)")
+    p.add_argument("--model", help="a registered model of the cases' family (as for run)")
+    p.add_argument("--llmc", help="LLMC checkpoint to start from (as for run)")
+    p.add_argument("--data", help="llm.c token file (as for run)")
+    p.add_argument("--text", help="text file to tokenize as the corpus (as for run)")
+    p.add_argument("--steps", type=int, help="override every case's step count")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    p.add_argument("--seed", type=seed_argument, default=42, help="seed of the llm.c init when no --llmc is given")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per case and framework before it fails")
+    p.add_argument("--out", default="lockstep-bisect", help="where the builds, runs and result go "
+                                                            "(default: lockstep-bisect)")
+    p.add_argument("--no-diagnose", action="store_true", help="skip `lockstep diagnose` of the first bad commit")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from lockstep.bisect.report import TABLE_COLUMNS, headline, table_rows
+    from lockstep.bisect.run import RESULT_JSON, RESULT_MD, BisectRequest, plan_bisect, run_bisect
+    from lockstep.run_matrix import RunRequest
+
+    console = Console(width=None if Console().is_terminal else 140)
+    run_request = RunRequest(matrix=args.matrix, cases=split_list(args.cases), frameworks=split_list(args.frameworks),
+                             model=args.model, llmc=args.llmc, data=args.data, text=args.text, steps=args.steps,
+                             device=args.device, seed=args.seed, timeout_s=args.timeout)
+    plan = plan_bisect(BisectRequest(repo=args.repo, good=args.good, bad=args.bad, build=args.build, out=args.out,
+                                     run=run_request, build_timeout_s=args.build_timeout,
+                                     diagnose=not args.no_diagnose))
+    console.print(f"bisect {plan.repo}: {plan.good.short} good .. {plan.bad.short} bad ({plan.commits} commits) | "
+                  f"{plan.framework.name} vs {', '.join(plan.run.frameworks[:-1])} | out {plan.out_dir}",
+                  highlight=False)
+    # Commit subjects may hold brackets ("[skip ci]") that rich would read as markup: escaped.
+    result = run_bisect(plan, say=lambda text: console.print(f"[dim]{escape(text)}[/dim]", highlight=False))
+    table = Table(title="tested commits")
+    for col in TABLE_COLUMNS:
+        table.add_column(col, justify="right" if col in ("#", "max |Δloss|", "seconds") else "left")
+    for row in table_rows(result):
+        table.add_row(*(escape(cell) for cell in row))
+    console.print(table)
+    if result.diagnose:
+        d = result.diagnose
+        console.print(f"diagnose ({d.get('command', '')}): " + (f"could not run: {d['error']}" if d.get("error")
+                      else "; ".join(d.get("findings") or [d.get("verdict", "")])), highlight=False, markup=False)
+    console.print(headline(result), style="bold green" if result.found else "bold red", highlight=False,
+                  markup=False, soft_wrap=True)
+    console.print(f"{result.builds} build(s), {result.seconds:.0f} s | {plan.out_dir / RESULT_MD} | "
+                  f"{plan.out_dir / RESULT_JSON}", highlight=False)
+    return 0 if result.found else 1

@@ -40,7 +40,7 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(np.lib.format, "write_array", full)
-    with pytest.raises(OSError):
+    with pytest.raises(FormatError, match=r"c\.npz: .*no space left on device"):
         cap.save(tmp_path / "c.npz")
     assert list(tmp_path.iterdir()) == []
 

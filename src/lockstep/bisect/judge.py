@@ -3,9 +3,8 @@
 It reads only the run's summary.json, as `lockstep run` wrote it: a commit is good when every
 compared (case, framework) pair passes (`passed`), bad when any compared pair fails or could not
 be compared (a crashed run, a missing case: lockstep's own run verdict fails those too), and
-untestable (skipped) when nothing was compared at all. A case entry's `verdict` and `cause` (the
-step-1 gradient certificate, where the summary has them) are shown as they are; without them the
-verdict is PASS / FAIL / ERROR from `passed` and `error`.
+untestable (skipped) when nothing was compared at all. A case entry's class and cause (compare/policy.py,
+from the loss and the step-1 certificate) are shown as they are.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from lockstep.compare.policy import class_of
 from lockstep.compare.run_dir import SUMMARY_NAME
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
@@ -48,7 +48,7 @@ def judge_run(run_dir: Path) -> Judgement:
     if failing:
         # Errors (a crashed run) first, then the largest |Δloss|: the pair a user looks at first.
         comp, worst = max(failing, key=lambda pc: (bool(pc[1].get("error")), pc[1].get("max_abs_diff") or 0.0))
-        verdict = worst.get("verdict") or ("ERROR" if worst.get("error") else "FAIL")
+        verdict = class_of(worst).value
         where = f"{worst['case']} {comp.get('test_framework')} vs {comp.get('baseline_framework')}"
         detail = (worst["error"] if worst.get("error") else
                   f"max |Δloss| {worst['max_abs_diff']:.3e} at step {worst.get('max_diff_step')}, "
@@ -66,7 +66,7 @@ def judge_run(run_dir: Path) -> Judgement:
     if not compared:
         return Judgement(SKIP, "NOT COMPARED", f"{path}: nothing was compared (every pair was skipped)")
     # Every pair passed: show the weakest pass ("PASS within logging precision" over "PASS").
-    verdicts = [c.get("verdict") or "PASS" for _, c in compared]
+    verdicts = [class_of(c).value for _, c in compared]
     verdict = next((v for v in verdicts if v != "PASS"), "PASS")
     causes = [c.get("cause") for _, c in compared if c.get("cause")]
     return Judgement(GOOD, verdict, f"{len(compared)} compared pair(s) passed", cause=causes[0] if causes else None,

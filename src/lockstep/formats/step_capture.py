@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from lockstep.errors import FormatError
+from lockstep.fsutil import atomic_write
 
 GRAD_EXACT = "exact"
 GRAD_SGD_RECOVERED = "sgd-recovered"
@@ -114,35 +115,28 @@ class StepCapture:
         return list(whole) + [n for n in sketched if n not in whole]
 
     def save(self, path: str | os.PathLike) -> None:
-        """Written aside, one entry at a time, and renamed into place."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".partial")
+        """Written aside, one entry at a time, and renamed into place; a failed write says why,
+        naming the file, and leaves nothing."""
         meta = {"schema": CAPTURE_SCHEMA, "framework": self.framework, "loss": self.loss,
                 "forward_order": self.forward_order, "grad_kind": self.grad_kind,
                 "grad_precision": self.grad_precision, "param_order": self.param_order,
                 "module_kind": self.module_kind, "notes": self.notes, "meta": self.meta,
                 "sketches": {k: {"norm": s.norm, "shape": list(s.shape)} for k, s in self.sketches.items()}}
-        try:
-            with zipfile.ZipFile(tmp, "w", allowZip64=True) as zf:
-                def put(name: str, array: np.ndarray) -> None:
-                    with zf.open(name + ".npy", "w", force_zip64=True) as f:
-                        # np.require keeps a 0-d array 0-d (ascontiguousarray would make it 1-d).
-                        np.lib.format.write_array(f, np.require(array, requirements="C"), allow_pickle=False)
+        with atomic_write(path, "wb", what="step-1 capture") as out, zipfile.ZipFile(out, "w", allowZip64=True) as zf:
+            def put(name: str, array: np.ndarray) -> None:
+                with zf.open(name + ".npy", "w", force_zip64=True) as f:
+                    # np.require keeps a 0-d array 0-d (ascontiguousarray would make it 1-d).
+                    np.lib.format.write_array(f, np.require(array, requirements="C"), allow_pickle=False)
 
-                for prefix, tensors in (("fwd/", self.forward), ("outgrad/", self.output_grads),
-                                        ("grad/", self.grads), ("tie/", self.tie_parts)):
-                    for name in tensors:
-                        put(prefix + name, np.asarray(tensors[name], dtype=np.float32))
-                for key, s in self.sketches.items():
-                    put("sk/" + key, np.asarray(s.values, dtype=np.float64))
-                if self.token_losses is not None:
-                    put("token_losses", np.asarray(self.token_losses, dtype=np.float32))
-                put("meta", np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+            for prefix, tensors in (("fwd/", self.forward), ("outgrad/", self.output_grads),
+                                    ("grad/", self.grads), ("tie/", self.tie_parts)):
+                for name in tensors:
+                    put(prefix + name, np.asarray(tensors[name], dtype=np.float32))
+            for key, s in self.sketches.items():
+                put("sk/" + key, np.asarray(s.values, dtype=np.float64))
+            if self.token_losses is not None:
+                put("token_losses", np.asarray(self.token_losses, dtype=np.float32))
+            put("meta", np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "StepCapture":

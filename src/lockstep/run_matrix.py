@@ -10,8 +10,11 @@ tell Adam's amplification of rounding from a defect (an FP64 reference run).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
+import time
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -411,27 +414,57 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
                 on_end(outcome)
         return on_done
 
-    for case, runner in pairs:
-        if (case.name, runner.name) in outcomes:
-            continue  # ran earlier, in a worker group with an earlier case
-        reason = skip_reason(case, runner)
-        if reason:
-            outcome = outcomes[(case.name, runner.name)] = CaseOutcome(case, runner.name, skipped=reason)
-            if on_end:
-                on_end(outcome)
-            continue
-        key = key_of(case, runner)
-        group = [case] if key is None else [
-            c for c, r in pairs if r is runner and (c.name, r.name) not in outcomes
-            and not skip_reason(c, r) and key_of(c, r) == key]
-        runner.run_many([(c, inputs_for(plan, c, runner)) for c in group], out_dirs, on_start=on_start,
-                        on_step=on_step, on_done=finished(runner), persistent=key is not None)
+    groups: dict[tuple[str, object], object] = {}  # (runner, key) -> its open WorkerGroup
+
+    def group_of(case: CaseSpec, runner: FrameworkRunner, key):
+        if (runner.name, key) not in groups:
+            groups[(runner.name, key)] = runner.open_workers(case, plan.inputs[case.name])
+        return groups[(runner.name, key)]
+
+    def prestart_next(after: int) -> None:
+        """While a pair runs in this process, the next worker group starts up beside it (one node
+        only: every node must start its groups in the same order)."""
+        if plan.nodes.multi_node:
+            return
+        for c, r in pairs[after + 1:]:
+            key = None if (c.name, r.name) in outcomes or skip_reason(c, r) else key_of(c, r)
+            if key is not None:
+                group_of(c, r, key).prestart(c.to_dict(), plan.out_dir / r.name)
+                return
+
+    try:
+        for i, (case, runner) in enumerate(pairs):
+            if (case.name, runner.name) in outcomes:
+                continue  # ran earlier, in a worker group with an earlier case
+            reason = skip_reason(case, runner)
+            if reason:
+                outcome = outcomes[(case.name, runner.name)] = CaseOutcome(case, runner.name, skipped=reason)
+                if on_end:
+                    on_end(outcome)
+                continue
+            key = key_of(case, runner)
+            if key is None:
+                prestart_next(i)
+            batch = [case] if key is None else [
+                c for c, r in pairs if r is runner and (c.name, r.name) not in outcomes
+                and not skip_reason(c, r) and key_of(c, r) == key]
+            runner.run_many([(c, inputs_for(plan, c, runner)) for c in batch], out_dirs, on_start=on_start,
+                            on_step=on_step, on_done=finished(runner), persistent=key is not None,
+                            group=group_of(case, runner, key) if key is not None else None)
+            if key is not None:
+                groups.pop((runner.name, key)).close()  # every case of its key ran: free its devices
+    except BaseException:
+        for g in groups.values():
+            g.__exit__(*sys.exc_info())  # interrupted or failing: no rank may outlive lockstep
+        raise
+    for g in groups.values():
+        g.close()  # prestarted for a pair that did not need it after all
     return [outcomes[(case.name, runner.name)] for case, runner in pairs]
 
 
 def inputs_for(plan: RunPlan, case: CaseSpec, runner: FrameworkRunner) -> RunInputs:
     """The case's inputs, asking the runner to record step 1 where the case is certified."""
-    from lockstep.capture.request import CaptureRequest
+    from lockstep.capture.request import CAPTURE_ROWS, CaptureRequest
 
     inputs = plan.inputs[case.name]
     if not plan.certifies(case):
@@ -439,7 +472,7 @@ def inputs_for(plan: RunPlan, case: CaseSpec, runner: FrameworkRunner) -> RunInp
     optimizer = inputs.family.optimizer
     baseline = plan.runners[0].name
     request = CaptureRequest(path=str(plan.capture_path(runner.name, case)),
-                             adam_eps=optimizer.eps if optimizer.kind == "adam" else None,
+                             adam_eps=optimizer.eps if optimizer.kind == "adam" else None, rows=CAPTURE_ROWS,
                              reference=str(plan.capture_path(baseline, case)) if runner.name != baseline else None)
     return dataclasses.replace(inputs, capture=request)
 
@@ -507,3 +540,32 @@ def gather_evidence(plan: RunPlan, summary: dict, say=lambda text: None) -> bool
             say(f"evidence for {name} could not be made: {record.error}")
         wrote = True
     return wrote
+
+
+class RunTiming:
+    """Where `lockstep run`'s wall time goes: its stages (planning, the runs, the certificates, the
+    comparison, ...) and, per framework and case, the phases each runner measured (start-up,
+    weights, data, training, teardown). Written to run.json's "timing"."""
+
+    def __init__(self):
+        self.began = time.perf_counter()
+        self.stages: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[name] = round(self.stages.get(name, 0.0) + time.perf_counter() - start, 3)
+
+    def to_json(self, outcomes: list[CaseOutcome]) -> dict:
+        pairs = []
+        for o in outcomes:
+            if o.record is None:
+                continue
+            meta = o.record.meta
+            pairs.append({"framework": o.framework, "case": o.case.name, "wall_s": meta.get("wall_s"),
+                          "phases": meta.get("phases", {}),
+                          "step1_capture_s": meta.get("step1_capture_seconds")})
+        return {"total_s": round(time.perf_counter() - self.began, 3), "stages": self.stages, "pairs": pairs}

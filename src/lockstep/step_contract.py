@@ -118,3 +118,50 @@ def fp32_sequential_loss(token_losses) -> float:
 def fp32_sequential_of_tensors(micro_token_losses: list) -> float:
     """`fp32_sequential_loss` of per-micro-batch torch tensors (copied to the host after the clock)."""
     return fp32_sequential_loss([t.detach().float().cpu().numpy() for t in micro_token_losses])
+
+
+# Where a run's time goes, per framework and case (run.json's "timing", the report's table).
+PHASES = ("start-up", "weights", "data", "training", "teardown")
+
+
+class Phases:
+    """Wall time of the phases of one run, measured where they happen:
+
+        phases = Phases()
+        with phases("weights"): ...load the checkpoint...
+
+    or, through straight-line code, `phases.lap("weights")` at the end of each stretch (the time
+    since the previous lap, or since the start). `seconds` maps each phase to its seconds (a
+    phase entered twice adds up); `started_wall` / the finish time let the runner's parent put the
+    time before and after these in start-up and teardown."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.started_wall = time.time()
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.add(name, now - self._last)
+        self._last = now
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - start)
+            self._last = time.perf_counter()
+
+    def add(self, name: str, seconds: float) -> None:
+        if name not in PHASES:
+            raise ValueError(f"unknown phase {name!r}; phases: {', '.join(PHASES)}")
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + max(seconds, 0.0), 3)
+
+    def to_dict(self) -> dict[str, float]:
+        return {p: self.seconds[p] for p in PHASES if p in self.seconds}
+
+    def report(self) -> dict:
+        """What a runner returns for its record: the phases, and when they began and ended (wall clock)."""
+        return {"phases": self.to_dict(), "case_started_wall": self.started_wall, "case_finished_wall": time.time()}

@@ -11,10 +11,11 @@ import numpy as np
 from lockstep.capture.sketch import l2_norm, sketch_numpy, sketch_torch
 from lockstep.formats.step_capture import Sketch, StepCapture
 
-# Whole forward outputs of a certificate are sketched too; but `lockstep diagnose` keeps the
-# whole tensors of the first sequences only: activations grow with the micro batch (GPT-2 124M at
-# B=80: 2 GB of module outputs), and one sequence's rows already show where a forward parts.
-DIAGNOSE_ROWS = 4
+# Module outputs (and the gradients arriving at them) are recorded for the first sequences of a
+# micro batch only: activations grow with the micro batch (GPT-2 124M at B=80: 2 GB of them, a 1B
+# model's InfiniTrain dumps 18 GB), and a sequence's forward does not depend on the others in its
+# batch, so a few of them show where a forward parts as well as all.
+CAPTURE_ROWS = 4
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from lockstep.errors import LockstepError
 from lockstep.compare.pairing import EVIDENCE_DIR, STEP1_DIR
 from lockstep.fsutil import os_problem
 from lockstep.outdir import CASE_OUTPUT_SUFFIXES, STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
-from lockstep.run_matrix import (CaseOutcome, RunPlan, RunRequest, certify_outcomes, execute_plan, gather_evidence,
-                                 plan_run)
+from lockstep.run_matrix import (CaseOutcome, RunPlan, RunRequest, RunTiming, certify_outcomes, execute_plan,
+                                 gather_evidence, plan_run)
 from lockstep.run_verdict import run_verdict
 from lockstep.runners import RUNNERS
 from lockstep.runners.nodes import NodeLayout
@@ -83,6 +83,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     # Wide enough for the tables when the output is a file or a CI log (rich assumes 80 there).
     console = Console(width=None if Console().is_terminal else 140)
+    timing = RunTiming()
     req = RunRequest(matrix=args.matrix, cases=split_list(args.cases), frameworks=split_list(args.frameworks),
                      model=args.model, llmc=args.llmc, data=args.data, text=args.text, steps=args.steps,
                      device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
@@ -93,7 +94,8 @@ def run(args) -> int:
     if args.repeat < 1:
         raise LockstepError(f"--repeat must be at least 1, not {args.repeat}")
     check_out_dir(Path(args.out), force=args.force)  # a bad --out is refused before any work
-    plan = plan_run(req)
+    with timing.stage("plan"):
+        plan = plan_run(req)
     if not plan.nodes.writes_records:
         return run_as_follower(plan, console, repeat=args.repeat)
     with open_run_dir(plan.out_dir, [*RUNNERS, REPEATS_DIR, STEP1_DIR, EVIDENCE_DIR], run_manifest(plan),
@@ -106,7 +108,8 @@ def run(args) -> int:
         models = "; ".join(f"{m.model_name} ({m.model.describe()}, {m.family.optimizer.kind})" for m in plan.models())
         console.print(f"device {plan.device} | model {models} | frameworks {', '.join(r.name for r in plan.runners)} "
                       f"(baseline {plan.runners[0].name}) | out {plan.out_dir}", highlight=False)
-        outcomes = run_with_progress(plan, console, run_dir, repeat=args.repeat)
+        with timing.stage("runs"):
+            outcomes = run_with_progress(plan, console, run_dir, repeat=args.repeat)
         options = CompareOptions(peak_tflops=getattr(args, "peak_tflops", None))
         console.print(outcome_table(outcomes, options))
         for o in outcomes:
@@ -117,15 +120,21 @@ def run(args) -> int:
         from lockstep.compare.run_dir import compare_run_dir
 
         dim = lambda text: console.print(f"[dim]{text}[/dim]", highlight=False)  # noqa: E731
-        certify_outcomes(plan, outcomes, say=dim)
-        summary = compare_run_dir(plan.out_dir, baseline_framework=plan.runners[0].name, options=options)
-        if gather_evidence(plan, summary, say=dim):
+        with timing.stage("certificates"):
+            certify_outcomes(plan, outcomes, say=dim)
+        with timing.stage("comparison"):
             summary = compare_run_dir(plan.out_dir, baseline_framework=plan.runners[0].name, options=options)
+        with timing.stage("evidence"):
+            more = gather_evidence(plan, summary, say=dim)
+        if more:
+            with timing.stage("comparison"):
+                summary = compare_run_dir(plan.out_dir, baseline_framework=plan.runners[0].name, options=options)
         print_comparison(console, summary)
         print_diagnose_hints(console, summary, str(plan.out_dir))
         if args.repeat > 1:
             summary = report_determinism(console, plan, outcomes, args.repeat)
-        history_error = record_in_history(console, args, summary, plan)
+        with timing.stage("history"):
+            history_error = record_in_history(console, args, summary, plan)
         if args.junit is not None:
             from lockstep.report.junit import cases_from_comparisons, write_junit
 
@@ -135,16 +144,31 @@ def run(args) -> int:
         if not args.no_report and any(o.record is not None for o in outcomes):
             from lockstep.report import write_report
 
-            report_paths = list(write_report(plan.out_dir, baseline_framework=plan.runners[0].name, options=options,
-                                             history_path=None if history_error else history_path(args)))
+            run_dir.update_manifest(timing=timing.to_json(outcomes))  # the report shows where the time went
+            with timing.stage("report"):
+                report_paths = list(write_report(plan.out_dir, baseline_framework=plan.runners[0].name,
+                                                 options=options,
+                                                 history_path=None if history_error else history_path(args)))
         verdict = run_verdict(outcomes, summary, [r.name for r in plan.runners], plan.out_dir, report_paths)
-        run_dir.mark(STATUS_FINISHED, verdict=verdict.word)
+        run_dir.mark(STATUS_FINISHED, verdict=verdict.word, timing=timing.to_json(outcomes))
+        console.print(timing_line(timing.to_json(outcomes)), highlight=False, soft_wrap=True)
     for i, line in enumerate(verdict.lines):
         style = {"PASS": "bold green", "OK": "bold green"}.get(verdict.word, "bold red") if i == 0 else None
         console.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
     if history_error:
         console.print(f"[red]history not written:[/red] {history_error}", highlight=False)
     return 1 if history_error else verdict.exit_code
+
+
+def timing_line(timing: dict) -> str:
+    """One line: the run's wall time by stage and, over every pair, by phase."""
+    phases: dict[str, float] = {}
+    for pair in timing["pairs"]:
+        for name, s in pair["phases"].items():
+            phases[name] = phases.get(name, 0.0) + s
+    stages = ", ".join(f"{k} {v:.1f}" for k, v in timing["stages"].items())
+    within = ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
+    return f"time: {timing['total_s']:.1f} s ({stages}; the runs' phases: {within}) -- run.json \"timing\""
 
 
 def report_determinism(console: Console, plan: RunPlan, outcomes: list[CaseOutcome], repeat: int) -> dict:

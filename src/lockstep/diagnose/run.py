@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lockstep.capture.request import DIAGNOSE_ROWS, CaptureRequest
+from lockstep.capture.request import CAPTURE_ROWS, CaptureRequest
 from lockstep.cases.spec import CaseSpec
 from lockstep.compare.pairing import DIAGNOSE_DIR
 from lockstep.diagnose.verdict import DriftRun, DriftStep, Verdict, diagnose_captures
@@ -21,7 +21,7 @@ from lockstep.formats.step_capture import StepCapture
 from lockstep.step_contract import LOGGED_LOSS_WORDS
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import read_run_record
-from lockstep.fsutil import atomic_write
+from lockstep.fsutil import atomic_write, check_free_space
 from lockstep.models import model_shape, read_checkpoint_layout
 from lockstep.run_matrix import RunRequest, plan_run, runner_options
 from lockstep.runners import get_runner
@@ -220,6 +220,11 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
             reason = get_runner(fw, **plan.options.get(fw, {})).skip_reason(plan.case, plan.inputs)
             if reason:
                 raise LockstepError(f"{fw} cannot run case {plan.case.name} here: {reason}")
+    # Scratch: each framework's capture holds every gradient (the model's FP32 size); they are
+    # compared one tensor at a time, and InfiniTrain's own checkpoint is read and removed before its
+    # capture is written, so two of them are the most the disk holds at once.
+    check_free_space(plan.out_dir, diagnose_scratch_bytes(plan.inputs.model, len(plan.frameworks)),
+                     "lockstep diagnose's step-1 captures")
     captures: dict[str, StepCapture] = {}
     order = ["pytorch"] + [f for f in plan.frameworks if f != "pytorch"]  # the reference first: it has the structure
     optimizer = plan.inputs.family.optimizer
@@ -232,7 +237,7 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
         say(f"step 1 on {fw} ...")
         start = time.perf_counter()
         request = CaptureRequest(path=str(plan.out_dir / f"{fw}_{plan.case.name}_step1.npz"), full=True,
-                                 adam_eps=adam_eps, rows=DIAGNOSE_ROWS,
+                                 adam_eps=adam_eps, rows=CAPTURE_ROWS,
                                  reference=captures["pytorch"].source if "pytorch" in captures else None)
         captures[fw] = runner.capture(plan.case, plan.inputs, plan.out_dir, request)
         captures[fw].meta["seconds"] = time.perf_counter() - start
@@ -259,13 +264,18 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
     return verdicts
 
 
+def diagnose_scratch_bytes(model, frameworks: int) -> int:
+    """Disk a diagnose needs: one FP32 copy of the model's gradients per framework's capture."""
+    return 4 * model.num_parameters() * max(frameworks, 2)
+
+
 def verdict_path(out_dir: Path, verdict: Verdict) -> Path:
     return out_dir / f"{verdict.case}_{verdict.reference}_vs_{verdict.test}.json"
 
 
 def write_verdict(out_dir: Path, verdict: Verdict) -> Path:
     path = verdict_path(out_dir, verdict)
-    with atomic_write(path, "w") as f:
+    with atomic_write(path, "w", what="diagnose verdict") as f:
         json.dump(verdict.to_json(), f, indent=2, allow_nan=True)
         f.write("\n")
     return path

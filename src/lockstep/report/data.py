@@ -27,6 +27,7 @@ class ReportData:
     options: CompareOptions = field(default_factory=CompareOptions)
     skipped: dict[str, dict[str, str]] = field(default_factory=dict)  # framework -> case -> reason (run.json)
     problems: list[str] = field(default_factory=list)  # run-level problems (e.g. an unreadable run.json)
+    timing: dict | None = None  # run.json's "timing": where the run's wall time went
 
     @property
     def cases(self) -> list[str]:
@@ -72,6 +73,17 @@ class ReportData:
         return all(r.passed for r in judged)
 
 
+def run_timing(run_dir: Path) -> dict | None:
+    """run.json's "timing", or None (an older run, another tool's files, or no run.json)."""
+    import json
+
+    try:
+        timing = json.loads((run_dir / "run.json").read_text()).get("timing")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return timing if isinstance(timing, dict) and isinstance(timing.get("pairs"), list) else None
+
+
 def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
            options: CompareOptions | None = None) -> ReportData:
     run_dir = Path(run_dir)
@@ -91,6 +103,7 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
         data.skipped = skipped_pairs(run_dir)
     except LockstepError as e:
         data.problems.append(str(e))
+    data.timing = run_timing(run_dir)
     for fw in frameworks:
         tree = collect_cases(run_dir / fw)
         data.problems += tree.unreadable

@@ -50,6 +50,9 @@ def render_html(data: ReportData, images: dict[str, bytes], trends: dict[str, by
         "<h2>Throughput</h2>", f"<p>{html.escape(tables.THROUGHPUT_NOTE)}</p>",
         _table(tables.THROUGHPUT_HEADER, tables.throughput_rows(data)),
     ]
+    if data.timing:
+        parts += ["<h2>Where the time went</h2>", f"<p>{html.escape(tables.timing_note(data))}</p>",
+                  _table(tables.TIMING_HEADER, tables.timing_rows(data))]
     problems = tables.problem_lines(data)
     if problems:
         parts += ["<h2>Problems</h2>", "<ul>"] + [f"<li>{html.escape(p)}</li>" for p in problems] + ["</ul>"]

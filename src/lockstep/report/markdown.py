@@ -24,6 +24,9 @@ def render_markdown(data: ReportData, image_paths: dict[str, str]) -> str:
              "## Verdicts", "", _table(tables.VERDICT_HEADER, tables.verdict_rows(data)), ""]
     parts += ["## Throughput", "", tables.THROUGHPUT_NOTE, "",
               _table(tables.THROUGHPUT_HEADER, tables.throughput_rows(data)), ""]
+    if data.timing:
+        parts += ["## Where the time went", "", tables.timing_note(data), "",
+                  _table(tables.TIMING_HEADER, tables.timing_rows(data)), ""]
     problems = tables.problem_lines(data)
     if problems:
         parts += ["## Problems", ""] + [f"- {p}" for p in problems] + [""]

@@ -47,6 +47,29 @@ THROUGHPUT_NOTE = (f"Over the steps after warm-up; every step's time is the slow
                    f"12·L·T·C) × median tok/s ÷ (dense peak of the device for the dtype × devices).")
 
 
+TIMING_HEADER = ["framework", "case", "wall s", "start-up", "weights", "data", "training", "teardown",
+                 "step-1 capture"]
+
+
+def timing_note(data: ReportData) -> str:
+    t = data.timing or {}
+    stages = ", ".join(f"{k} {v:.1f} s" for k, v in (t.get("stages") or {}).items())
+    return (f"lockstep run took {t.get('total_s', 0):.1f} s ({stages}). Per framework and case, in seconds: start-up "
+            "(process, imports, a worker group picking the case up), weights (reading the checkpoint, building "
+            "the model and optimizer), data, training (every step; step 1 includes recording it for the "
+            "certificate), teardown (after the last step).")
+
+
+def timing_rows(data: ReportData) -> list[list[str]]:
+    rows = []
+    for pair in (data.timing or {}).get("pairs", []):
+        phases = pair.get("phases") or {}
+        rows.append([pair.get("framework", "-"), pair.get("case", "-"), _num(pair.get("wall_s"), ".1f"),
+                     *[_num(phases.get(p), ".2f") for p in ("start-up", "weights", "data", "training", "teardown")],
+                     _num(pair.get("step1_capture_s"), ".2f")])
+    return rows
+
+
 def throughput_rows(data: ReportData) -> list[list[str]]:
     rows = []
     for case in data.cases:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import time
 import os
 import platform
 import shlex
@@ -35,7 +36,7 @@ from lockstep.fsutil import atomic_write, open_for_streaming, os_error_sentence,
 from lockstep.models import family as model_family
 from lockstep.models.family import ModelFamily
 from lockstep.runners.nodes import NodeLayout
-from lockstep.step_contract import LOGGED_FP64_MEAN
+from lockstep.step_contract import LOGGED_FP64_MEAN, PHASES
 
 StepCallback = Callable[[StepRecord], None]
 StartCallback = Callable[[CaseSpec, str], None]  # (case, framework) before each run
@@ -122,15 +123,18 @@ class FrameworkRunner(ABC):
 
     def run_many(self, pairs: Sequence[tuple[CaseSpec, RunInputs]], out_dirs: Sequence[Path],
                  on_start: StartCallback | None = None, on_step: StepCallback | None = None,
-                 on_done: DoneCallback | None = None, persistent: bool = False) -> list[list[RunRecord]]:
+                 on_done: DoneCallback | None = None, persistent: bool = False, group=None) -> list[list[RunRecord]]:
         """Run every (case, inputs) in order, once per directory of `out_dirs` (the repeats; the
         repeats after a failed one are not run: it has no losses to repeat).
 
         With `persistent` (the pairs share one `worker_group_key`), every run goes to one worker
-        group, started once; otherwise each run is `run` on its own, as one case always was."""
+        group, started once -- `group` when the caller holds one open (and closes it), else one of
+        its own; otherwise each run is `run` on its own, as one case always was."""
         results: list[list[RunRecord]] = []
-        group = self.open_workers(*pairs[0]) if persistent and pairs else None
-        with group if group is not None else nullcontext():
+        own = group is None and persistent and bool(pairs)
+        if own:
+            group = self.open_workers(*pairs[0])
+        with group if own else nullcontext():
             for case, inputs in pairs:
                 records: list[RunRecord] = []
                 for out_dir in out_dirs:
@@ -155,10 +159,12 @@ class FrameworkRunner(ABC):
         log_path, record_path = out_dir / f"{case.name}.log", out_dir / f"{case.name}.jsonl"
         meta = base_meta(self, case, inputs)
         record = RunRecord(framework=self.name, case=case.name, meta=meta, source=str(record_path))
+        began = time.time()
         try:
             result = (self.execute(case, inputs, log_path, on_step) if workers is None
                       else self.execute(case, inputs, log_path, on_step, workers=workers))
             record.meta.update(result.meta)
+            record.meta.update(whole_run_phases(result.meta, began, time.time()))
             record.steps = result.steps
             if inputs.nodes.writes_records:  # other nodes train their ranks; node 0 gets the steps
                 check_complete(case, result.steps, log_path)
@@ -192,6 +198,19 @@ class FrameworkRunner(ABC):
         except LockstepError as e:
             return {"step1_capture_error": str(e)}
         return {"step1_capture": inputs.capture.path, "step1_capture_seconds": round(time.perf_counter() - start, 2)}
+
+
+def whole_run_phases(meta: dict, began: float, ended: float) -> dict:
+    """The case's phases as its runner measured them, with the time before the framework began the
+    case (process start, imports, a worker group picking the case up) as start-up, and after it
+    ended (process exit, the group's hand-back) as teardown; `wall_s` the whole run."""
+    phases = dict(meta.get("phases") or {})
+    started, finished = meta.pop("case_started_wall", None), meta.pop("case_finished_wall", None)
+    if isinstance(started, (int, float)):
+        phases["start-up"] = round(phases.get("start-up", 0.0) + max(started - began, 0.0), 3)
+    if isinstance(finished, (int, float)):
+        phases["teardown"] = round(phases.get("teardown", 0.0) + max(ended - finished, 0.0), 3)
+    return {"phases": {p: phases[p] for p in PHASES if p in phases}, "wall_s": round(ended - began, 3)}
 
 
 def run_in_process(log_path: Path, on_step: StepCallback | None, train: Callable[[StepCallback, Any], dict]) -> ExecuteResult:

@@ -129,6 +129,13 @@ class WorkerGroup:
         self.starts += 1
         self.started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
+    def prestart(self, case: dict, log_dir: Path) -> None:
+        """Start the ranks now, before their first case is handed over: their start-up (torchrun,
+        imports, the process group) then overlaps whatever runs in the meantime."""
+        if not self.running:
+            self._discard()
+            self._start({"case": case}, Path(log_dir))
+
     def run_job(self, job: dict, log_path: Path, timeout_s: float | None = None,
                 on_step: Callable[[StepRecord], None] | None = None) -> tuple[list[StepRecord], dict]:
         log_path = Path(log_path)

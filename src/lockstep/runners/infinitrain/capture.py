@@ -79,10 +79,14 @@ def recover_adam_update(w0: np.ndarray, w1: np.ndarray, lr: float = ADAM_RECOVER
 
 
 def capture_step(runner, case: CaseSpec, inputs, work_dir: Path, request: CaptureRequest) -> StepCapture:
-    """One InfiniTrain step at a recovery lr, saved; the gradients recovered from the weights."""
-    from lockstep.runners.base import final_params_path
+    """One InfiniTrain step at a recovery lr, saved; the gradients recovered from the weights; the
+    module outputs from its own dumps of the same first micro batch (or of its first `rows`
+    sequences only, from a launch of that micro batch alone, when the case's is larger: the dumps
+    of a whole micro batch of a 1B model are ~18 GB)."""
+    from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint
+    from lockstep.runners.infinitrain.families import adapter_for
     from lockstep.runners.infinitrain.precision_check import UNSUPPORTED_MARK, read_module_outputs
-    from lockstep.runners.infinitrain.runner import PRECISION_CHECK_DIR
+    from lockstep.runners.infinitrain.runner import KEEP_SAVE, PRECISION_CHECK_DIR
 
     work_dir = Path(work_dir)
     family = inputs.family
@@ -95,44 +99,59 @@ def capture_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Captur
     else:
         lr = ADAM_RECOVERY_LR
     step_case = case.with_overrides(steps=1, lr=lr, name=f"{case.name}_recovery_lr{lr:g}")
+    rows = request.rows
+    # The dumps come from the recovery step itself, or from one micro batch of `rows` sequences (the
+    # same first sequences: a sequence's forward does not depend on the others in its batch).
+    small = rows is not None and case.micro_batch > rows
+    dump_case = (case.with_overrides(steps=1, micro_batch=rows, total_batch=rows * case.seq_len, dp=1,
+                                     name=f"{case.name}_first{rows}") if small else step_case)
     check_dir = (work_dir / f"infinitrain_{case.name}_module_outputs").resolve()
     shutil.rmtree(check_dir, ignore_errors=True)
-    saving = dataclasses.replace(inputs, save_final_params=True, capture=None)
-    record = runner.run(step_case, dataclasses.replace(saving, extra={**inputs.extra, PRECISION_CHECK_DIR: str(check_dir)}),
-                        work_dir)
+    plain = dataclasses.replace(inputs, capture=None)
+    dumping = dataclasses.replace(plain, extra={**inputs.extra, PRECISION_CHECK_DIR: str(check_dir)})
     forward_note = ""
-    if not record.ok and "unknown command line flag" in (record.error or "") and UNSUPPORTED_MARK in record.error:
+    dumped = runner.run(dump_case, dumping if small else _saving(dumping, KEEP_SAVE), work_dir)
+    if not dumped.ok and "unknown command line flag" in (dumped.error or "") and UNSUPPORTED_MARK in dumped.error:
         forward_note = ("this InfiniTrain build has no --precision_check, so no module outputs: its forward is "
                         "judged from the step-1 loss and the gradients")
-        record = runner.run(step_case, saving, work_dir)
-    if not record.ok:
-        raise RunError(f"InfiniTrain's recovery step failed: {record.error}")
+        dumped = None if small else runner.run(step_case, _saving(plain, KEEP_SAVE), work_dir)
+    elif not dumped.ok:
+        raise RunError(f"InfiniTrain's step-1 capture failed: {dumped.error}")
     builder = CaptureBuilder(dataclasses.replace(request, adam_eps=None), "infinitrain")
     cap = builder.capture
     forward = read_module_outputs(check_dir)
     for name, value in forward.items():
         builder.add("fwd", name, value)
     if case.pp == 1:
+        # The dumps' backward is of the mean over their own micro batch; the reference's of the case's
+        # first micro batch's mean / accum: scale to it.
+        scale = (dump_case.micro_batch * dump_case.accum) / (case.micro_batch * case.accum)
         for name, value in read_module_outputs(check_dir, stage="backward").items():
-            builder.add("outgrad", name, value)
-    shutil.rmtree(check_dir, ignore_errors=True)  # every activation and its gradient: large, and read now
+            builder.add("outgrad", name, value * np.float32(scale) if scale != 1 else value)
+    shutil.rmtree(check_dir, ignore_errors=True)  # every activation and its gradient: read now
     cap.forward_order = list(forward)
     if forward_note:
         cap.notes.append(forward_note)
     elif forward:
-        cap.notes.append(f"infinitrain module outputs: its own --precision_check dumps of rank 0's first micro batch "
-                         f"({len(forward)} modules)")
-    params_path = final_params_path(Path(record.source).with_suffix(".log"))
-    with np.load(params_path) as saved:
-        for name, before in w0.items():  # one tensor at a time: w1 of a 1B model is 5 GB
-            if name not in saved.files:
-                raise RunError(f"{params_path}: InfiniTrain's checkpoint has no tensor for {name}")
-            if sgd:
-                g, cap.grad_precision[name] = recover_sgd(before, saved[name], lr)
-            else:
-                g = recover_adam_update(before, saved[name], lr)
-            builder.add("grad", name, g)
-    params_path.unlink(missing_ok=True)
+        cap.notes.append(f"infinitrain module outputs: its own --precision_check dumps of rank 0's first micro batch"
+                         + (f" (its first {rows} sequences, from a launch of those alone)" if small else "")
+                         + f" ({len(forward)} modules)")
+    record = dumped if (dumped is not None and not small) else runner.run(step_case, _saving(plain, KEEP_SAVE), work_dir)
+    if not record.ok:
+        raise RunError(f"InfiniTrain's recovery step failed: {record.error}")
+    saved_path = Path(record.meta["infinitrain_save"])
+    # Its own checkpoint, read once into memory and removed before the capture is written: the disk
+    # never holds w1 twice.
+    w1 = adapter_for(family.name).canonical_state(read_infinitrain_checkpoint(saved_path), inputs.model)
+    shutil.rmtree(saved_path.parent.parent, ignore_errors=True)  # <case>.save/ (lockstep's own)
+    for name, before in w0.items():
+        if name not in w1:
+            raise RunError(f"{saved_path}: InfiniTrain's checkpoint has no tensor for {name}")
+        if sgd:
+            g, cap.grad_precision[name] = recover_sgd(before, w1.pop(name), lr)
+        else:
+            g = recover_adam_update(before, w1.pop(name), lr)
+        builder.add("grad", name, g)
     if sgd:
         cap.grad_kind = GRAD_SGD_RECOVERED
         worst = max(cap.grad_precision.values(), default=0.0)
@@ -147,3 +166,8 @@ def capture_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Captur
     cap.loss = record.steps[0].loss
     cap.meta = {"recovery_lr": lr, "log": record.source, "case": case.to_dict()}
     return builder.finish()
+
+
+def _saving(inputs, keep_key: str):
+    """The inputs of the recovery step: its weights saved after the step, kept as InfiniTrain wrote them."""
+    return dataclasses.replace(inputs, save_final_params=True, extra={**inputs.extra, keep_key: True})

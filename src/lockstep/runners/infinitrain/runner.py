@@ -26,6 +26,7 @@ Facts about InfiniTrain this module relies on (example/gpt2/main.cc at commit b2
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -59,6 +60,9 @@ INFINITRAIN_PROCESS_ENV = ("NNODES", "NPROC_PER_NODE", "PROC_WORLD_SIZE", "GLOBA
 POLL_INTERVAL_S = 0.5
 # RunInputs.extra key: a directory for InfiniTrain's module-output dumps (`lockstep diagnose`).
 PRECISION_CHECK_DIR = "infinitrain_precision_check_dir"
+# RunInputs.extra key: leave the weights InfiniTrain saved after the last step as its model.ckpt
+# (meta "infinitrain_save") instead of a second copy as `<case>.final.npz` (a capture reads it once).
+KEEP_SAVE = "infinitrain_keep_save"
 TAIL_LINES = 15
 
 
@@ -229,9 +233,15 @@ class InfiniTrainRunner(FrameworkRunner):
         if inputs.nodes.writes_records and [s.step for s in steps] != list(range(1, case.steps + 1)):
             raise RunError(f"{log_path}: InfiniTrain exited normally but logged {len(steps)} of {case.steps} step(s)"
                            + _tail(text))
+        saved = {}
         if inputs.save_final_params and inputs.nodes.writes_records:
-            write_final_params_from_save(save_dir, case, inputs, final_params_path(log_path))
+            if inputs.extra.get(KEEP_SAVE):
+                saved = {"infinitrain_save": str(saved_checkpoint(save_dir, case))}
+            else:
+                write_final_params_from_save(save_dir, case, inputs, final_params_path(log_path))
         meta = {
+            **saved,
+            **log_phases(text),
             "worker_command": shlex.join(cmd),
             "infinitrain_build": str(self.build_dir),
             "infinitrain_commit": find_build_commit(self.build_dir) or "unknown",
@@ -244,17 +254,49 @@ class InfiniTrainRunner(FrameworkRunner):
 # ---------------------------------------------------------------------- helpers
 
 
-def write_final_params_from_save(save_dir: Path, case: CaseSpec, inputs: RunInputs, out_path: Path) -> None:
-    """InfiniTrain's checkpoint after the last step -> `<case>.final.npz` under LLMC names; the
-    checkpoint itself (a second copy of the model) is removed."""
+def saved_checkpoint(save_dir: Path, case: CaseSpec) -> Path:
+    """The model.ckpt InfiniTrain saved after the case's last step."""
     ckpt = save_dir / f"checkpoint_step_{case.steps:06d}" / "model.ckpt"
     if not ckpt.is_file():
         raise RunError(f"{ckpt}: InfiniTrain saved no checkpoint after step {case.steps} "
                        "(this build's --save/--save_interval flags may differ)")
+    return ckpt
+
+
+def write_final_params_from_save(save_dir: Path, case: CaseSpec, inputs: RunInputs, out_path: Path) -> None:
+    """InfiniTrain's checkpoint after the last step -> `<case>.final.npz` under LLMC names; the
+    checkpoint itself (a second copy of the model) is removed."""
+    ckpt = saved_checkpoint(save_dir, case)
     state = adapter_for(inputs.model.family).canonical_state(read_infinitrain_checkpoint(ckpt), inputs.model)
     write_final_params(out_path, state)
     shutil.rmtree(save_dir, ignore_errors=True)
 
+
+
+_GLOG_TIME = re.compile(r"^[IWEF](\d{8} \d{2}:\d{2}:\d{2}\.\d{6}) ")
+
+
+def log_phases(text: str) -> dict:
+    """Its phases from its own glog timestamps (local time): until its first line, start-up; until
+    "start training", weights (the checkpoint and the data loader, which it does not tell apart);
+    until its last step line, training; the rest (after the last step) is teardown."""
+    import datetime as dt
+
+    stamps, start_training, last_step = [], None, None
+    for line in text.splitlines():
+        m = _GLOG_TIME.match(line)
+        if not m:
+            continue
+        t = dt.datetime.strptime(m.group(1), "%Y%m%d %H:%M:%S.%f").timestamp()
+        stamps.append(t)
+        if start_training is None and line.rstrip().endswith("] start training"):
+            start_training = t
+        if " | train loss " in line:
+            last_step = t
+    if not stamps or start_training is None or last_step is None:
+        return {}
+    return {"phases": {"weights": round(start_training - stamps[0], 3), "training": round(last_step - start_training, 3)},
+            "case_started_wall": stamps[0], "case_finished_wall": last_step}
 
 
 def _absolute(path: Path) -> Path:

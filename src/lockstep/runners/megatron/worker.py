@@ -26,6 +26,7 @@ import json
 import math
 import os
 import sys
+import time
 import traceback
 from functools import partial
 from pathlib import Path
@@ -44,7 +45,7 @@ from lockstep.runners.megatron.job import DATA_SEED, LOG_MARKER, MODEL_SEED, Meg
 from lockstep.runners.megatron.capture import StepRecorder
 from lockstep.runners.megatron.parallel import ParallelLayout
 from lockstep.runners.nodes import reports_results
-from lockstep.step_contract import StepClock, fp32_sequential_of_tensors, slowest_rank
+from lockstep.step_contract import Phases, StepClock, fp32_sequential_of_tensors, slowest_rank
 
 
 def _say(layout: ParallelLayout, text: str) -> None:
@@ -168,6 +169,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     from lockstep.runners.megatron.families import adapter_for
     from lockstep.runners.megatron.parallel import init_parallel
 
+    phases = Phases()
     case = job.case
     family = model_family(job.model.family)
     adapter = adapter_for(job.model)
@@ -204,6 +206,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
         _say(layout, "cpu shims (no CUDA): " + "; ".join(shims))
 
     # Weights: every rank maps its own shard straight from the memory-mapped LLMC file.
+    phases.lap("start-up")  # the parallel state, megatron's config
     ckpt = load_checkpoint(job.checkpoint)
     canonical = split_canonical(ckpt.tensors, ckpt.config)
     # Never let GPTDataset wrap into a second epoch: the contract reads each token window once.
@@ -242,6 +245,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     # Data: the converted stream and GPTDataset's index cache are built by one rank at a time where
     # they may share a directory: global rank 0 first, then local rank 0 of every other node (whose
     # cache may be another disk, or the same shared one, then found complete), then all the others.
+    phases.lap("weights")
     num_samples = mdata.samples_needed(case)
     dataset = None
     my_turn = 0 if layout.rank == 0 else (1 if layout.local_rank == 0 else 2)
@@ -254,6 +258,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
                  f"GPTDataset with the identity shuffle ({num_samples} samples of {T}+1 tokens)")
     batches = mdata.MicroBatches(dataset, case, layout.dp_rank, layout.device)
     forward_step = make_forward_step(batches.attention_mask, padded_vocab_mask(vocab_rows, job.model.vocab_size, layout))
+    phases.lap("data")
     forward_backward = get_forward_backward_func()
     if layout.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(layout.device)
@@ -281,8 +286,10 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
                 forward_only=False,
             )
             if recorder is not None:
+                began = time.perf_counter()
                 recorder.finish(results)  # the gradients after finalize_model_grads, before the update
                 info["step1_capture"] = job.capture.path
+                info["step1_capture_seconds"] = round(time.perf_counter() - began, 3)
             _update_ok, grad_norm = optimizer_step(optimizer)
             scheduler.step(increment=1)
         elapsed_s = clock.seconds
@@ -315,6 +322,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
                                    peak_mem_mb=slowest_peak if layout.device.type == "cuda" else None,
                                    loss_fp32_sum=float(loss_t[1].item()) if layout.dp == 1 else None))
 
+    phases.lap("training")
     if job.final_params_path:
         final = final_canonical_params(chunks, shards, job.model, adapter, layout)
         if layout.rank == 0:
@@ -323,8 +331,10 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     _say(layout, perf_summary_line(len(measured_ms), sum(measured_ms) / len(measured_ms),
                                    sum(measured_rates) / len(measured_rates)))
     device_name = torch.cuda.get_device_name(layout.device) if layout.device.type == "cuda" else "cpu"
+    phases.lap("teardown")
     return {
         **info,
+        **phases.report(),
         **peak_memory_info(layout.device, layout.world),
         "framework_version": f"megatron-core {version}",
         "megatron_core_version": version,

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Callable, TextIO
 
@@ -36,8 +37,8 @@ from lockstep.runners.pytorch.capture import StepRecorder, capture_step
 from lockstep.runners.memory import peak_memory_info
 from lockstep.models.reference import llmc_state
 from lockstep.runners.base import write_final_params
-from lockstep.step_contract import (StepClock, fp32_matmul_precision, fp32_sequential_of_tensors, slowest_rank,
-                                    step_loss_fp64)
+from lockstep.step_contract import (Phases, StepClock, fp32_matmul_precision, fp32_sequential_of_tensors,
+                                    slowest_rank, step_loss_fp64)
 
 
 @dataclass(frozen=True)
@@ -123,19 +124,22 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    ckpt = load_checkpoint(checkpoint)
-    family = model_family(ckpt.family)
-    stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
-    case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
-    model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config).to(device)
-    dp_rank = pg.rank
-    ddp = None
-    if pg.world > 1:
-        ddp = wrap_data_parallel(model, case, device)
-    train_model = ddp or model
-    zero = case.zero if pg.world > 1 else 0
-    optimizer = build_sharded_optimizer(family.optimizer, train_model.parameters(), case.lr, zero)
-    batches = TokenBatches(stream.tokens, case, dp_rank=dp_rank)
+    phases = Phases()
+    with phases("weights"):
+        ckpt = load_checkpoint(checkpoint)
+        family = model_family(ckpt.family)
+    with phases("data"):
+        stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
+        case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
+        batches = TokenBatches(stream.tokens, case, dp_rank=pg.rank)
+    with phases("weights"):
+        model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config).to(device)
+        ddp = None
+        if pg.world > 1:
+            ddp = wrap_data_parallel(model, case, device)
+        train_model = ddp or model
+        zero = case.zero if pg.world > 1 else 0
+        optimizer = build_sharded_optimizer(family.optimizer, train_model.parameters(), case.lr, zero)
     if pg.reports:
         print(f"lockstep pytorch runner | case {case.name} | {case.parallel_label} | dtype {case.dtype} | "
               f"B={case.micro_batch} T={case.seq_len} tokens/step={case.total_batch} accum={case.accum} | "
@@ -147,7 +151,7 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
         torch.cuda.reset_peak_memory_stats(device)
     times_ms, tps = [], []
     info: dict = {}
-    with fp32_matmul_precision(enabled_tf32=False):
+    with fp32_matmul_precision(enabled_tf32=False), phases("training"):
         for step in range(case.steps):
             recorder = StepRecorder(model, case, capture) if (capture is not None and step == 0) else None
             try:
@@ -176,8 +180,10 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
                     if recorder:
                         # Step 1 is warm-up (not in tok/s): reading the gradients here costs no measured time.
                         try:
+                            began = time.perf_counter()
                             recorder.finish(float(step_loss_fp64(micro_losses, case.accum).item()), first_x)
                             info["step1_capture"] = capture.path
+                            info["step1_capture_seconds"] = round(time.perf_counter() - began, 3)
                         except Exception as e:  # a capture that fails costs the certificate, never the run
                             info["step1_capture_error"] = f"{type(e).__name__}: {e}"
                     optimizer.step()
@@ -206,13 +212,15 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
                 emit(rec)
             times_ms.append(step_ms)
             tps.append(tokens_per_s)
-    if final_params_path and pg.reports:
-        write_final_params(final_params_path, llmc_state(model))
+    with phases("teardown"):
+        if final_params_path and pg.reports:
+            write_final_params(final_params_path, llmc_state(model))
     measured = times_ms[1:] or times_ms
     if pg.reports:
         print(perf_summary_line(len(measured), sum(measured) / len(measured), sum(tps[1:] or tps) / len(measured)),
               file=log, flush=True)
-    return {**info, "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    return {**info, **phases.report(),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "world_size": pg.world, "torch_threads": torch.get_num_threads(),
             "data_parallel": {0: "DDP", 1: "DDP + ZeroRedundancyOptimizer (ZeRO-1)",
                               2: "FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2)"}[zero] if pg.world > 1 else "none",

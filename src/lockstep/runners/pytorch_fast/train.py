@@ -31,7 +31,7 @@ from lockstep.models import family as model_family
 from lockstep.models import load_checkpoint
 from lockstep.models.family import OptimizerSpec
 from lockstep.runners.memory import peak_memory_info
-from lockstep.step_contract import StepClock, fp32_matmul_precision, fp32_sequential_of_tensors, step_loss_fp64
+from lockstep.step_contract import Phases, StepClock, fp32_matmul_precision, fp32_sequential_of_tensors, step_loss_fp64
 
 
 def sdpa_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -99,14 +99,17 @@ def compiler_available() -> str | None:
 def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str,
                emit: Callable[[StepRecord], None], log: TextIO, compile_model: bool = True) -> dict:
     """Train `case.steps` steps on one device; `emit` gets each step's record."""
+    phases = Phases()
     torch._dynamo.reset()  # each case compiles afresh: no cache (or recompile limit) carried between cases
     device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     ckpt = load_checkpoint(checkpoint)
     family = model_family(ckpt.family)
+    phases.lap("weights")
     stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
     case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
+    phases.lap("data")
     model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config).to(device)
     settings = FastSettings()
     if not use_sdpa(model):
@@ -152,6 +155,7 @@ def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    phases.lap("weights")  # the model, and torch.compile's wrapper (compiling happens in step 1)
     times_ms, rates = [], []
     with fp32_matmul_precision(enabled_tf32=False):
         for step in range(case.steps):
@@ -178,9 +182,10 @@ def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
                             peak_mem_mb=peak, loss_fp32_sum=fp32_sequential_of_tensors(micro_losses)))
             times_ms.append(step_ms)
             rates.append(tokens_per_s)
+    phases.lap("training")
     measured_ms, measured_rates = (times_ms[1:], rates[1:]) if len(times_ms) > 1 else (times_ms, rates)
     print(perf_summary_line(len(measured_ms), sum(measured_ms) / len(measured_ms),
                             sum(measured_rates) / len(measured_rates)), file=log, flush=True)
-    return {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    return {**phases.report(), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "world_size": 1, "torch_threads": torch.get_num_threads(), "fast_settings": settings.to_dict(),
             **peak_memory_info(device, 1)}

@@ -36,7 +36,11 @@ class Bookkeeping(FrameworkRunner):
     def execute(self, case, inputs, log_path, on_step):
         raise AssertionError("run_many is overridden")
 
-    def run_many(self, pairs, out_dirs, on_start=None, on_step=None, on_done=None, persistent=False):
+    def open_workers(self, case, inputs):
+        return BookkeepingGroup(self.name, case.world_size, self.calls)
+
+    def run_many(self, pairs, out_dirs, on_start=None, on_step=None, on_done=None, persistent=False, group=None):
+        assert (group is not None) == persistent
         self.calls.append((self.name, [c.name for c, _ in pairs], persistent, len(out_dirs)))
         out = []
         for case, _ in pairs:
@@ -45,6 +49,22 @@ class Bookkeeping(FrameworkRunner):
             on_done(case, [rec])
             out.append([rec])
         return out
+
+
+class BookkeepingGroup:
+    """A worker group that records when it was started early and closed."""
+
+    def __init__(self, name: str, world: int, calls: list):
+        self.name, self.world, self.calls = name, world, calls
+
+    def prestart(self, case: dict, log_dir) -> None:
+        self.calls.append(("prestart", self.name, self.world, case["name"]))
+
+    def close(self) -> None:
+        self.calls.append(("close", self.name, self.world))
+
+    def __exit__(self, *exc) -> None:
+        self.calls.append(("discard", self.name, self.world))
 
 
 def case(name: str, dp: int = 1) -> CaseSpec:
@@ -64,9 +84,12 @@ def test_groups_run_when_reached_and_outcomes_keep_plan_order(tmp_path):
     runners = [Bookkeeping("a", grouped=False, calls=calls), Bookkeeping("b", grouped=True, calls=calls)]
     outcomes = execute_plan(plan(tmp_path, runners, persistent=True), repeat=2,
                             on_end=lambda o: ended.append(f"{o.framework}/{o.case.name}"))
-    assert calls == [("a", ["one"], False, 2), ("b", ["one", "fails"], True, 2), ("a", ["dp2"], False, 2),
-                     ("b", ["dp2", "dp2_again"], True, 2), ("a", ["fails"], False, 2), ("a", ["dp4"], False, 2),
-                     ("a", ["dp2_again"], False, 2)]
+    # While "a" runs a pair in this process, the next worker group of "b" starts beside it; each group
+    # is closed once every case of its key ran.
+    assert calls == [("prestart", "b", 1, "one"), ("a", ["one"], False, 2), ("b", ["one", "fails"], True, 2),
+                     ("close", "b", 1), ("prestart", "b", 2, "dp2"), ("a", ["dp2"], False, 2),
+                     ("b", ["dp2", "dp2_again"], True, 2), ("close", "b", 2), ("a", ["fails"], False, 2),
+                     ("a", ["dp4"], False, 2), ("a", ["dp2_again"], False, 2)]
     assert ended == ["a/one", "b/one", "b/fails", "a/dp2", "b/dp2", "b/dp2_again", "a/fails", "a/dp4", "b/dp4",
                      "a/dp2_again"]
     assert [(o.framework, o.case.name, o.skipped or o.record.status) for o in outcomes] == [
@@ -80,3 +103,21 @@ def test_without_persistent_workers_every_pair_runs_alone(tmp_path):
     runners = [Bookkeeping("b", grouped=True, calls=calls)]
     execute_plan(plan(tmp_path, runners, persistent=False))
     assert calls == [("b", [name], False, 1) for name in ("one", "dp2", "fails", "dp2_again")]
+
+
+def test_an_interrupted_plan_discards_its_groups(tmp_path):
+    """Ctrl-C while a group is open (or prestarted): no rank may outlive lockstep."""
+    calls = []
+
+    class Interrupting(Bookkeeping):
+        def run_many(self, pairs, *args, **kwargs):
+            raise KeyboardInterrupt
+
+    runners = [Interrupting("a", grouped=False, calls=calls), Bookkeeping("b", grouped=True, calls=calls)]
+    try:
+        execute_plan(plan(tmp_path, runners, persistent=True))
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the interrupt was swallowed")
+    assert calls == [("prestart", "b", 1, "one"), ("discard", "b", 1)]

@@ -45,6 +45,14 @@ def test_a_clean_pair_passes_with_a_certificate_that_holds(capsys, tmp_path, tin
     assert cert["compared"]["gradients"] == 28 and cert["compared"]["module outputs"] == 16
     assert cert["worst"]["gradients"]["rel_error"] < 1e-6
     assert "step-1 certificate megatron vs pytorch on gpt2_1: step 1 agrees from inside" in out
+    timing = json.loads((out_dir / "run.json").read_text())["timing"]  # where the time went
+    assert {"plan", "runs", "certificates", "comparison"} <= set(timing["stages"])
+    by_pair = {(p["framework"], p["case"]): p for p in timing["pairs"]}
+    assert set(by_pair[("megatron", "gpt2_1")]["phases"]) == {"start-up", "weights", "data", "training", "teardown"}
+    assert by_pair[("pytorch", "gpt2_1")]["step1_capture_s"] > 0
+    assert sum(by_pair[("megatron", "gpt2_1")]["phases"].values()) == pytest.approx(
+        by_pair[("megatron", "gpt2_1")]["wall_s"], abs=0.05)
+    assert out.count("time: ") == 1 and "the runs' phases: start-up" in out
     assert (out_dir / "step1" / "pytorch" / "gpt2_1.npz").stat().st_size < 2_000_000  # sketches, not tensors
     junit = ET.parse(tmp_path / "j.xml").getroot()
     case_out = next(tc.find("system-out").text for tc in junit.iter("testcase") if tc.get("name") == "gpt2_1")
@@ -68,7 +76,7 @@ def test_a_gradient_defect_the_loss_hides_fails_with_its_cause(capsys, tmp_path,
     named = {t for f in case["certificate"]["findings"] for t in f.get("tensors", [f["where"]])}
     assert named == {"ln1b[0]", "ln1b[1]", "ln2b[0]", "ln2b[1]", "lnfb"}, case["certificate"]["findings"]
     assert "relative 5.00e-02" in case["cause"] or "5.00e-02" in json.dumps(case["certificate"]["findings"])
-    assert "FAIL megatron vs pytorch: gpt2_1 (gradient of ln" in out
+    assert "FAIL megatron vs pytorch: gpt2_1 (gradient of ln" in out and "; also ln" in case["cause"]
     assert "lockstep diagnose" in out  # where to look next
 
 
@@ -115,3 +123,4 @@ def test_infinitrain_cpu_pass_and_the_lnbias_defect_named(build, capsys, tmp_pat
             c = cases[("infinitrain", name)]
             named = {t for f in c["certificate"]["findings"] for t in f.get("tensors", [f["where"]])}
             assert c["verdict"] == "FAIL" and {"ln1b[0]", "ln2b[1]", "lnfb"} <= named, c["certificate"]["findings"]
+            assert c["cause"].startswith("gradient of ln1b only, in 2 layers (0..1)") and "also ln2b[0..1], lnfb" in c["cause"]

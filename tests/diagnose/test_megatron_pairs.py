@@ -89,3 +89,32 @@ def test_the_certificates_sketches_of_megatron_agree_with_pytorchs(shape, parall
     assert cert.compared["later micro batches"] == 3 + 6 * config.num_layers + 1  # micro batch 1, sketched
     assert cert.compared["gradients"] == len(ref.names("grad"))
     assert max(d.rel for d in cert.worst.values() if d is not None) < 1e-6
+
+
+@pytest.mark.slow
+def test_micro_batches_handed_the_wrong_activation_are_named(tmp_path, monkeypatch):
+    """Issue 22's class, named by the certificate itself: PP=2 x VPP=2 with megatron-core's batched
+    p2p (the old CUDA setting) swaps an activation and a gradient in the steady state. Micro batch 0
+    agrees everywhere; a later one differs from a module on -- micro batches paired wrong, not a
+    module that computes wrong."""
+    from lockstep.certify.certificate import certify
+    from lockstep.certify.classify import MICRO_BATCH
+    from lockstep.formats.step_capture import StepCapture
+    from support import defects
+
+    config = SHAPES["qwen3-tiny"].config
+    family = FAMILIES[config.family]
+    ckpt, tokens = tmp_path / "init.bin", tmp_path / "tokens.bin"
+    write_initial_checkpoint(ckpt, family, config, seed=42)
+    write_token_stream(tokens, np.random.default_rng(0).integers(0, 50257, size=4000), kind=family.name)
+    case = CaseSpec(name="c", model="qwen3-tiny", dtype="float32", micro_batch=2, seq_len=64, total_batch=512, steps=1,
+                    lr=1e-5, pp=2, vpp=2)
+    inputs = RunInputs(checkpoint=ckpt, tokens=tokens, model=config, device="cpu")
+    ref = StepCapture.load(capture("pytorch", case, inputs, tmp_path, full=False).source)
+    defects.worker_env("megatron_batched_p2p", monkeypatch)
+    cert = certify(ref, capture("megatron", case, inputs, tmp_path, full=False), case)
+    assert not cert.holds and cert.findings[0].kind == MICRO_BATCH, [f.line for f in cert.findings]
+    assert "every module output of micro batches 0 and 1 agrees, but on micro batch 2 ln1[1]'s output differs" in \
+        cert.findings[0].line  # the warm-up sends one way only; the steady state swaps (shared/docs finding)
+    first_forward = cert.worst["module outputs"]
+    assert first_forward.rel < 1e-6  # micro batch 0: every output agrees

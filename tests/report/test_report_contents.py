@@ -94,3 +94,22 @@ def test_model_shape_from_an_older_run_json_or_the_records(tmp_path):
     # No model in run.json: the records' shape.
     assert model_label(collect_run_metadata(make_run(tmp_path / "b", None))["model"]) == \
         "gpt2: L=2 NH=12 C=96 V=50257 maxT=1024"
+
+
+def test_where_the_time_went(tmp_path):
+    run = make_run(tmp_path / "run", {"name": "gpt2-tiny", **TINY})
+    manifest = json.loads((run / "run.json").read_text())
+    manifest["timing"] = {"total_s": 21.4, "stages": {"plan": 0.9, "runs": 18.2, "certificates": 0.4, "report": 1.1},
+                          "pairs": [{"framework": "megatron", "case": "gpt2_1", "wall_s": 9.8, "step1_capture_s": 0.31,
+                                     "phases": {"start-up": 1.97, "weights": 0.5, "data": 0.01, "training": 7.0,
+                                                "teardown": 0.32}}]}
+    (run / "run.json").write_text(json.dumps(manifest))
+    data = gather(run)
+    assert tables.timing_rows(data) == [["megatron", "gpt2_1", "9.8", "1.97", "0.50", "0.01", "7.00", "0.32", "0.31"]]
+    assert tables.timing_note(data).startswith("lockstep run took 21.4 s (plan 0.9 s, runs 18.2 s, certificates 0.4 s, "
+                                               "report 1.1 s)")
+    html_path, md_path = write_report(run)
+    assert "## Where the time went" in md_path.read_text() and "<h2>Where the time went</h2>" in html_path.read_text()
+    manifest.pop("timing")
+    (run / "run.json").write_text(json.dumps(manifest))
+    assert "Where the time went" not in write_report(run)[1].read_text()  # an older run says nothing

@@ -455,3 +455,17 @@ def test_a_failing_progress_callback_stops_infinitrain(tmp_path):
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_phases_come_from_its_own_glog_timestamps():
+    """tests/fixtures/infinitrain/gpt2_1.log, a real CPU-build log: first line 17:12:08.905994, "start
+    training" 17:12:09.003362, step 10 at the end of its training."""
+    from lockstep.runners.infinitrain.runner import log_phases
+
+    text = (FIXTURES / "gpt2_1.log").read_text()
+    got = log_phases(text)
+    assert got["phases"]["weights"] == pytest.approx(0.097368, abs=1e-3)
+    assert 10 < got["phases"]["training"] < 20
+    assert got["case_finished_wall"] - got["case_started_wall"] == pytest.approx(
+        got["phases"]["weights"] + got["phases"]["training"], abs=1e-3)
+    assert log_phases("no glog lines here") == {}

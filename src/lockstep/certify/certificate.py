@@ -62,12 +62,16 @@ def evaluate_step1(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps
     grads = compare_grads(ref, test, adam_eps)
     output_grads = compare_output_grads(ref, test)
     loss = loss_check(ref, test, THRESHOLDS[case.dtype])
-    findings = classify(ref, test, forward, grads, tol, loss)
-    findings = add_output_grad_findings(findings, forward, output_grads, tol, test.grad_kind)
-    if not any(f.kind in DEFECT_KINDS for f in findings):
-        findings = add_micro_batch_findings([f for f in findings], forward, micro, tol)
-        # A micro batch paired wrong explains every gradient that differs: it goes first.
-        findings.sort(key=lambda f: f.kind != MICRO_BATCH)
+    paired_wrong = add_micro_batch_findings([], forward, micro, tol)
+    if paired_wrong:
+        # A micro batch handed the wrong data explains every gradient that differs: it is the finding.
+        wrong = [d for d in grads if d.rel > tol]
+        findings = paired_wrong + ([Finding(DOWNSTREAM, paired_wrong[0].where,
+                                            f"{len(wrong)} of {len(grads)} gradients differ, as micro batches "
+                                            "handed the wrong data make them; fix the pairing first")] if wrong else [])
+    else:
+        findings = classify(ref, test, forward, grads, tol, loss)
+        findings = add_output_grad_findings(findings, forward, output_grads, tol, test.grad_kind)
     return Step1Evaluation(tol, forward, micro, output_grads, grads, loss, findings)
 
 
@@ -104,11 +108,20 @@ class Certificate:
     def cause(self) -> Finding | None:
         return next((f for f in self.findings if f.kind in DEFECT_KINDS), None)
 
+    @property
+    def cause_line(self) -> str | None:
+        """The first finding that points at a defect, naming the others' places after it."""
+        defects = [f for f in self.findings if f.kind in DEFECT_KINDS]
+        if not defects:
+            return None
+        more = [f.where for f in defects[1:] if f.kind != DOWNSTREAM]
+        return defects[0].line + (f"; also {', '.join(more)}" if more else "")
+
     def summary_line(self) -> str:
         if not self.available:
             return f"no certificate: {self.problem}"
         if self.cause is not None:
-            return self.cause.line
+            return self.cause_line
         parts = [f"{n} {what}" for what, n in self.compared.items() if n]
         worst = [f"{what} ≤ {d.rel:.1e}" for what, d in self.worst.items() if d is not None]
         return (f"step 1 agrees from inside ({', '.join(parts)}; relative error {', '.join(worst)}, "

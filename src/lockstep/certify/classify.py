@@ -281,6 +281,12 @@ def add_drift_findings(findings: list[Finding], drift: list, loss_tolerance: flo
     return findings
 
 
+def _micro_batches(ids: list[int]) -> str:
+    if len(ids) == 1:
+        return f"micro batch {ids[0]}"
+    return "micro batches " + ", ".join(map(str, ids[:-1])) + f" and {ids[-1]}"
+
+
 def add_micro_batch_findings(findings: list[Finding], forward: list[TensorDiff], micro_batches: dict,
                              tolerance: float) -> list[Finding]:
     """Rule 4: micro batch 0 agrees everywhere, a later micro batch does not. The first module
@@ -297,8 +303,8 @@ def add_micro_batch_findings(findings: list[Finding], forward: list[TensorDiff],
         agree = [m for m in micro_batches if m < micro]
         return findings + [Finding(
             MICRO_BATCH, module,
-            f"micro batches paired wrong: every module output of micro batch 0{' and ' + ', '.join(map(str, agree)) if agree else ''} "
-            f"agrees, but on micro batch {micro} {module}'s {'value' if module == 'loss' else 'output'} differs "
+            f"micro batches paired wrong: every module output of {_micro_batches([0, *agree])} agrees, but on micro "
+            f"batch {micro} {module}'s {'value' if module == 'loss' else 'output'} differs "
             f"(relative {first.rel:.2e}) while every module before it agrees (micro batches "
             f"{', '.join(map(str, later))} differ): the framework handed those micro batches the wrong input, "
             "labels or incoming gradient (e.g. a pipeline exchange that swaps activations and gradients)")]

@@ -193,7 +193,7 @@ def judge_pair(diffs, threshold: float, certificate=None, bound: PrecisionBound 
         return PairJudgement(VerdictClass.ERROR, error)
     loss_ok = all(d.within for d in diffs)
     if certificate is not None and certificate.available and not certificate.holds:
-        return PairJudgement(VerdictClass.FAIL, certificate.cause.line,
+        return PairJudgement(VerdictClass.FAIL, certificate.cause_line,
                              notes=[] if not loss_ok else ["the loss alone is within the threshold at every step"])
     if loss_ok:
         return PairJudgement(VerdictClass.PASS)

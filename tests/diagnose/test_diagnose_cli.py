@@ -49,40 +49,57 @@ def gpt2_1_plan(inputs, frameworks, out_dir, **case_fields):
                                                     device="cpu"), frameworks=frameworks, out_dir=out_dir)
 
 
-def test_drift_runs_each_lr_on_both_sides(inputs, tmp_path):
-    from lockstep.diagnose.run import drift_runs
+def step1_and_drift(plan, fw, out_dir, steps, drift=True):
+    from lockstep.capture.request import CaptureRequest
+    from lockstep.diagnose.run import step1_and_drift as measure
 
-    runs, note = drift_runs(gpt2_1_plan(inputs, ["pytorch", "pytorch"], tmp_path), "pytorch", "pytorch", steps=2)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return measure(plan, fw, CaptureRequest(path=str(out_dir / f"{fw}.npz"), full=True, rows=4), drift, steps)
+
+
+def test_drift_runs_each_lr_on_both_sides(inputs, tmp_path):
+    from lockstep.diagnose.run import pair_drift
+
+    plan = gpt2_1_plan(inputs, ["pytorch", "pytorch"], tmp_path)
+    capture, losses, note = step1_and_drift(plan, "pytorch", tmp_path, steps=2)
+    runs = pair_drift(plan, {"pytorch": losses}, "pytorch", "pytorch")
     assert note == "" and [r.lr for r in runs] == [1e-12, 1e-5, 1e-4]
     assert all(len(r.steps) == 2 and r.max_abs_diff == 0.0 for r in runs)
     assert runs[0].steps[0].ref == runs[2].steps[0].ref  # step 1 is before any update
     assert runs[0].steps[1].ref != runs[2].steps[1].ref  # step 2 sees lr 1e-12's weights vs lr 1e-4's
+    assert capture.loss == runs[2].steps[0].ref and "qkvw[0]" in capture.grads  # step 1, whole tensors
 
 
 def test_drift_of_a_pipeline_case_runs_the_reference_on_one_device_and_a_side_that_cannot_run_leaves_a_note(
         inputs, tmp_path):
-    from lockstep.diagnose.run import drift_runs
+    from lockstep.diagnose.run import pair_drift
 
     pp2 = gpt2_1_plan(inputs, ["pytorch", "pytorch"], tmp_path / "pp", name="gpt2_pp2", micro_batch=2, pp=2)
-    runs, note = drift_runs(pp2, "pytorch", "pytorch", steps=1)
-    assert note == "" and [len(r.steps) for r in runs] == [1, 1, 1]
+    _, losses, note = step1_and_drift(pp2, "pytorch", tmp_path / "pp", steps=1)
+    assert note == "" and [len(r.steps) for r in pair_drift(pp2, {"pytorch": losses}, "pytorch", "pytorch")] == [1, 1, 1]
     bf16 = gpt2_1_plan(inputs, ["pytorch", "megatron"], tmp_path / "bf16", name="gpt2_1_bfloat16", dtype="bfloat16")
-    runs, note = drift_runs(bf16, "pytorch", "megatron", steps=1)
-    assert runs == [] and note.startswith("drift not measured: megatron cannot run case gpt2_1_bfloat16 here (")
+    from lockstep.diagnose.run import step1_and_drift as measure
+    from lockstep.errors import LockstepError
+
+    with pytest.raises(LockstepError, match="diagnose cannot look inside megatron on case gpt2_1_bfloat16: megatron-core"):
+        measure(bf16, "megatron", None, True, 1)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
-def test_megatron_drift_runs_its_three_lrs_in_one_worker_group(inputs, tmp_path):
-    from lockstep.diagnose.run import drift_runs
+def test_megatrons_step1_and_drift_share_one_worker_group(inputs, tmp_path):
+    from lockstep.diagnose.run import pair_drift
     from lockstep.formats.run_record import read_run_record
 
     plan = gpt2_1_plan(inputs, ["pytorch", "megatron"], tmp_path)
-    runs, note = drift_runs(plan, "pytorch", "megatron", steps=1)
+    _, ref_losses, _ = step1_and_drift(plan, "pytorch", tmp_path, steps=1)
+    capture, losses, note = step1_and_drift(plan, "megatron", tmp_path, steps=1)
+    runs = pair_drift(plan, {"pytorch": ref_losses, "megatron": losses}, "pytorch", "megatron")
     assert note == "" and [r.lr for r in runs] == [1e-12, 1e-5, 1e-4]
     assert max(r.max_abs_diff for r in runs) < 1e-6
-    groups = [read_run_record(tmp_path / "drift" / "megatron" / f"gpt2_1_lr{lr:g}.jsonl").meta["persistent_worker"]
-              for lr in (1e-12, 1e-5, 1e-4)]
-    assert len({g["group_started_at"] for g in groups}) == 1 and [g["position"] for g in groups] == [1, 2, 3]
+    assert capture.framework == "megatron" and "qkvw[0]" in capture.grads
+    names = ["gpt2_1_step1"] + [f"gpt2_1_lr{lr:g}" for lr in (1e-12, 1e-5, 1e-4)]
+    groups = [read_run_record(tmp_path / "drift" / "megatron" / f"{n}.jsonl").meta["persistent_worker"] for n in names]
+    assert len({g["group_started_at"] for g in groups}) == 1 and [g["position"] for g in groups] == [1, 2, 3, 4]
 
 
 def test_hint_names_the_command():

@@ -70,7 +70,8 @@ def test_recovered_gradients_name_a_transposed_bias(gpt2_tiny, token_ids, gpt2_c
 
 def test_adam_first_step_shows_its_update(gpt2_tiny, token_ids, gpt2_case):
     """Adam's bias-corrected first step moves every weight by lr*g/(|g|+eps): lr*sign(g) unless |g| ~ eps;
-    at lr 1 that update is recovered to ~1e-7, and equals the reference's from its own gradient."""
+    at lr 1 the sign of every saturated update (|g| >= 999 eps) is recovered exactly, and equals the
+    reference's from its own gradient."""
     config, tensors = gpt2_tiny
     model = GPT2.from_llmc(tensors, config)
     w0 = split_canonical(tensors, config)
@@ -81,8 +82,9 @@ def test_adam_first_step_shows_its_update(gpt2_tiny, token_ids, gpt2_case):
     assert np.all(np.sign(moved[big]) == np.sign(g[big]))
     assert np.allclose(np.abs(moved[big]), lr, rtol=1e-2)  # the same step for a gradient of 1e-6 and of 1e-2
     u = weights_only.recover_adam_update(w0["qkvw[0]"], w1["qkvw[0]"], lr)
-    expected = g.astype(np.float64) / (np.abs(g.astype(np.float64)) + 1e-8)
-    assert np.linalg.norm(u - expected) / np.linalg.norm(expected) < 1e-6
+    saturated = np.abs(g.astype(np.float64)) >= 999e-8
+    assert np.array_equal(u, np.where(saturated, np.sign(g), 0.0))  # the sign, where the update is saturated
+    assert saturated.mean() > 0.8
     test = StepCapture(framework="weights-only", loss=cap.loss, grad_kind=GRAD_ADAM_UPDATE,
                        grads={n: weights_only.recover_adam_update(w0[n], w1[n], lr) for n in w0})
     v = diagnose_captures(cap, test, gpt2_case())

@@ -36,18 +36,40 @@ class CaptureRequest:
         return cls(**d) if d else None
 
 
+# Adam's first update of an element is u = g/(|g| + eps) (m̂ = g, v̂ = g²): saturated at ±1 where
+# |g| >> eps, and there only the sign of g survives. Below, u is rounding noise amplified: an
+# element whose true gradient is ~0 gets u anywhere in (-1, 1) from last-bit differences. So what
+# two frameworks' first Adam updates can be held to is the sign of the saturated elements.
+ADAM_SATURATED = 1.0 - 1e-3  # |u| at or above this: |g| >= 999·eps
+
+
+def adam_update_sign(u):
+    """sign(u) where |u| >= ADAM_SATURATED, 0 elsewhere (numpy or torch, FP64)."""
+    try:
+        import torch
+
+        if isinstance(u, torch.Tensor):
+            u64 = u.detach().to(torch.float64)
+            return torch.where(u64.abs() >= ADAM_SATURATED, torch.sign(u64), torch.zeros_like(u64))
+    except ImportError:  # pragma: no cover
+        pass
+    u64 = np.asarray(u, dtype=np.float64)
+    return np.where(np.abs(u64) >= ADAM_SATURATED, np.sign(u64), 0.0)
+
+
 def adam_first_update(g, eps: float):
-    """Adam's bias-corrected first step direction: m̂ = g, v̂ = g², so u = g / (|g| + eps), in FP64."""
+    """What a framework's first Adam step shows of a gradient: the sign of its saturated update
+    (`adam_update_sign` of g/(|g| + eps), bias-corrected: m̂ = g, v̂ = g²)."""
     try:
         import torch
 
         if isinstance(g, torch.Tensor):
             g64 = g.detach().to(torch.float64)
-            return g64 / (g64.abs() + eps)
+            return adam_update_sign(g64 / (g64.abs() + eps))
     except ImportError:  # pragma: no cover
         pass
     g64 = np.asarray(g, dtype=np.float64)
-    return g64 / (np.abs(g64) + eps)
+    return adam_update_sign(g64 / (np.abs(g64) + eps))
 
 
 class CaptureBuilder:

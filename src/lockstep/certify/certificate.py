@@ -18,13 +18,13 @@ from pathlib import Path
 
 from lockstep.cases.spec import CaseSpec
 from lockstep.compare.policy import THRESHOLDS
-from lockstep.certify.classify import (BACKWARD_INPUT, DOWNSTREAM, FORWARD, GRADIENT_ONLY, MICRO_BATCH,
+from lockstep.certify.classify import (ADAM_SIGN_SHARE, BACKWARD_INPUT, DOWNSTREAM, FORWARD, GRADIENT_ONLY, MICRO_BATCH,
                                        TENSOR_TOLERANCE, TIE, Finding, LossCheck, add_micro_batch_findings,
                                        add_output_grad_findings, classify, loss_check)
 from lockstep.certify.tensors import (TensorDiff, compare_forward, compare_grads, compare_micro_batches,
                                       compare_output_grads)
 from lockstep.errors import FormatError
-from lockstep.formats.step_capture import StepCapture
+from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, StepCapture
 from lockstep.fsutil import atomic_write, read_text
 
 CERTIFICATE_SUFFIX = ".certificate.json"
@@ -124,8 +124,10 @@ class Certificate:
             return self.cause_line
         parts = [f"{n} {what}" for what, n in self.compared.items() if n]
         worst = [f"{what} ≤ {d.rel:.1e}" for what, d in self.worst.items() if d is not None]
+        adam = (f"; the gradients are the signs of Adam's first update, which may differ in "
+                f"{ADAM_SIGN_SHARE:.0e} of a tensor's elements" if self.grad_kind == GRAD_ADAM_UPDATE else "")
         return (f"step 1 agrees from inside ({', '.join(parts)}; relative error {', '.join(worst)}, "
-                f"tolerance {self.tolerance:.0e})")
+                f"tolerance {self.tolerance:.0e}{adam})")
 
     def to_json(self) -> dict:
         return {"case": self.case, "baseline": self.baseline, "test": self.test, "dtype": self.dtype,

@@ -8,6 +8,7 @@ device; there the losses of the run itself serve as the drift at the case's lr.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -141,58 +142,69 @@ def _failed_pair(run_dir: Path, manifest: dict, case: str) -> list[str]:
     return [baseline] + (failed or [f for f in manifest["frameworks"] if f != baseline])
 
 
-def drift_runs(plan: DiagnosePlan, base: str, test: str, steps: int) -> tuple[list[DriftRun], str]:
-    """Both frameworks' losses at lr 1e-12, 1e-5 and the case's lr over a few steps; and, when some
-    could not be measured, why (the drift is evidence beside step 1, so it never stops the verdict).
-
-    Each framework runs its lrs in one persistent worker group where it has them (one megatron
-    start-up instead of three)."""
-    lrs = drift_lrs(plan.case)
-    sides: list[dict[float, dict[int, float]]] = []  # base's, then test's losses per lr
-    note = ""
-    for fw in (base, test):
-        got, note = _drift_losses(plan, fw, lrs, min(steps, plan.case.steps))
-        sides.append(got)
-        if note:
-            break
+def pair_drift(plan: DiagnosePlan, losses: dict[str, dict[float, dict[int, float]]], base: str,
+               test: str) -> list[DriftRun]:
+    """Both frameworks' losses at lr 1e-12, 1e-5 and the case's lr, paired step by step, up to the
+    first lr either could not measure (the drift is evidence beside step 1: it never stops a verdict)."""
     out = []
-    for lr in lrs:
-        if len(sides) < 2 or lr not in sides[0] or lr not in sides[1]:
+    for lr in drift_lrs(plan.case):
+        ref, other = losses.get(base, {}).get(lr), losses.get(test, {}).get(lr)
+        if ref is None or other is None:
             break
-        ref, other = sides[0][lr], sides[1][lr]
         from_run_dir = "from the run directory's records" if lr == plan.case.lr and plan.run_dir else ""
         out.append(DriftRun(lr, [DriftStep(s, ref[s], other[s]) for s in sorted(set(ref) & set(other))], from_run_dir))
-    return out, note
+    return out
 
 
-def _drift_losses(plan: DiagnosePlan, fw: str, lrs: list[float], n: int) -> tuple[dict[float, dict[int, float]], str]:
-    """One framework's losses per lr (in lr order, up to the first that could not be measured) and why not."""
+def step1_and_drift(plan: DiagnosePlan, fw: str, request: CaptureRequest, drift: bool,
+                    steps: int) -> tuple[StepCapture, dict[float, dict[int, float]], str]:
+    """One framework's step 1 with whole tensors, and its losses at the drift lrs (up to the first
+    it could not measure, and why not). Where the runner has persistent workers for them, the
+    one-step capture and the drift runs go to one worker group: one megatron start-up, not two."""
     runner = get_runner(fw, **plan.options.get(fw, {}))
+    problem = runner.capture_problem(plan.case, plan.inputs)
+    if problem:
+        raise LockstepError(f"diagnose cannot look inside {fw} on case {plan.case.name}: {problem}")
+    lrs = drift_lrs(plan.case) if drift else []
     got: dict[float, dict[int, float]] = {}
-    todo = []
+    todo, note = [], ""
     for lr in lrs:
         reused = _run_dir_losses(plan, fw) if lr == plan.case.lr else None
         if reused is not None:
             got[lr] = reused
             continue
-        drift_case = plan.case.with_overrides(lr=lr, steps=n, name=f"{plan.case.name}_lr{lr:g}")
+        drift_case = plan.case.with_overrides(lr=lr, steps=min(steps, plan.case.steps), name=f"{plan.case.name}_lr{lr:g}")
         if fw == "pytorch" and (drift_case.tp > 1 or drift_case.pp > 1):
             # The reference trains the same global batch on one device (its step-1 capture does too).
             drift_case = drift_case.with_overrides(tp=1, pp=1, vpp=1, sp=False, pp_layout=None)
         reason = runner.skip_reason(drift_case, plan.inputs)
         if reason:
-            return {}, f"drift not measured: {fw} cannot run case {plan.case.name} here ({reason})"
+            note = f"drift not measured: {fw} cannot run case {plan.case.name} here ({reason})"
+            todo = []
+            break
         todo.append((lr, drift_case))
-    keys = {runner.worker_group_key(c, plan.inputs) for _, c in todo}
-    records = runner.run_many([(c, plan.inputs) for _, c in todo], [plan.out_dir / "drift"],
-                              persistent=len(keys) == 1 and None not in keys)
+    step1 = plan.case.with_overrides(steps=1, name=f"{plan.case.name}_step1")
+    key = runner.worker_group_key(step1, plan.inputs)
+    together = (key is not None and runner.skip_reason(step1, plan.inputs) is None
+                and all(runner.worker_group_key(c, plan.inputs) == key for _, c in todo))
+    pairs = [(c, plan.inputs) for _, c in todo]
+    if together:
+        pairs.insert(0, (step1, dataclasses.replace(plan.inputs, capture=request)))
+    else:
+        runner.capture(plan.case, plan.inputs, plan.out_dir, request)
+    keys = {runner.worker_group_key(c, i) for c, i in pairs}
+    records = runner.run_many(pairs, [plan.out_dir / "drift"], persistent=len(keys) == 1 and None not in keys)
+    if together:
+        (first, *_), records = records[0], records[1:]
+        if not first.ok or not first.meta.get("step1_capture"):
+            raise LockstepError(f"{fw}'s step 1 could not be captured: "
+                                f"{first.error or first.meta.get('step1_capture_error') or 'no capture written'}")
     for (lr, _), (record, *_) in zip(todo, records):
         if not record.ok:
-            earlier = lrs[: lrs.index(lr)]
-            return ({k: v for k, v in got.items() if k in earlier},
-                    f"drift not measured from lr {lr:g} on: {fw} failed ({record.error})")
+            note = f"drift not measured from lr {lr:g} on: {fw} failed ({record.error})"
+            break
         got[lr] = {s.step: s.loss for s in record.steps}
-    return got, ""
+    return StepCapture.load(request.path), got, note
 
 
 def drift_lrs(case) -> list[float]:
@@ -226,39 +238,35 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
     check_free_space(plan.out_dir, diagnose_scratch_bytes(plan.inputs.model, len(plan.frameworks)),
                      "lockstep diagnose's step-1 captures")
     captures: dict[str, StepCapture] = {}
+    losses: dict[str, dict[float, dict[int, float]]] = {}
+    notes: dict[str, str] = {}
+    seconds: dict[str, float] = {}
     order = ["pytorch"] + [f for f in plan.frameworks if f != "pytorch"]  # the reference first: it has the structure
     optimizer = plan.inputs.family.optimizer
     adam_eps = optimizer.eps if optimizer.kind == "adam" else None
     for fw in order:
-        runner = get_runner(fw, **plan.options.get(fw, {}))
-        problem = runner.capture_problem(plan.case, plan.inputs)
-        if problem:
-            raise LockstepError(f"diagnose cannot look inside {fw} on case {plan.case.name}: {problem}")
-        say(f"step 1 on {fw} ...")
+        say(f"step 1 on {fw}" + (f", and its drift at lr {', '.join(f'{lr:g}' for lr in drift_lrs(plan.case))}"
+                                 if drift and fw in plan.frameworks else "") + " ...")
         start = time.perf_counter()
         request = CaptureRequest(path=str(plan.out_dir / f"{fw}_{plan.case.name}_step1.npz"), full=True,
                                  adam_eps=adam_eps, rows=CAPTURE_ROWS,
                                  reference=captures["pytorch"].source if "pytorch" in captures else None)
-        captures[fw] = runner.capture(plan.case, plan.inputs, plan.out_dir, request)
-        captures[fw].meta["seconds"] = time.perf_counter() - start
-        say(f"step 1 on {fw}: {captures[fw].meta['seconds']:.1f} s")
+        captures[fw], losses[fw], notes[fw] = step1_and_drift(plan, fw, request, drift and fw in plan.frameworks,
+                                                              drift_steps)
+        seconds[fw] = time.perf_counter() - start
+        say(f"{fw}: {seconds[fw]:.1f} s" + (f" ({notes[fw]})" if notes[fw] else ""))
     verdicts = []
     for test in tests:
-        t0 = time.perf_counter()
-        runs, drift_note = [], ""
-        if drift:
-            say(f"drift {base} vs {test} at lr {', '.join(f'{lr:g}' for lr in drift_lrs(plan.case))} ...")
-            runs, drift_note = drift_runs(plan, base, test, drift_steps)
-            if drift_note:
-                say(drift_note)
         t1 = time.perf_counter()
+        runs = pair_drift(plan, losses, base, test) if drift else []
+        drift_note = notes[base] or notes[test]
         verdict = diagnose_captures(captures[base], captures[test], plan.case, drift=runs,
                                     structure=captures["pytorch"], adam_eps=adam_eps or 1e-8)
         verdict.notes += [drift_note] if drift_note else []
         verdict.notes += [f"logged loss, {fw}: {LOGGED_LOSS_WORDS[get_runner(fw, **plan.options.get(fw, {})).logged_loss]}"
                           for fw in (base, test)]
-        verdict.seconds = {"capture_" + fw: round(captures[fw].meta["seconds"], 2) for fw in (base, test)}
-        verdict.seconds |= {"drift": round(t1 - t0, 2), "compare": round(time.perf_counter() - t1, 2)}
+        verdict.seconds = {f"step1_and_drift_{fw}": round(seconds[fw], 2) for fw in (base, test)}
+        verdict.seconds |= {"compare": round(time.perf_counter() - t1, 2)}
         write_verdict(plan.out_dir, verdict)
         verdicts.append(verdict)
     return verdicts

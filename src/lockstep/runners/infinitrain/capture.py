@@ -74,8 +74,11 @@ def recover_sgd(w0: np.ndarray, w1: np.ndarray, lr: float) -> tuple[np.ndarray, 
 
 
 def recover_adam_update(w0: np.ndarray, w1: np.ndarray, lr: float = ADAM_RECOVERY_LR) -> np.ndarray:
-    """u = (w0 - w1)/lr after Adam's first step: g/(|g| + eps) (0 where the weight did not move)."""
-    return ((np.asarray(w0, dtype=np.float64) - np.asarray(w1, dtype=np.float64)) / lr).astype(np.float32)
+    """u = (w0 - w1)/lr after Adam's first step, g/(|g| + eps) (0 where the weight did not move), as
+    `adam_update_sign` keeps it: the sign where it is saturated."""
+    from lockstep.capture.request import adam_update_sign
+
+    return adam_update_sign((np.asarray(w0, dtype=np.float64) - np.asarray(w1, dtype=np.float64)) / lr).astype(np.float32)
 
 
 def capture_step(runner, case: CaseSpec, inputs, work_dir: Path, request: CaptureRequest) -> StepCapture:

@@ -218,8 +218,11 @@ class StepRecorder:
         shares = {k: (v.cpu().numpy(), n2, shape) for k, (v, n2, shape) in self.shares.items()}
         mine = {"whole": whole if layout.dp_rank == 0 else {}, "order": self.order, "shares": shares,
                 "grads": mine_grads, "losses": losses, "token_losses": token_losses}
-        everyone = [None] * layout.world if layout.rank == 0 else None
-        dist.gather_object(mine, everyone, dst=0)
+        if layout.world == 1:
+            everyone = [mine]  # no pickling of a 1B model's gradients through a collective to itself
+        else:
+            everyone = [None] * layout.world if layout.rank == 0 else None
+            dist.gather_object(mine, everyone, dst=0)
         if layout.rank != 0:
             return
         cap = builder.capture

@@ -405,6 +405,18 @@ def _write_error(job: MegatronJob, text: str) -> None:
         pass
 
 
+def import_megatron() -> None:
+    """Everything `train` imports from megatron-core (seconds of imports), loaded now."""
+    import megatron.core.distributed  # noqa: F401
+    import megatron.core.models.gpt.gpt_model  # noqa: F401
+    import megatron.core.optimizer  # noqa: F401
+    import megatron.core.pipeline_parallel  # noqa: F401
+    import megatron.core.tensor_parallel  # noqa: F401
+
+    from lockstep.runners.megatron import dataset, model, weights  # noqa: F401
+    from lockstep.runners.megatron.families import adapter_for  # noqa: F401
+
+
 class PersistentTraining:
     """The persistent worker's jobs (runners/workers.py): one case each; megatron-core is imported
     and the process group started once, the model-parallel state made and released per case."""
@@ -438,6 +450,7 @@ def main(argv: list[str]) -> int:
         queue_dir, device = serving
         _set_ieee_fp32()
         start_process_group(device)
+        import_megatron()  # before the first job arrives: a group started early has it done by then
         return serve_jobs(queue_dir, PersistentTraining())
     job = MegatronJob.from_dict(json.loads(Path(argv[0]).read_text()))
     rank = int(os.environ.get("RANK", 0))

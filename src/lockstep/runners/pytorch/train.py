@@ -133,7 +133,10 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
         case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
         batches = TokenBatches(stream.tokens, case, dp_rank=pg.rank)
     with phases("weights"):
-        model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config).to(device)
+        # Built on the device: its random init (replaced by the checkpoint's weights at once) costs
+        # milliseconds there and seconds on the host for a 124M model.
+        with torch.device(device):
+            model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config)
         ddp = None
         if pg.world > 1:
             ddp = wrap_data_parallel(model, case, device)
@@ -235,10 +238,11 @@ def capture_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind:
     ckpt = load_checkpoint(checkpoint)
     stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
     case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
-    model = model_family(ckpt.family).reference_class().from_llmc(ckpt.tensors, ckpt.config)
+    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
+    with torch.device(device):
+        model = model_family(ckpt.family).reference_class().from_llmc(ckpt.tensors, ckpt.config)
     if prepare_model is not None:
         prepare_model(model)
-    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
     return capture_step(model, case, stream.tokens, request, device, framework=framework)
 
 
@@ -304,7 +308,8 @@ def train_fp64(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
     case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
     device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
-    model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config).to(device=device, dtype=torch.float64)
+    with torch.device(device):
+        model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config).to(dtype=torch.float64)
     optimizer = build_optimizer(family.optimizer, model.parameters(), case.lr)
     batches = [TokenBatches(stream.tokens, case, dp_rank=r) for r in range(case.dp)]
     steps = []

@@ -110,7 +110,8 @@ def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
     case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
     phases.lap("data")
-    model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config).to(device)
+    with torch.device(device):  # the random init it replaces at once is cheap on the device
+        model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config)
     settings = FastSettings()
     if not use_sdpa(model):
         settings.attention = "the reference's (no attention kernel hook in this model)"

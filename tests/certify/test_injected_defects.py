@@ -112,7 +112,13 @@ DEFECTS = {
     "transposed qkv bias gradient": (lambda t, c: gpt2_with(t, c, c_attn=True), [(GRADIENT_ONLY, "qkvb[0..1]")]),
     "LayerNorm input-gradient term": (lambda t, c: gpt2_with(t, c, ln_2=1), [(BACKWARD_INPUT, "ln2[1]")]),
     "tie lost": (lambda t, c: UntiedGPT2.from_llmc(t, c), [(TIE, "wte")]),
+    "forward of one MLP": (lambda t, c: mlp_scaled(GPT2.from_llmc(t, c)), [(FORWARD, "mlp[1]"), ("downstream of the forward difference", "mlp[1]")]),
 }
+
+
+def mlp_scaled(model):
+    model.h[1].mlp.c_fc.register_forward_hook(lambda m, a, out: out * (1 + 1e-3))
+    return model
 
 
 @pytest.mark.parametrize("defect", list(DEFECTS))
@@ -126,7 +132,7 @@ def test_the_certificates_sketches_name_what_whole_tensors_name(defect, gpt2_tin
     test = sketched(make(tensors, config), case, token_ids, tmp_path, "test")
     assert not ref.grads and ref.sketch("grad", "qkvw[0]") is not None  # sketches only
     cert = certify(ref, test, case)
-    assert [(f.kind, f.where) for f in cert.findings] == expected
+    assert [(f.kind, f.where) for f in cert.findings] == expected, [f.line for f in cert.findings]
     assert cert.holds == (not expected)
     if not expected:
         assert cert.worst["gradients"].rel == 0.0 and cert.worst["module outputs"].rel == 0.0

@@ -106,10 +106,11 @@ def _limit(d: TensorDiff, tol: float) -> float:
         # edge (999·eps) may fall on either side of it in two correct frameworks: a tensor differs when
         # more than ADAM_SIGN_SHARE of its elements do.
         return 2 * ADAM_SIGN_SHARE ** 0.5
-    return max(tol, 10 * d.precision)
+    return max(tol, 10 * d.precision, d.rounding)
 
 
-def _differs(d: TensorDiff, tol: float) -> bool:
+def differs(d: TensorDiff, tol: float) -> bool:
+    """Whether a tensor differs beyond the tolerance, the test's recovery precision and FP32 rounding."""
     return d.rel > _limit(d, tol)
 
 
@@ -117,12 +118,13 @@ def classify(ref: StepCapture, test: StepCapture, forward: list[TensorDiff], gra
              tol: float, loss: LossCheck) -> list[Finding]:
     findings: list[Finding] = []
     kind_of = ref.module_kind
-    first_fwd = next((d for d in forward if d.rel > tol), None)
+    first_fwd = next((d for d in forward if differs(d, tol)), None)
     if first_fwd is not None:
         before = forward[: forward.index(first_fwd)]
         findings.append(Finding(FORWARD, first_fwd.name,
                                 f"forward at module {first_fwd.name}: its output differs (relative {first_fwd.rel:.2e}, "
-                                f"max |Δ| {first_fwd.max_abs:.2e}) while " +
+                                + (f"max |Δ| {first_fwd.max_abs:.2e}) while " if first_fwd.max_abs is not None
+                                 else "from its sketch) while ") +
                                 (f"all {len(before)} module outputs before it agree" if before else
                                  "it is the first module")))
     elif not forward and loss.delta is not None and loss.delta > loss.tolerance and not _logging_explains(loss):
@@ -135,7 +137,7 @@ def classify(ref: StepCapture, test: StepCapture, forward: list[TensorDiff], gra
     if test.grad_kind != GRAD_ADAM_UPDATE:
         for name in ref.names("tie"):
             d = by_name.get(name)
-            if d is None or not _differs(d, tol):
+            if d is None or not differs(d, tol):
                 continue
             as_emb, as_head = tie_diff(ref, test, name)
             if min(as_emb, as_head) < d.rel / 10:
@@ -147,7 +149,7 @@ def classify(ref: StepCapture, test: StepCapture, forward: list[TensorDiff], gra
                                         f"{other} trains its own copy"))
                 explained.add(name)
 
-    differing = [d for d in grads if d.name not in explained and _differs(d, tol)]
+    differing = [d for d in grads if d.name not in explained and differs(d, tol)]
     if first_fwd is not None or (findings and findings[0].kind == FORWARD):
         if differing:
             findings.append(Finding(DOWNSTREAM, findings[0].where,
@@ -156,10 +158,10 @@ def classify(ref: StepCapture, test: StepCapture, forward: list[TensorDiff], gra
         return findings
 
     backward = [d for d in reversed(grads) if d.name not in explained]
-    first = next((i for i, d in enumerate(backward) if _differs(d, tol)), None)
+    first = next((i for i, d in enumerate(backward) if differs(d, tol)), None)
     if first is not None:
         upstream = backward[first:]
-        wrong = [d for d in upstream if _differs(d, tol)]
+        wrong = [d for d in upstream if differs(d, tol)]
         if len(upstream) >= 3 and len(wrong) >= BLOCK_SHARE * len(upstream):
             median = float(np.median([d.rel for d in wrong]))
             if first > 0:
@@ -237,11 +239,11 @@ def add_output_grad_findings(findings: list[Finding], forward: list, output_grad
 
     Said only where the parameter gradients cannot say it as well: Adam's sign-only ones, or none of
     the other rules found anything."""
-    if not output_grads or any(d.rel > tolerance for d in forward):
+    if not output_grads or any(differs(d, tolerance) for d in forward):
         return findings
     if findings and grad_kind != GRAD_ADAM_UPDATE and any(f.kind != LOGGING for f in findings):
         return findings
-    first = next((i for i, d in enumerate(output_grads) if d.rel > tolerance), None)
+    first = next((i for i, d in enumerate(output_grads) if differs(d, tolerance)), None)
     if first is None:
         return findings
     d = output_grads[first]
@@ -299,14 +301,14 @@ def add_micro_batch_findings(findings: list[Finding], forward: list[TensorDiff],
     """Rule 4: micro batch 0 agrees everywhere, a later micro batch does not. The first module
     that differs on it is named; that the first micro batch agrees says the modules are right and
     what they were handed is not."""
-    if any(d.rel > tolerance for d in forward):
+    if any(differs(d, tolerance) for d in forward):
         return findings
     for micro, diffs in micro_batches.items():
-        first = next((d for d in diffs if d.rel > tolerance), None)
+        first = next((d for d in diffs if differs(d, tolerance)), None)
         if first is None:
             continue
         module = first.name.split("@")[0]
-        later = sorted(m for m, ds in micro_batches.items() if any(d.rel > tolerance for d in ds))
+        later = sorted(m for m, ds in micro_batches.items() if any(differs(d, tolerance) for d in ds))
         agree = [m for m in micro_batches if m < micro]
         return findings + [Finding(
             MICRO_BATCH, module,

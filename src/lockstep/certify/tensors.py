@@ -29,16 +29,20 @@ class TensorDiff:
     shape: tuple[int, ...]
     precision: float = 0.0  # what the test side's own recovery allows (relative), 0 when exact
     sketched: bool = False
+    # What FP32 arithmetic itself moves this tensor by: the reference's own relative distance from an
+    # FP64 run of the same step, times ROUNDING_FACTOR (0 when not measured).
+    rounding: float = 0.0
 
     def to_json(self) -> dict:
         return {"tensor": self.name, "kind": self.kind, "max_abs_diff": self.max_abs, "rel_error": self.rel,
                 "cosine": self.cosine, "ref_norm": self.ref_norm, "shape": list(self.shape),
-                "recovery_precision": self.precision, "sketched": self.sketched}
+                "recovery_precision": self.precision, "sketched": self.sketched, "fp32_rounding": self.rounding}
 
     @classmethod
     def from_json(cls, d: dict) -> "TensorDiff":
         return cls(d["tensor"], d["kind"], d.get("max_abs_diff"), d["rel_error"], d["cosine"], d["ref_norm"],
-                   tuple(d.get("shape", ())), d.get("recovery_precision", 0.0), d.get("sketched", False))
+                   tuple(d.get("shape", ())), d.get("recovery_precision", 0.0), d.get("sketched", False),
+                   d.get("fp32_rounding", 0.0))
 
 
 def _cosine(ref_norm: float, test_norm: float, d_norm: float) -> float:
@@ -63,11 +67,37 @@ def tensor_diff(name: str, kind: str, ref: np.ndarray, test: np.ndarray, precisi
     shape = tuple(np.shape(ref))
     if shape != tuple(np.shape(test)):
         raise ValueError(f"{name}: shapes differ, reference {shape} vs test {tuple(np.shape(test))}")
+    if np.size(ref) >= _ON_DEVICE and _cuda():
+        return _tensor_diff_on_device(name, kind, ref, test, precision, shape)
     ref = np.ascontiguousarray(ref, dtype=np.float32).ravel()
     test = np.ascontiguousarray(test, dtype=np.float32).ravel()
     delta = test - ref
     ref_norm, test_norm, d_norm = (math.sqrt(max(float(np.dot(a, a)), 0.0)) for a in (ref, test, delta))
     max_abs = float(np.max(np.abs(delta))) if delta.size else 0.0
+    return TensorDiff(name, kind, max_abs, _rel(ref_norm, d_norm), _cosine(ref_norm, test_norm, d_norm), ref_norm,
+                      shape, precision)
+
+
+_ON_DEVICE = 1 << 22  # tensors this large are compared on a GPU where there is one (a 1B model's in seconds)
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def _tensor_diff_on_device(name, kind, ref, test, precision, shape) -> TensorDiff:
+    import torch
+
+    r = torch.as_tensor(np.asarray(ref)).to("cuda", torch.float32).reshape(-1)
+    t = torch.as_tensor(np.asarray(test)).to("cuda", torch.float32).reshape(-1)
+    d = t - r
+    ref_norm, test_norm, d_norm = (math.sqrt(max(float(torch.dot(a, a)), 0.0)) for a in (r, t, d))
+    max_abs = float(d.abs().max()) if d.numel() else 0.0
     return TensorDiff(name, kind, max_abs, _rel(ref_norm, d_norm), _cosine(ref_norm, test_norm, d_norm), ref_norm,
                       shape, precision)
 

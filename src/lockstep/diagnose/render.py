@@ -33,7 +33,7 @@ def print_verdict(console: Console, v: dict, rows: int = TOP_ROWS) -> None:
     for col in ("tensor", "kind", "max |Δ|", "‖Δ‖/‖ref‖", "cosine"):
         t.add_column(col, justify="left" if col in ("tensor", "kind") else "right")
     for r in v["ranked"][:rows]:
-        t.add_row(escape(r["tensor"]), r["kind"], f"{r['max_abs_diff']:.2e}", f"{r['rel_error']:.2e}", f"{r['cosine']:.6f}")
+        t.add_row(escape(r["tensor"]), r["kind"], _fmt(r["max_abs_diff"]), f"{r['rel_error']:.2e}", f"{r['cosine']:.6f}")
     console.print(t)
     loss = v["loss_step1"]
     console.print(f"step-1 loss: {escape(v['reference'])} {_loss(loss['reference'])}, {escape(v['test'])} "
@@ -89,7 +89,7 @@ def html_section(verdicts: list[dict], rows: int = TOP_ROWS) -> str:
         parts.append("<ul>" + "".join(f"<li>{e(i)}</li>" for i in items) + "</ul>")
         parts.append("<table><tr><th>tensor</th><th>kind</th><th>max |Δ|</th><th>‖Δ‖/‖ref‖</th><th>cosine</th></tr>")
         for r in v["ranked"][:rows]:
-            parts.append(f"<tr><td>{e(r['tensor'])}</td><td>{e(r['kind'])}</td><td>{r['max_abs_diff']:.2e}</td>"
+            parts.append(f"<tr><td>{e(r['tensor'])}</td><td>{e(r['kind'])}</td><td>{_fmt(r['max_abs_diff'])}</td>"
                          f"<td>{r['rel_error']:.2e}</td><td>{r['cosine']:.6f}</td></tr>")
         parts.append("</table>")
         if v["drift"]:

@@ -206,7 +206,9 @@ def capture_step(model: nn.Module, case: CaseSpec, tokens: np.ndarray, request: 
                     recorder.micro_batch(dp_rank, micro)
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=case.is_bf16):
                         logits, _ = model(x)
-                    losses = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1), reduction="none")
+                    # FP32 logits for the loss, as the trainer computes it (FP64 for a model in FP64).
+                    losses = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)).view(
+                        -1, logits.size(-1)), y.view(-1), reduction="none")
                     recorder.loss(logits, losses)
                     (losses.mean() / (case.accum * case.dp)).backward()
                     means.append(losses.detach())

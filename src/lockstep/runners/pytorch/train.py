@@ -231,10 +231,11 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
 
 
 def capture_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, request: CaptureRequest,
-                 framework: str = "pytorch", prepare_model=None) -> StepCapture:
+                 framework: str = "pytorch", prepare_model=None, float64: bool = False) -> StepCapture:
     """Step 1 of the case without an optimizer update, every DP rank's micro batches in this one
     process, recorded as `request` asks (diagnose, and certificates of runs of several ranks).
-    `prepare_model` may swap kernels first (pytorch-fast: SDPA attention)."""
+    `prepare_model` may swap kernels first (pytorch-fast: SDPA attention); `float64` runs it in
+    FP64 (what exact arithmetic gives: the certificate's yardstick of FP32 rounding)."""
     ckpt = load_checkpoint(checkpoint)
     stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
     case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
@@ -243,6 +244,8 @@ def capture_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind:
         model = model_family(ckpt.family).reference_class().from_llmc(ckpt.tensors, ckpt.config)
     if prepare_model is not None:
         prepare_model(model)
+    if float64:
+        model = model.to(torch.float64)
     return capture_step(model, case, stream.tokens, request, device, framework=framework)
 
 

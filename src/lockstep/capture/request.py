@@ -107,10 +107,15 @@ class CaptureBuilder:
         return self.capture
 
 
+ON_DEVICE = 1 << 22  # host tensors this large are sketched on a GPU where there is one (hashing 1B elements: minutes on a CPU)
+
+
 def make_sketch(tensor) -> Sketch:
     try:
         import torch
 
+        if not isinstance(tensor, torch.Tensor) and np.size(tensor) >= ON_DEVICE and torch.cuda.is_available():
+            tensor = torch.as_tensor(np.asarray(tensor)).to("cuda")
         if isinstance(tensor, torch.Tensor):
             values = sketch_torch(tensor).cpu().numpy()
             return Sketch(values, l2_norm(tensor), tuple(tensor.shape))

@@ -4,7 +4,6 @@ step-1 loss is transformers' loss on the same batch), or refusing one with scale
 
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pytest
@@ -19,18 +18,13 @@ torch = pytest.importorskip("torch")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 from support.hf_models import build, save  # noqa: E402
+from support.cli_output import printed
 
 
 def convert(capsys, *argv: str) -> tuple[int, str, str]:
     rc = main(["convert", *argv])
     out, err = capsys.readouterr()
     return rc, out, err
-
-
-def printed(out: str, key: str) -> str:
-    match = re.search(rf"^\s+{key}\s+(.+)$", out, re.M)
-    assert match, f"{key!r} not printed in:\n{out}"
-    return match.group(1).strip()
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,13 @@ bf16 (version 5), and clean failures."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
 from lockstep.cli import main
 from lockstep.models.gpt2 import FAMILY as GPT2_FAMILY
 from lockstep.fsutil import sha256_file
+from support.cli_output import printed
 
 # Same digests as tests/models/test_init.py: the CLI must write exactly the library's init.
 GOLDEN_TINY_SEED42_FP32 = "21064a2777319609764d67d1fc20f76e930f1cb80854f50e420654979b786839"
@@ -21,12 +21,6 @@ def init_checkpoint(capsys, *argv: str) -> tuple[int, str, str]:
     rc = main(["init-checkpoint", *argv])
     out, err = capsys.readouterr()
     return rc, out, err
-
-
-def printed(out: str, key: str) -> str:
-    match = re.search(rf"^\s+{key}\s+(.+)$", out, re.M)
-    assert match, f"{key!r} not printed in:\n{out}"
-    return match.group(1).strip()
 
 
 def test_tiny_default_seed(capsys, tmp_path):

@@ -19,6 +19,16 @@ from lockstep.runners.megatron.runner import megatron_core_installed
 pytestmark = pytest.mark.skipif(not megatron_core_installed(), reason="megatron-core is not installed")
 
 
+def tiny_inputs(shape: str, tmp_path):
+    """A registered tiny shape's llm.c init (seed 42) and 4,000 random GPT-2-vocabulary tokens."""
+    config = SHAPES[shape].config
+    family = FAMILIES[config.family]
+    ckpt, tokens = tmp_path / "init.bin", tmp_path / "tokens.bin"
+    write_initial_checkpoint(ckpt, family, config, seed=42)
+    write_token_stream(tokens, np.random.default_rng(0).integers(0, 50257, size=4000), kind=family.name)
+    return config, ckpt, tokens
+
+
 def capture(framework, case, inputs, work_dir, full=True):
     """What `lockstep diagnose` asks each runner for (whole tensors), or the certificate's sketches."""
     request = CaptureRequest(path=str(work_dir / f"{framework}_{case.name}.npz"), full=full)
@@ -27,11 +37,7 @@ def capture(framework, case, inputs, work_dir, full=True):
 
 @pytest.mark.parametrize("shape,parallel", [("gpt2-tiny", {}), ("gpt2-tiny", {"tp": 2}), ("llama3-tiny", {})])
 def test_pytorch_and_megatron_agree_on_every_gradient(shape, parallel, tmp_path):
-    config = SHAPES[shape].config
-    family = FAMILIES[config.family]
-    ckpt, tokens = tmp_path / "init.bin", tmp_path / "tokens.bin"
-    write_initial_checkpoint(ckpt, family, config, seed=42)
-    write_token_stream(tokens, np.random.default_rng(0).integers(0, 50257, size=4000), kind=family.name)
+    config, ckpt, tokens = tiny_inputs(shape, tmp_path)
     case = CaseSpec(name="c", model=shape, dtype="float32", micro_batch=4, seq_len=64, total_batch=256, steps=1,
                     lr=1e-4, **parallel)
     inputs = RunInputs(checkpoint=ckpt, tokens=tokens, model=config, device="cpu")
@@ -52,11 +58,7 @@ def test_pytorch_and_megatron_agree_on_every_gradient(shape, parallel, tmp_path)
 def test_one_sequence_micro_batches_keep_megatrons_logits(tmp_path):
     """B=1: megatron hands the loss a view of the captured logits (its [b, s] transpose needs no copy)
     and its vocab-parallel cross entropy turns them into softmax in place; the capture must copy."""
-    config = SHAPES["qwen3-tiny"].config
-    family = FAMILIES[config.family]
-    ckpt, tokens = tmp_path / "init.bin", tmp_path / "tokens.bin"
-    write_initial_checkpoint(ckpt, family, config, seed=42)
-    write_token_stream(tokens, np.random.default_rng(0).integers(0, 50257, size=4000), kind=family.name)
+    config, ckpt, tokens = tiny_inputs("qwen3-tiny", tmp_path)
     case = CaseSpec(name="c", model="qwen3-tiny", dtype="float32", micro_batch=1, seq_len=64, total_batch=64,
                     steps=1, lr=1e-5)
     inputs = RunInputs(checkpoint=ckpt, tokens=tokens, model=config, device="cpu")
@@ -73,11 +75,7 @@ def test_the_certificates_sketches_of_megatron_agree_with_pytorchs(shape, parall
     from lockstep.certify.certificate import certify
     from lockstep.formats.step_capture import StepCapture
 
-    config = SHAPES[shape].config
-    family = FAMILIES[config.family]
-    ckpt, tokens = tmp_path / "init.bin", tmp_path / "tokens.bin"
-    write_initial_checkpoint(ckpt, family, config, seed=42)
-    write_token_stream(tokens, np.random.default_rng(0).integers(0, 50257, size=4000), kind=family.name)
+    config, ckpt, tokens = tiny_inputs(shape, tmp_path)
     case = CaseSpec(name="c", model=shape, dtype="float32", micro_batch=4, seq_len=64, total_batch=512, steps=1,
                     lr=1e-4, **parallel)
     inputs = RunInputs(checkpoint=ckpt, tokens=tokens, model=config, device="cpu")
@@ -102,11 +100,7 @@ def test_micro_batches_handed_the_wrong_activation_are_named(tmp_path, monkeypat
     from lockstep.formats.step_capture import StepCapture
     from support import defects
 
-    config = SHAPES["qwen3-tiny"].config
-    family = FAMILIES[config.family]
-    ckpt, tokens = tmp_path / "init.bin", tmp_path / "tokens.bin"
-    write_initial_checkpoint(ckpt, family, config, seed=42)
-    write_token_stream(tokens, np.random.default_rng(0).integers(0, 50257, size=4000), kind=family.name)
+    config, ckpt, tokens = tiny_inputs("qwen3-tiny", tmp_path)
     case = CaseSpec(name="c", model="qwen3-tiny", dtype="float32", micro_batch=2, seq_len=64, total_batch=512, steps=1,
                     lr=1e-5, pp=2, vpp=2)
     inputs = RunInputs(checkpoint=ckpt, tokens=tokens, model=config, device="cpu")

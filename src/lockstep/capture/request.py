@@ -18,6 +18,16 @@ from lockstep.formats.step_capture import Sketch, StepCapture
 CAPTURE_ROWS = 4
 
 
+# Micro batches (of DP rank 0) whose module outputs are recorded; the first whole or sketched as
+# asked, the rest sketched. Enough for every pipeline schedule's warm-up and steady state.
+MAX_MICRO_BATCHES = 16
+
+
+def micro_name(name: str, micro: int) -> str:
+    """`ln1[0]` on micro batch 0, `ln1[0]@3` on micro batch 3."""
+    return name if micro == 0 else f"{name}@{micro}"
+
+
 @dataclass(frozen=True)
 class CaptureRequest:
     path: str  # the .npz the capture goes to

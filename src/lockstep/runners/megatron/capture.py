@@ -27,10 +27,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from lockstep.capture.request import CaptureBuilder, CaptureRequest, adam_first_update
+from lockstep.capture.request import MAX_MICRO_BATCHES, CaptureBuilder, CaptureRequest, adam_first_update, micro_name
 from lockstep.capture.sketch import sketch_torch
 from lockstep.formats.step_capture import Sketch
-from lockstep.runners.pytorch.capture import MAX_MICRO_BATCHES, micro_name
 
 # Outputs whose last dimension is split over TP ranks.
 TP_SPLIT_OUTPUTS = ("attn", "logits")

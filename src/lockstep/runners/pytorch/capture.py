@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lockstep.capture.request import CaptureBuilder, CaptureRequest
+from lockstep.capture.request import MAX_MICRO_BATCHES, CaptureBuilder, CaptureRequest, micro_name
 from lockstep.cases.spec import CaseSpec
 from lockstep.data.loader import TokenBatches
 from lockstep.formats.step_capture import StepCapture
@@ -33,16 +33,6 @@ from lockstep.step_contract import fp32_matmul_precision, logged_step_loss
 
 # A tensor counts as tied when uses other than its embedding lookup carry this share of its gradient.
 TIED_SHARE = 1e-3
-# Micro batches (of DP rank 0) whose module outputs are recorded; the first whole or sketched as
-# asked, the rest sketched. Enough for every pipeline schedule's warm-up and steady state.
-MAX_MICRO_BATCHES = 16
-
-
-def micro_name(name: str, micro: int) -> str:
-    """`ln1[0]` on micro batch 0, `ln1[0]@3` on micro batch 3."""
-    return name if micro == 0 else f"{name}@{micro}"
-
-
 def forward_hooks(model: nn.Module, record) -> list:
     """Hooks that call record(name, tensor) with each canonical module output (reference modules)."""
     handles = [model.h[0].register_forward_pre_hook(lambda m, args: record("embedding", args[0]))]

@@ -505,9 +505,9 @@ def certify_outcomes(plan: RunPlan, outcomes: list[CaseOutcome], say=lambda text
                 eps = optimizer.eps if optimizer.kind == "adam" else 1e-8
                 try:
                     cert = certify(StepCapture.load(ref), StepCapture.load(other), case, adam_eps=eps)
-                    if close_call(cert) and baseline == "pytorch":
-                        say(f"step-1 certificate {runner.name} vs {baseline} on {case.name}: within "
-                            f"{CLOSE_CALL:g}x the tolerance; measuring what FP32 moves the reference itself (FP64)")
+                    if cert.close_call and baseline == "pytorch":
+                        say(f"step-1 certificate {runner.name} vs {baseline} on {case.name}: a close call; measuring "
+                            "what FP32 moves the reference itself (its step 1 in FP64)")
                         if case.name not in fp64s:
                             fp64s[case.name] = fp64_capture(plan, case)
                         cert = certify(StepCapture.load(ref), StepCapture.load(other), case, adam_eps=eps,
@@ -520,31 +520,11 @@ def certify_outcomes(plan: RunPlan, outcomes: list[CaseOutcome], say=lambda text
     return made
 
 
-CLOSE_CALL = 100.0  # a certificate whose worst tensor is within this many tolerances of it
-
-
-def close_call(cert) -> bool:
-    """A certificate that fails only by a little (every tensor within CLOSE_CALL tolerances, no
-    micro batch paired wrong): FP32 rounding of a deep, wide model can do that; an FP64 run of the
-    reference's step 1 says how much."""
-    from lockstep.certify.classify import MICRO_BATCH
-
-    from lockstep.certify.tensors import ADAM_UPDATE
-
-    worst = [d.rel for d in cert.worst.values() if d is not None and d.kind != ADAM_UPDATE]
-    return (not cert.holds and cert.available and bool(worst) and max(worst) < CLOSE_CALL * cert.tolerance
-            and not any(f.kind == MICRO_BATCH for f in cert.findings))
-
-
 def fp64_capture(plan: RunPlan, case: CaseSpec):
-    """The reference's step 1 of the case in FP64, sketched like the certificate's captures (cached in step1/)."""
-    from lockstep.capture.request import CAPTURE_ROWS, CaptureRequest
-    from lockstep.formats.step_capture import StepCapture
+    """The reference's step 1 of the case in FP64, sketched like the certificate's captures."""
     from lockstep.runners.pytorch import PyTorchRunner
 
-    path = plan.capture_path("pytorch-fp64", case)
-    PyTorchRunner().capture_fp64(case, plan.inputs[case.name], CaptureRequest(path=str(path), rows=CAPTURE_ROWS))
-    return StepCapture.load(path)
+    return PyTorchRunner().fp64_step1(case, plan.inputs[case.name], plan.capture_path("pytorch-fp64", case))
 
 
 def _capture_of(outcome: CaseOutcome) -> tuple[str | None, str | None]:

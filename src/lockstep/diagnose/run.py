@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.capture.request import CAPTURE_ROWS, CaptureRequest
+from lockstep.certify.certificate import close_call
 from lockstep.cases.spec import CaseSpec
 from lockstep.compare.pairing import DIAGNOSE_DIR
 from lockstep.diagnose.verdict import DriftRun, DriftStep, Verdict, diagnose_captures
@@ -28,6 +29,7 @@ from lockstep.run_matrix import RunRequest, plan_run, runner_options
 from lockstep.runners import get_runner
 from lockstep.runners.base import RunInputs
 from lockstep.runners.infinitrain import InfiniTrainRunner
+from lockstep.runners.pytorch import PyTorchRunner
 
 DRIFT_LRS = (1e-12, 1e-5)  # frozen weights, a small step; the case's own lr is added
 DEFAULT_DRIFT_STEPS = 5
@@ -262,6 +264,13 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
         drift_note = notes[base] or notes[test]
         verdict = diagnose_captures(captures[base], captures[test], plan.case, drift=runs,
                                     structure=captures["pytorch"], adam_eps=adam_eps or 1e-8)
+        if base == "pytorch" and close_call(verdict.findings, verdict.ranked(), verdict.tolerance):
+            say("a close call: measuring what FP32 moves the reference itself (its step 1 in FP64) ...")
+            if "fp64" not in captures:
+                captures["fp64"] = PyTorchRunner().fp64_step1(plan.case, plan.inputs,
+                                                             plan.out_dir / f"pytorch-fp64_{plan.case.name}_step1.npz")
+            verdict = diagnose_captures(captures[base], captures[test], plan.case, drift=runs,
+                                        structure=captures["pytorch"], adam_eps=adam_eps or 1e-8, fp64=captures["fp64"])
         verdict.notes += [drift_note] if drift_note else []
         verdict.notes += [f"logged loss, {fw}: {LOGGED_LOSS_WORDS[get_runner(fw, **plan.options.get(fw, {})).logged_loss]}"
                           for fw in (base, test)]

@@ -98,13 +98,17 @@ class Verdict:
 
 
 def diagnose_captures(ref: StepCapture, test: StepCapture, case: CaseSpec, drift: list[DriftRun] | None = None,
-                      structure: StepCapture | None = None, adam_eps: float = 1e-8) -> Verdict:
+                      structure: StepCapture | None = None, adam_eps: float = 1e-8,
+                      fp64: StepCapture | None = None) -> Verdict:
     """Compare two step-1 captures (certify.evaluate_step1) and add the drift's findings.
     `structure` (the pytorch reference's capture) supplies the parameter order, module kinds and
     token losses when the baseline is another framework."""
-    ev = evaluate_step1(ref, test, case, adam_eps, structure)
+    ev = evaluate_step1(ref, test, case, adam_eps, structure, fp64)
     findings = add_drift_findings(list(ev.findings), drift or [], THRESHOLDS[case.dtype])
     notes = list(ref.notes) + list(test.notes)
+    if fp64 is not None:
+        notes.append("each tensor may also differ by 3x what FP32 moves the reference itself from an FP64 run of "
+                     "the same step")
     if not test.names("fwd"):
         notes.append(f"{test.framework} exposes no module outputs: its forward is judged from the step-1 loss and "
                      "the gradients")

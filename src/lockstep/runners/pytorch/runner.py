@@ -38,10 +38,13 @@ class PyTorchRunner(FrameworkRunner):
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
         return capture_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, request)
 
-    def capture_fp64(self, case: CaseSpec, inputs: RunInputs, request: CaptureRequest):
-        """Step 1 of the case in FP64: how far FP32 arithmetic moves each tensor of the reference."""
-        return capture_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, request,
-                            framework="pytorch-fp64", float64=True)
+    def fp64_step1(self, case: CaseSpec, inputs: RunInputs, path: Path):
+        """Step 1 of the case in FP64, sketched (first sequences' outputs, as certificates keep them):
+        how far FP32 arithmetic moves each tensor of the reference."""
+        from lockstep.capture.request import CAPTURE_ROWS
+
+        return capture_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device,
+                            CaptureRequest(path=str(path), rows=CAPTURE_ROWS), framework="pytorch-fp64", float64=True)
 
     def train_fp64(self, case: CaseSpec, inputs: RunInputs, record_path: Path) -> RunRecord:
         """The case in FP64 (the policy's evidence of Adam amplification), as a record at `record_path`."""

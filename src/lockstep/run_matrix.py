@@ -10,12 +10,10 @@ tell Adam's amplification of rounding from a defect (an FP64 reference run).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import sys
 import time
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -35,6 +33,7 @@ from lockstep.models import CPU_SHAPES, family, model_shape, read_checkpoint_lay
 from lockstep.runners import get_runner
 from lockstep.runners.base import FrameworkRunner, RunInputs, available_devices, device_shortage
 from lockstep.runners.nodes import NodeLayout
+from lockstep.step_contract import Stopwatch
 
 
 @dataclass
@@ -564,15 +563,11 @@ class RunTiming:
 
     def __init__(self):
         self.began = time.perf_counter()
-        self.stages: dict[str, float] = {}
+        self.stage = Stopwatch()  # `with timing.stage("plan"): ...`
 
-    @contextlib.contextmanager
-    def stage(self, name: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.stages[name] = round(self.stages.get(name, 0.0) + time.perf_counter() - start, 3)
+    @property
+    def stages(self) -> dict[str, float]:
+        return self.stage.seconds
 
     def to_json(self, outcomes: list[CaseOutcome]) -> dict:
         pairs = []

@@ -124,26 +124,14 @@ def fp32_sequential_of_tensors(micro_token_losses: list) -> float:
 PHASES = ("start-up", "weights", "data", "training", "teardown")
 
 
-class Phases:
-    """Wall time of the phases of one run, measured where they happen:
+class Stopwatch:
+    """Seconds by name: `with watch("name"): ...` adds the block's wall time to `seconds[name]`."""
 
-        phases = Phases()
-        with phases("weights"): ...load the checkpoint...
-
-    or, through straight-line code, `phases.lap("weights")` at the end of each stretch (the time
-    since the previous lap, or since the start). `seconds` maps each phase to its seconds (a
-    phase entered twice adds up); `started_wall` / the finish time let the runner's parent put the
-    time before and after these in start-up and teardown."""
+    names: tuple[str, ...] | None = None  # the names allowed (None: any)
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
-        self.started_wall = time.time()
         self._last = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.add(name, now - self._last)
-        self._last = now
 
     @contextlib.contextmanager
     def __call__(self, name: str):
@@ -155,9 +143,32 @@ class Phases:
             self._last = time.perf_counter()
 
     def add(self, name: str, seconds: float) -> None:
-        if name not in PHASES:
-            raise ValueError(f"unknown phase {name!r}; phases: {', '.join(PHASES)}")
+        if self.names is not None and name not in self.names:
+            raise ValueError(f"unknown phase {name!r}; phases: {', '.join(self.names)}")
         self.seconds[name] = round(self.seconds.get(name, 0.0) + max(seconds, 0.0), 3)
+
+
+class Phases(Stopwatch):
+    """Wall time of the phases of one run, measured where they happen:
+
+        phases = Phases()
+        with phases("weights"): ...load the checkpoint...
+
+    or, through straight-line code, `phases.lap("weights")` at the end of each stretch (the time
+    since the previous lap, or since the start). `seconds` maps each phase to its seconds (a
+    phase entered twice adds up); `started_wall` / the finish time let the runner's parent put the
+    time before and after these in start-up and teardown."""
+
+    names = PHASES
+
+    def __init__(self):
+        super().__init__()
+        self.started_wall = time.time()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.add(name, now - self._last)
+        self._last = now
 
     def to_dict(self) -> dict[str, float]:
         return {p: self.seconds[p] for p in PHASES if p in self.seconds}

@@ -128,7 +128,7 @@ def test_resume_rebuilds_nothing_and_reruns_only_the_interrupted_commit(bisected
     assert [r["sha"] for r in again["tested"]] == [r["sha"] for r in first["tested"]]
     assert [(r["earlier"], r["build"]) for r in again["tested"]][-1] == (False, "reused")
     assert all(r["earlier"] for r in again["tested"][:-1])
-    assert again["diagnose"]["command"].endswith(f"--case gpt2_1 --frameworks pytorch,infinitrain")
+    assert again["diagnose"]["command"].endswith("--case gpt2_1 --frameworks pytorch,infinitrain")
     assert "error" in again["diagnose"]
 
 

@@ -3,7 +3,6 @@ kept with its log, and Ctrl-C stopping the whole build tree without leaving a re
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path

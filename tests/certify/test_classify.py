@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.certify.classify import FORWARD, LOGGING, MICRO_BATCH, OPTIMIZER, module_of
+from lockstep.certify.classify import FORWARD, LOGGING, OPTIMIZER, module_of
 from lockstep.diagnose.verdict import DriftRun, DriftStep, diagnose_captures
 from lockstep.formats.step_capture import StepCapture
 from lockstep.step_contract import fp32_sequential_loss

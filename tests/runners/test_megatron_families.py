@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import dataclasses
-import math
 from pathlib import Path
 
 import numpy as np

@@ -24,7 +24,7 @@ Rules, in order (each one line in the verdict):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 

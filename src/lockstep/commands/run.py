@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import shutil
 from pathlib import Path
 
 from rich.console import Console

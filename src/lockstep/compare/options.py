@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lockstep.compare.policy import MEGATRON_LM_GPT2_FP32_THRESHOLD, THRESHOLDS  # noqa: F401 (re-exported)
 
 STEP2_MODES = ("auto", "on", "off")
 

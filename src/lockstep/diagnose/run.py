@@ -24,7 +24,7 @@ from lockstep.step_contract import LOGGED_LOSS_WORDS
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import read_run_record
 from lockstep.fsutil import atomic_write, check_free_space
-from lockstep.models import model_shape, read_checkpoint_layout
+from lockstep.models import read_checkpoint_layout
 from lockstep.run_matrix import RunRequest, plan_run, runner_options
 from lockstep.runners import get_runner
 from lockstep.runners.base import RunInputs

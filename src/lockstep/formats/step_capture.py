@@ -33,7 +33,6 @@ import os
 import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 

@@ -64,7 +64,7 @@ def read_config(cfg: dict, path: str | os.PathLike, options: HFOptions) -> HFMod
     problems = config.problems()
     if problems:
         raise FormatError(path, "describes a shape LLMC cannot hold: " + "; ".join(problems))
-    notes = [f"Conv1D weights (c_attn, attn.c_proj, c_fc, mlp.c_proj) transposed to nn.Linear's (out, in)"]
+    notes = ["Conv1D weights (c_attn, attn.c_proj, c_fc, mlp.c_proj) transposed to nn.Linear's (out, in)"]
     if config.padded_vocab_size != vocab:
         notes.append(f"wte padded with zero rows from V={vocab} to Vp={config.padded_vocab_size}, as llm.c does")
     return HFModel(config=config, tied=True, notes=tuple(notes))

@@ -136,7 +136,7 @@ def capture_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Captur
     if forward_note:
         cap.notes.append(forward_note)
     elif forward:
-        cap.notes.append(f"infinitrain module outputs: its own --precision_check dumps of rank 0's first micro batch"
+        cap.notes.append("infinitrain module outputs: its own --precision_check dumps of rank 0's first micro batch"
                          + (f" (its first {rows} sequences, from a launch of those alone)" if small else "")
                          + f" ({len(forward)} modules)")
     record = dumped if (dumped is not None and not small) else runner.run(step_case, _saving(plain, KEEP_SAVE), work_dir)

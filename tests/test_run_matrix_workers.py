@@ -1,6 +1,7 @@
-"""execute_plan's order with persistent workers: a runner's cases that share a worker-group key
-run together, in plan order, in one `run_many` when the group is reached; other pairs run where
-they stand; skipped pairs are never handed to a runner; outcomes come back in plan order. With
+"""execute_plan's order with persistent workers: pairs that run on their own go first, in plan
+order, while the first worker group starts; then a runner's cases that share a worker-group key
+run together, in plan order, in one `run_many`; skipped pairs are never handed to a runner;
+outcomes come back in plan order. With
 `persistent_workers` off every pair is its own `run_many`, not persistent.
 
 The runners here are a bookkeeping framework: they record what they were asked to run and
@@ -79,19 +80,19 @@ def plan(tmp_path: Path, runners, persistent: bool) -> RunPlan:
                    runners=runners, persistent_workers=persistent)
 
 
-def test_groups_run_when_reached_and_outcomes_keep_plan_order(tmp_path):
+def test_pairs_on_their_own_run_first_while_the_first_group_starts(tmp_path):
     calls, ended = [], []
     runners = [Bookkeeping("a", grouped=False, calls=calls), Bookkeeping("b", grouped=True, calls=calls)]
     outcomes = execute_plan(plan(tmp_path, runners, persistent=True), repeat=2,
                             on_end=lambda o: ended.append(f"{o.framework}/{o.case.name}"))
-    # While "a" runs a pair in this process, the next worker group of "b" starts beside it; each group
-    # is closed once every case of its key ran.
-    assert calls == [("prestart", "b", 1, "one"), ("a", ["one"], False, 2), ("b", ["one", "fails"], True, 2),
-                     ("close", "b", 1), ("prestart", "b", 2, "dp2"), ("a", ["dp2"], False, 2),
-                     ("b", ["dp2", "dp2_again"], True, 2), ("close", "b", 2), ("a", ["fails"], False, 2),
-                     ("a", ["dp4"], False, 2), ("a", ["dp2_again"], False, 2)]
-    assert ended == ["a/one", "b/one", "b/fails", "a/dp2", "b/dp2", "b/dp2_again", "a/fails", "a/dp4", "b/dp4",
-                     "a/dp2_again"]
+    # "a"'s pairs run in this process first, in plan order, while "b"'s first worker group starts
+    # beside them; then each of "b"'s groups runs every case of its key and is closed.
+    assert calls == [("prestart", "b", 1, "one"), ("a", ["one"], False, 2), ("a", ["dp2"], False, 2),
+                     ("a", ["fails"], False, 2), ("a", ["dp4"], False, 2), ("a", ["dp2_again"], False, 2),
+                     ("b", ["one", "fails"], True, 2), ("close", "b", 1),
+                     ("b", ["dp2", "dp2_again"], True, 2), ("close", "b", 2)]
+    assert ended == ["b/dp4", "a/one", "a/dp2", "a/fails", "a/dp4", "a/dp2_again", "b/one", "b/fails", "b/dp2",
+                     "b/dp2_again"]
     assert [(o.framework, o.case.name, o.skipped or o.record.status) for o in outcomes] == [
         ("a", "one", "ok"), ("b", "one", "ok"), ("a", "dp2", "ok"), ("b", "dp2", "ok"), ("a", "fails", "failed"),
         ("b", "fails", "failed"), ("a", "dp4", "ok"), ("b", "dp4", "too wide"), ("a", "dp2_again", "ok"),

@@ -387,9 +387,10 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
     """Run every pair `repeat` times; repeat 1's record is the outcome's (and where compare reads
     it), repeats 2..N go under `<out>/repeats/<k>/` for the determinism check.
 
-    Pairs run in plan order (case by case, each framework in turn), except that when a pair's
-    runner offers a persistent worker group for it (`worker_group_key`), every later pair of the
-    same runner and key runs then too, in plan order, in that one group (start once, run many);
+    Pairs that run on their own (in this process or a process each: the one-device pytorch cases,
+    InfiniTrain) run first, in plan order (case by case, each framework in turn), while the first
+    persistent worker group (`worker_group_key`) starts up beside them; then, for each group in
+    plan order, every pair of that runner and key, in one group (start once, run many).
     `plan.persistent_workers` False runs every pair on its own. Outcomes come back in plan order.
     Every node of a multi-node run computes the same order from the same plan."""
     from lockstep.determinism import repeat_dir
@@ -420,38 +421,44 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
             groups[(runner.name, key)] = runner.open_workers(case, plan.inputs[case.name])
         return groups[(runner.name, key)]
 
-    def prestart_next(after: int) -> None:
-        """While a pair runs in this process, the next worker group starts up beside it (one node
-        only: every node must start its groups in the same order)."""
+    def prestart_first_group() -> None:
+        """The first worker group starts up while the pairs that need none run in this process (one
+        node only: every node must start its groups in the same order)."""
         if plan.nodes.multi_node:
             return
-        for c, r in pairs[after + 1:]:
-            key = None if (c.name, r.name) in outcomes or skip_reason(c, r) else key_of(c, r)
+        for c, r in pairs:
+            key = None if skip_reason(c, r) else key_of(c, r)
             if key is not None:
                 group_of(c, r, key).prestart(c.to_dict(), plan.out_dir / r.name)
                 return
 
+    def run_pair(case: CaseSpec, runner: FrameworkRunner, key) -> None:
+        batch = [case] if key is None else [
+            c for c, r in pairs if r is runner and (c.name, r.name) not in outcomes
+            and not skip_reason(c, r) and key_of(c, r) == key]
+        runner.run_many([(c, inputs_for(plan, c, runner)) for c in batch], out_dirs, on_start=on_start,
+                        on_step=on_step, on_done=finished(runner), persistent=key is not None,
+                        group=group_of(case, runner, key) if key is not None else None)
+        if key is not None:
+            groups.pop((runner.name, key)).close()  # every case of its key ran: free its devices
+
     try:
-        for i, (case, runner) in enumerate(pairs):
-            if (case.name, runner.name) in outcomes:
-                continue  # ran earlier, in a worker group with an earlier case
+        for case, runner in pairs:
             reason = skip_reason(case, runner)
             if reason:
                 outcome = outcomes[(case.name, runner.name)] = CaseOutcome(case, runner.name, skipped=reason)
                 if on_end:
                     on_end(outcome)
-                continue
-            key = key_of(case, runner)
-            if key is None:
-                prestart_next(i)
-            batch = [case] if key is None else [
-                c for c, r in pairs if r is runner and (c.name, r.name) not in outcomes
-                and not skip_reason(c, r) and key_of(c, r) == key]
-            runner.run_many([(c, inputs_for(plan, c, runner)) for c in batch], out_dirs, on_start=on_start,
-                            on_step=on_step, on_done=finished(runner), persistent=key is not None,
-                            group=group_of(case, runner, key) if key is not None else None)
-            if key is not None:
-                groups.pop((runner.name, key)).close()  # every case of its key ran: free its devices
+        # Pairs that run on their own (in this process, or a process each) first, while the first
+        # worker group starts beside them; then each group's pairs, a group at a time.
+        prestart_first_group()
+        for grouped in (False, True):
+            for case, runner in pairs:
+                if (case.name, runner.name) in outcomes:
+                    continue  # skipped, or ran earlier in a worker group with an earlier case
+                key = key_of(case, runner)
+                if (key is not None) == grouped:
+                    run_pair(case, runner, key)
     except BaseException:
         for g in groups.values():
             g.__exit__(*sys.exc_info())  # interrupted or failing: no rank may outlive lockstep
@@ -575,7 +582,9 @@ class RunTiming:
             if o.record is None:
                 continue
             meta = o.record.meta
-            pairs.append({"framework": o.framework, "case": o.case.name, "wall_s": meta.get("wall_s"),
-                          "phases": meta.get("phases", {}),
-                          "step1_capture_s": meta.get("step1_capture_seconds")})
+            pair = {"framework": o.framework, "case": o.case.name, "wall_s": meta.get("wall_s"),
+                    "phases": meta.get("phases", {}), "step1_capture_s": meta.get("step1_capture_seconds")}
+            if meta.get("worker_startup"):  # the first case of a worker group: where the group's start-up went
+                pair["worker_startup"] = meta["worker_startup"]
+            pairs.append(pair)
         return {"total_s": round(time.perf_counter() - self.began, 3), "stages": self.stages, "pairs": pairs}

@@ -166,7 +166,11 @@ def timing_line(timing: dict) -> str:
             phases[name] = phases.get(name, 0.0) + s
     stages = ", ".join(f"{k} {v:.1f}" for k, v in timing["stages"].items())
     within = ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
-    return f"time: {timing['total_s']:.1f} s ({stages}; the runs' phases: {within}) -- run.json \"timing\""
+    from lockstep.report.tables import worker_startup_lines
+
+    groups = "".join(f"; {line}" for line in worker_startup_lines(timing))
+    return f"time: {timing['total_s']:.1f} s ({stages}; the runs' phases: {within}{groups}) -- run.json \"timing\""
+
 
 
 def report_determinism(console: Console, plan: RunPlan, outcomes: list[CaseOutcome], repeat: int) -> dict:

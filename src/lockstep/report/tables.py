@@ -57,7 +57,21 @@ def timing_note(data: ReportData) -> str:
     return (f"lockstep run took {t.get('total_s', 0):.1f} s ({stages}). Per framework and case, in seconds: start-up "
             "(process, imports, a worker group picking the case up), weights (reading the checkpoint, building "
             "the model and optimizer), data, training (every step; step 1 includes recording it for the "
-            "certificate), teardown (after the last step).")
+            "certificate), teardown (after the last step)." + "".join(
+                f" {line[0].upper()}{line[1:]}." for line in worker_startup_lines(t)))
+
+
+def worker_startup_lines(timing: dict) -> list[str]:
+    """Per worker group started: how long it took to be ready, by stage, and how long its first case waited."""
+    lines = []
+    for pair in timing.get("pairs", []):
+        startup = pair.get("worker_startup")
+        if not startup:
+            continue
+        stages = ", ".join(f"{k} {v:.1f}" for k, v in (startup.get("stages") or {}).items())
+        lines.append(f"{pair['framework']} workers ready {startup.get('ready_after_s', 0):.1f} s after their start "
+                     f"({stages}), {pair['case']} waited {startup.get('case_waited_s', 0):.1f} s for them")
+    return lines
 
 
 def timing_rows(data: ReportData) -> list[list[str]]:

@@ -51,6 +51,19 @@ def torchrun_command(module: str, nproc: int, args: list[str], nodes: NodeLayout
     return [*head, *torchrun_args(nodes, nproc, run_id), *tail]
 
 
+def one_rank_env() -> dict:
+    """What torchrun would give the only rank of a one-process group on this machine (its process
+    group's store on a free local port): a single rank needs no launcher, and torchrun's own start
+    (its interpreter, torch, the rendezvous) costs seconds before the rank even begins."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
 def rendezvous_id(module: str, job: dict) -> str:
     """The same on every node for the same (framework, case), different between consecutive runs."""
     case = job.get("case", {}).get("name", "case") if isinstance(job.get("case"), dict) else "case"

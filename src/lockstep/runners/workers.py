@@ -2,8 +2,9 @@
 
 Starting torchrun, importing a framework and building its process group costs seconds per case
 (megatron-core: ~20 s on a GPU machine) and tearing it down again ~10 s; a matrix of short cases
-spends most of its time there. A `WorkerGroup` starts the ranks once (torchrun, or one plain
-process when the runner uses one) and hands them jobs through a queue directory:
+spends most of its time there. A `WorkerGroup` starts the ranks once (torchrun, or for a single
+rank on one machine a plain process with torchrun's environment) and hands them jobs through a
+queue directory:
 
     parent                                  every rank (`serve_jobs`)
     writes <queue>/job-<n>.json    ----->   waits for it; redirects fd 1 and 2 to the job's log;
@@ -41,8 +42,8 @@ from typing import Callable
 from lockstep.errors import LockstepError, RunError
 from lockstep.formats.run_record import StepRecord
 from lockstep.fsutil import open_for_streaming
-from lockstep.runners.launch import (ResultsWriter, _drain, _tail, kill_process_group, rendezvous_id,
-                                     torchrun_command, worker_env)
+from lockstep.runners.launch import (ResultsWriter, _drain, _tail, kill_process_group, one_rank_env,
+                                     rendezvous_id, torchrun_command, worker_env)
 from lockstep.runners.nodes import NODE_RANK_ENV, NodeLayout, reports_results
 
 SERVE_FLAG = "--serve"
@@ -51,6 +52,8 @@ DEVICE_ENV = "LOCKSTEP_WORKERS_DEVICE"  # "cpu" | "cuda": the ranks start their 
 # Set under srun: one lockstep, one queue on a shared filesystem, so one rank (local rank 0 of
 # node 0) says a job is over; otherwise every node's lockstep reads its own node's local rank 0.
 SHARED_QUEUE_ENV = "LOCKSTEP_WORKERS_SHARED_QUEUE"
+SPAWNED_AT_ENV = "LOCKSTEP_WORKERS_SPAWNED_AT"  # wall clock of the parent's spawn, for the start-up timeline
+STARTUP_FILE = "startup.json"  # local rank 0's start-up timeline, in the queue directory
 POLL_S = 0.05  # how often the parent reads results and the ranks look for their next job
 # How long a rank that finished a job waits for the others to finish it too. Healthy ranks end a
 # job within a moment of each other (the last step ends with all-reduces); a rank still missing
@@ -91,6 +94,7 @@ class WorkerGroup:
         self.position = 0  # jobs handed to the current group (1-based once one ran)
         self.starts = 0  # groups started so far (a group that died is replaced by a fresh one)
         self.started_at = ""
+        self.startup_read = False  # the current group's start-up timeline went into a case's info
 
     def __enter__(self) -> "WorkerGroup":
         return self
@@ -121,11 +125,16 @@ class WorkerGroup:
             self.command = torchrun_command(self.module, self.nproc, args, self.nodes, run_id)
             env[NODE_RANK_ENV] = str(self.nodes.node_rank)
         else:
+            if self.nproc != 1 or self.nodes.multi_node:
+                raise ValueError("a worker group without torchrun has one rank on one node")
             self.command = [sys.executable, "-m", self.module, *args]
+            env.update(one_rank_env())
+        env[SPAWNED_AT_ENV] = repr(time.time())
         self._group_log = open(self.queue_dir / "group.log", "w")
         self.proc = subprocess.Popen(self.command, stdout=self._group_log, stderr=subprocess.STDOUT,
                                      env=worker_env(env), start_new_session=True)
         self.next_job, self.position = 0, 0
+        self.startup_read = False
         self.starts += 1
         self.started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -155,6 +164,7 @@ class WorkerGroup:
                       f"[WORKER] persistent worker group {self.starts} ({self.label}, started {self.started_at}), "
                       f"case {self.position} in this group\n")
         _write_atomically(self.queue_dir / f"job-{n}.json", json.dumps(job))
+        handed_wall = time.time()
         steps: list[StepRecord] = []
         info: dict = {"worker_command": shlex.join(self.command),
                       "persistent_worker": {"group": self.starts, "position": self.position,
@@ -184,6 +194,15 @@ class WorkerGroup:
         finally:
             _copy_new_bytes(group_log, group_log_offset, log_path)
         info.update({k: v for k, v in done.items() if k not in ("ok", "error", "group_ends")})
+        if not self.startup_read:
+            # The first case a group ran carries where the group's start-up went (it waited for it).
+            startup = _read_json(self.queue_dir / STARTUP_FILE) if self.queue_dir else None
+            if startup:
+                ready = startup.pop("ready_wall", handed_wall)
+                # On the critical path only when the case had to wait for the group to be ready.
+                startup["case_waited_s"] = round(max(ready - handed_wall, 0.0), 3)
+                info["worker_startup"] = startup
+                self.startup_read = True
         if done.get("group_ends"):
             self._discard()  # its ranks are ending; the next job must not be handed to them
         if "ok" in done:
@@ -224,6 +243,13 @@ class WorkerGroup:
             self.queue_dir = None
 
 
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".partial")
     tmp.write_text(text)
@@ -245,6 +271,48 @@ def _copy_new_bytes(source: Path, offset: int, dest: Path) -> None:
 
 # ---- the rank side ---------------------------------------------------------------------------
 
+class StartupTimeline:
+    """When a rank reached each stage of its start-up, as seconds after the parent spawned the group:
+    `mark("process group")` after each stage; `serve_jobs` adds "ready" and local rank 0 writes it
+    to the queue directory, where the parent reads it into the first case's record ("worker_startup":
+    torchrun and the interpreter, imports, the process group, the framework's imports, then waiting
+    for the first case). A group started early (prestart) shows its wait there too."""
+
+    def __init__(self):
+        self.spawned = float(os.environ.get(SPAWNED_AT_ENV) or time.time())
+        self.last = self.spawned
+        self.stages: dict[str, float] = {}
+        began = _process_start_wall()
+        if began is not None and began > self.spawned - 0.1:  # clock-tick granularity
+            self._add("launcher and interpreter", began)
+        self.mark("imports")  # lockstep's modules and torch, imported before the worker's main ran
+
+    def _add(self, stage: str, at: float) -> None:
+        self.stages[stage] = round(max(at - self.last, 0.0), 3)
+        self.last = at
+
+    def mark(self, stage: str) -> None:
+        self._add(stage, time.time())
+
+    def write(self, queue_dir: Path) -> None:
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+            self.mark("ready")
+            _write_atomically(queue_dir / STARTUP_FILE, json.dumps(
+                {"stages": self.stages, "ready_after_s": round(self.last - self.spawned, 3), "ready_wall": self.last}))
+
+
+def _process_start_wall() -> float | None:
+    """This process's start time (wall clock), from its age on Linux (/proc's start time in clock
+    ticks since boot against the boot clock now); None elsewhere."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
 class JobHandler:
     """What a framework's worker module plugs into `serve_jobs`."""
 
@@ -263,11 +331,13 @@ def serve_arguments(argv: list[str]) -> tuple[Path, str] | None:
     return None
 
 
-def serve_jobs(queue_dir: Path, handler: JobHandler) -> int:
+def serve_jobs(queue_dir: Path, handler: JobHandler, startup: StartupTimeline | None = None) -> int:
     """Every rank's loop: run each job written to `queue_dir`, in order, until "stop"."""
     import torch
 
     fresh = _FreshState.capture(torch)
+    if startup is not None:
+        startup.write(queue_dir)
     for n in range(10**9):
         job = _wait_for_job(queue_dir / f"job-{n}.json")
         if job is None:  # lockstep is gone without stopping the group
@@ -286,6 +356,7 @@ def serve_jobs(queue_dir: Path, handler: JobHandler) -> int:
                 error = str(e) if isinstance(e, LockstepError) else f"rank {_rank()}: {type(e).__name__}: {e}"
                 if not isinstance(e, LockstepError):
                     traceback.print_exc()
+            releasing = time.perf_counter()
             try:
                 handler.release()
             except Exception as e:  # the next case cannot trust this group any more
@@ -297,12 +368,14 @@ def serve_jobs(queue_dir: Path, handler: JobHandler) -> int:
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.empty_cache()
             agreed = _agree(n, ok)
+            released_s = round(time.perf_counter() - releasing, 3)
         if agreed is None:
             # Another rank never finished this job: it is stuck in a collective this rank's failure
             # left open. Only ending the group frees it; the parent starts a fresh one.
             _finish(job, n, False, error or "a rank did not finish the case", group_ends=True)
             return 1
-        _finish(job, n, agreed and ok, error if not ok else ("" if agreed else "the case failed on another rank"))
+        _finish(job, n, agreed and ok, error if not ok else ("" if agreed else "the case failed on another rank"),
+                release_s=released_s)
     return _leave()
 
 
@@ -407,13 +480,16 @@ def _agree(n: int, ok: bool) -> bool | None:
         return None
 
 
-def _finish(job: dict, n: int, ok: bool, error: str, group_ends: bool = False) -> None:
+def _finish(job: dict, n: int, ok: bool, error: str, group_ends: bool = False, release_s: float | None = None) -> None:
     """Local rank 0 of every node says the job is over (the parent on each node waits for it),
-    and whether the group ends with it (then the parent starts a fresh one for the next job)."""
+    and whether the group ends with it (then the parent starts a fresh one for the next job);
+    `release_s`: how long freeing the case took (part of its teardown)."""
     says = reports_results() if os.environ.get(SHARED_QUEUE_ENV) else int(os.environ.get("LOCAL_RANK", 0)) == 0
     if says:
-        ResultsWriter(job["results_path"])._write({"type": "info", "ok": ok, "error": error,
-                                                   "group_ends": group_ends})
+        row = {"type": "info", "ok": ok, "error": error, "group_ends": group_ends}
+        if release_s is not None:
+            row["worker_release_s"] = release_s
+        ResultsWriter(job["results_path"])._write(row)
 
 
 def _leave() -> int:

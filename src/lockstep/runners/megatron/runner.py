@@ -120,8 +120,11 @@ class MegatronRunner(FrameworkRunner):
                 tuple(sorted(oversubscribed_env(case, inputs).items())))
 
     def open_workers(self, case: CaseSpec, inputs: RunInputs) -> WorkerGroup:
+        # One rank on one machine needs no torchrun (seconds of its own start-up on a GPU machine).
+        single = case.world_size == 1 and not inputs.nodes.multi_node and inputs.nodes.launcher != "slurm"
         return WorkerGroup(WORKER_MODULE, case.world_size, inputs.device, env=oversubscribed_env(case, inputs),
-                           nodes=inputs.nodes, label=f"megatron-core, {case.world_size} rank(s)")
+                           nodes=inputs.nodes, label=f"megatron-core, {case.world_size} rank(s)",
+                           use_torchrun=not single)
 
     def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None,
                 workers: WorkerGroup | None = None) -> ExecuteResult:

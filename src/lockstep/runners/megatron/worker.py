@@ -442,16 +442,19 @@ class PersistentTraining:
 def main(argv: list[str]) -> int:
     from lockstep.runners.megatron.parallel import shutdown, start_process_group
     from lockstep.runners.test_plugins import apply_test_plugins
-    from lockstep.runners.workers import serve_arguments, serve_jobs
+    from lockstep.runners.workers import StartupTimeline, serve_arguments, serve_jobs
 
     apply_test_plugins()
     serving = serve_arguments(argv)
     if serving is not None:
         queue_dir, device = serving
+        startup = StartupTimeline()
         _set_ieee_fp32()
         start_process_group(device)
+        startup.mark("process group")
         import_megatron()  # before the first job arrives: a group started early has it done by then
-        return serve_jobs(queue_dir, PersistentTraining())
+        startup.mark("megatron-core imports")
+        return serve_jobs(queue_dir, PersistentTraining(), startup)
     job = MegatronJob.from_dict(json.loads(Path(argv[0]).read_text()))
     rank = int(os.environ.get("RANK", 0))
     writer = ResultsWriter(job.results_path if reports_results() else None)

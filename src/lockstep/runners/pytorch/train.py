@@ -276,15 +276,17 @@ def main(argv: list[str]) -> int:
     `... --serve QUEUE_DIR` as a persistent worker."""
     from lockstep.runners.launch import ResultsWriter
     from lockstep.runners.test_plugins import apply_test_plugins
-    from lockstep.runners.workers import serve_arguments, serve_jobs
+    from lockstep.runners.workers import StartupTimeline, serve_arguments, serve_jobs
 
     apply_test_plugins()
     pg = ProcessGroupInfo.from_env()
     serving = serve_arguments(argv)
     if serving is not None:
         queue_dir, device = serving
+        startup = StartupTimeline()
         _start_process_group(device, pg)
-        return serve_jobs(queue_dir, PersistentTraining())
+        startup.mark("process group")
+        return serve_jobs(queue_dir, PersistentTraining(), startup)
     job = json.loads(open(argv[0]).read())
     case = CaseSpec.from_dict(job["case"])
     _start_process_group(job["device"], pg)

@@ -88,6 +88,9 @@ class RunPlan:
     persistent_workers: bool = True
     certify: bool = True
     certify_bf16: bool = False
+    # Worker groups started before the plan was made (`start_first_group_early`), by (runner, key):
+    # execute_plan takes the one it needs first and stops the others.
+    early_groups: dict = field(default_factory=dict)
 
     def certifies(self, case: CaseSpec) -> bool:
         """Whether the case's pairs get a step-1 certificate: several frameworks, FP32 (BF16 when asked),
@@ -121,6 +124,16 @@ def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def start_cuda_beside() -> None:
+    """Make this process's CUDA context in a background thread (the driver works without the GIL):
+    the first in-process case then finds it made, while the plan hashes and checks files."""
+    import threading
+
+    import torch
+
+    threading.Thread(target=lambda: torch.zeros(1, device="cuda"), name="lockstep-cuda-start", daemon=True).start()
 
 
 def default_frameworks(notes: list[str]) -> list[str]:
@@ -252,6 +265,7 @@ def plan_run(req: RunRequest) -> RunPlan:
 
         if not torch.cuda.is_available():
             raise LockstepError("--device cuda was asked for but torch sees no CUDA device")
+        start_cuda_beside()
     cache = Path(req.cache_dir) if req.cache_dir else default_cache_dir()
 
     all_cases = load_matrix(req.matrix)
@@ -383,7 +397,8 @@ def say_waiting(path: Path) -> None:
 
 def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None = None,
                  on_step: Callable[[StepRecord], None] | None = None,
-                 on_end: Callable[[CaseOutcome], None] | None = None, repeat: int = 1) -> list[CaseOutcome]:
+                 on_end: Callable[[CaseOutcome], None] | None = None, repeat: int = 1,
+                 on_groups: Callable[[], None] | None = None) -> list[CaseOutcome]:
     """Run every pair `repeat` times; repeat 1's record is the outcome's (and where compare reads
     it), repeats 2..N go under `<out>/repeats/<k>/` for the determinism check.
 
@@ -392,7 +407,8 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
     persistent worker group (`worker_group_key`) starts up beside them; then, for each group in
     plan order, every pair of that runner and key, in one group (start once, run many).
     `plan.persistent_workers` False runs every pair on its own. Outcomes come back in plan order.
-    Every node of a multi-node run computes the same order from the same plan."""
+    Every node of a multi-node run computes the same order from the same plan. `on_groups` is
+    called once, when this process starts to only wait on worker groups (idle until the end)."""
     from lockstep.determinism import repeat_dir
 
     plan.out_dir.mkdir(parents=True, exist_ok=True)
@@ -423,14 +439,20 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
 
     def prestart_first_group() -> None:
         """The first worker group starts up while the pairs that need none run in this process (one
-        node only: every node must start its groups in the same order)."""
-        if plan.nodes.multi_node:
-            return
-        for c, r in pairs:
-            key = None if skip_reason(c, r) else key_of(c, r)
-            if key is not None:
-                group_of(c, r, key).prestart(c.to_dict(), plan.out_dir / r.name)
-                return
+        node only: every node must start its groups in the same order); one started before the
+        plan for the same runner and key is that group."""
+        early = dict(plan.early_groups)
+        plan.early_groups.clear()
+        if not plan.nodes.multi_node:
+            for c, r in pairs:
+                key = None if skip_reason(c, r) else key_of(c, r)
+                if key is not None:
+                    if (r.name, key) in early:
+                        groups[(r.name, key)] = early.pop((r.name, key))
+                    group_of(c, r, key).prestart(c.to_dict(), plan.out_dir / r.name)
+                    break
+        for unneeded in early.values():
+            unneeded.close()
 
     def run_pair(case: CaseSpec, runner: FrameworkRunner, key) -> None:
         batch = [case] if key is None else [
@@ -453,6 +475,8 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
         # worker group starts beside them; then each group's pairs, a group at a time.
         prestart_first_group()
         for grouped in (False, True):
+            if grouped and on_groups is not None:
+                on_groups()  # this process only waits on worker groups from here on
             for case, runner in pairs:
                 if (case.name, runner.name) in outcomes:
                     continue  # skipped, or ran earlier in a worker group with an earlier case
@@ -466,6 +490,52 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
     for g in groups.values():
         g.close()  # prestarted for a pair that did not need it after all
     return [outcomes[(case.name, runner.name)] for case, runner in pairs]
+
+
+def start_first_group_early(req: RunRequest) -> dict:
+    """Start the worker group the run will most likely need first, before the plan is made: a
+    group's start-up (megatron-core: interpreter, torch, CUDA, NCCL, its imports; ~12 s on an
+    H200) then overlaps the plan (importing torch, CUDA's start, hashing the weights) as well as
+    the pairs that run on their own. Only the common case is guessed, from what is cheap to know
+    without torch: one node, the first (case, runner) pair in plan order whose runner has worker
+    groups, when that case needs one device. The device is `--device`, else CUDA when an NVIDIA
+    driver is present. `execute_plan` uses the group when the plan agrees (same runner and key)
+    and stops it otherwise. Returns {(runner name, key): group}; {} when nothing is guessed."""
+    if not req.persistent_workers or req.nodes.multi_node or req.nodes.launcher == "slurm" or req.llmc:
+        return {}
+    device = req.device or ("cuda" if _nvidia_driver_present() else "cpu")
+    try:
+        cases = select_cases(load_matrix(req.matrix), req.cases, source=f"matrix {req.matrix}")
+        frameworks = req.frameworks or default_frameworks([])
+        runners = [get_runner(name, **runner_options(name, req)) for name in frameworks]
+    except LockstepError:
+        return {}  # the plan says what is wrong
+    for case in cases:
+        if case.world_size != 1 or (req.model is None and device == "cpu"):
+            continue  # several devices: how many there are needs torch; CPU shapes are swapped in by the plan
+        shape = model_shape(req.model or case.model)
+        inputs = RunInputs(checkpoint=Path("-"), tokens=Path("-"), model=shape.config, device=device,
+                           oversubscribe=req.oversubscribe, nodes=req.nodes)
+        for runner in runners:
+            # No skip_reason here: it may import torch (counting devices), seconds before the spawn.
+            # A group the plan does not want is stopped by execute_plan.
+            key = runner.worker_group_key(case, inputs)
+            if key is not None:
+                group = runner.open_workers(case, inputs)
+                group.prestart(case.to_dict(), Path(req.out or "lockstep-out") / runner.name)
+                return {(runner.name, key): group}
+    return {}
+
+
+def close_early_groups(groups: dict) -> None:
+    """Stop the groups (killed at once when an exception is on its way: interrupted or failing)."""
+    for group in groups.values():
+        group.__exit__(*sys.exc_info())
+    groups.clear()
+
+
+def _nvidia_driver_present() -> bool:
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")
 
 
 def inputs_for(plan: RunPlan, case: CaseSpec, runner: FrameworkRunner) -> RunInputs:

@@ -19,8 +19,8 @@ from lockstep.errors import LockstepError
 from lockstep.compare.pairing import EVIDENCE_DIR, STEP1_DIR
 from lockstep.fsutil import os_problem
 from lockstep.outdir import CASE_OUTPUT_SUFFIXES, STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
-from lockstep.run_matrix import (CaseOutcome, RunPlan, RunRequest, RunTiming, certify_outcomes, execute_plan,
-                                 gather_evidence, plan_run)
+from lockstep.run_matrix import (CaseOutcome, RunPlan, RunRequest, RunTiming, certify_outcomes, close_early_groups,
+                                 execute_plan, gather_evidence, plan_run, start_first_group_early)
 from lockstep.run_verdict import run_verdict
 from lockstep.runners import RUNNERS
 from lockstep.runners.nodes import NodeLayout
@@ -92,8 +92,17 @@ def run(args) -> int:
     if args.repeat < 1:
         raise LockstepError(f"--repeat must be at least 1, not {args.repeat}")
     check_out_dir(Path(args.out), force=args.force)  # a bad --out is refused before any work
+    early = start_first_group_early(req)
+    try:
+        return planned_run(args, req, console, timing, early)
+    finally:
+        close_early_groups(early)  # started early, and not taken by the run (or the run never got there)
+
+
+def planned_run(args, req: RunRequest, console: Console, timing: RunTiming, early_groups: dict) -> int:
     with timing.stage("plan"):
         plan = plan_run(req)
+    plan.early_groups = early_groups
     if not plan.nodes.writes_records:
         return run_as_follower(plan, console, repeat=args.repeat)
     with open_run_dir(plan.out_dir, [*RUNNERS, REPEATS_DIR, STEP1_DIR, EVIDENCE_DIR], run_manifest(plan),
@@ -289,7 +298,19 @@ def run_with_progress(plan: RunPlan, console: Console, run_dir: RunDir, repeat: 
                           + (f", {tps} tok/s" if tps != "-" else ""), highlight=False)
 
     with progress:
-        return execute_plan(plan, on_start=on_start, on_step=on_step, on_end=on_end, repeat=repeat)
+        return execute_plan(plan, on_start=on_start, on_step=on_step, on_end=on_end, repeat=repeat,
+                            on_groups=import_report_beside)
+
+
+def import_report_beside() -> None:
+    """While this process only waits on worker groups, import the report's plotting (matplotlib,
+    a second or more) in a background thread; never while a case trains in this process, where
+    the imports would take the GIL from its training loop."""
+    import importlib
+    import threading
+
+    threading.Thread(target=importlib.import_module, args=("lockstep.report.plots",), name="lockstep-report-import",
+                     daemon=True).start()
 
 
 def outcome_table(outcomes: list[CaseOutcome], options: CompareOptions | None = None) -> Table:

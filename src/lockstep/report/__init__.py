@@ -17,7 +17,6 @@ from lockstep.report.data import ReportData, gather
 from lockstep.report.html import render_html
 from lockstep.report.markdown import render_markdown
 from lockstep.report.history import history_trends
-from lockstep.report.plots import case_figure_png
 
 HTML_NAME = "report.html"
 MARKDOWN_NAME = "report.md"
@@ -52,6 +51,8 @@ def write_report(run_dir: str | os.PathLike, baseline_framework: str = "pytorch"
     html_path, md_path = run_dir / HTML_NAME, run_dir / MARKDOWN_NAME
     for path, mark in ((html_path, HTML_MARK), (md_path, MARKDOWN_MARK)):
         refuse_to_overwrite_foreign(path, mark)
+    from lockstep.report.plots import case_figure_png  # matplotlib: imported when a report is drawn
+
     images = {case: case_figure_png(data, case) for case in data.cases if data.records.get(case)}
     image_paths = {}
     for case, png in images.items():

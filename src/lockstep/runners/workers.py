@@ -320,8 +320,10 @@ class JobHandler:
         """Train the job's case; return the info for the record. Raise on failure."""
         raise NotImplementedError
 
-    def release(self) -> None:
-        """Free what the case held (model, optimizer, the framework's per-case global state)."""
+    def release(self, all_ranks_ok: bool) -> None:
+        """Free what the case held (model, optimizer, the framework's per-case global state);
+        `all_ranks_ok`: the case ended well on every rank (state shared by the ranks, such as
+        process groups, may then be kept for the next case: every rank decides alike)."""
 
 
 def serve_arguments(argv: list[str]) -> tuple[Path, str] | None:
@@ -357,8 +359,9 @@ def serve_jobs(queue_dir: Path, handler: JobHandler, startup: StartupTimeline | 
                 if not isinstance(e, LockstepError):
                     traceback.print_exc()
             releasing = time.perf_counter()
+            agreed = _agree(n, ok)
             try:
-                handler.release()
+                handler.release(all_ranks_ok=bool(agreed) and ok)
             except Exception as e:  # the next case cannot trust this group any more
                 traceback.print_exc()
                 ok, error = False, error or f"rank {_rank()}: releasing the case failed: {type(e).__name__}: {e}"
@@ -367,7 +370,6 @@ def serve_jobs(queue_dir: Path, handler: JobHandler, startup: StartupTimeline | 
             gc.collect()
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.empty_cache()
-            agreed = _agree(n, ok)
             released_s = round(time.perf_counter() - releasing, 3)
         if agreed is None:
             # Another rank never finished this job: it is stuck in a collective this rank's failure

@@ -151,6 +151,8 @@ class MegatronRunner(FrameworkRunner):
                     raise RunError(f"{log_path}: {error_path.read_text().strip()}{ended}") from None
                 raise
         meta = {**info, **launch_meta(case, inputs, env), "runner_options": asdict(self.options)}
+        if workers is not None and not workers.use_torchrun:
+            meta["launcher"] = "one process (a single rank: no torchrun, its environment set by lockstep)"
         if self.options.native_bf16 and case.is_bf16:
             meta["notes"] = ("diagnostic mode native_bf16: Megatron's native bf16 parameters (Float16Module, fp32 main "
                              "params), not the contract's autocast with fp32 parameters")

@@ -419,7 +419,8 @@ def import_megatron() -> None:
 
 class PersistentTraining:
     """The persistent worker's jobs (runners/workers.py): one case each; megatron-core is imported
-    and the process group started once, the model-parallel state made and released per case."""
+    and the process group started once, the model-parallel grid made per case, or kept from the
+    case before when that one ended well with the same layout (`parallel.reset_between_cases`)."""
 
     def run(self, job_dict: dict, writer: ResultsWriter) -> dict:
         job = MegatronJob.from_dict(job_dict)
@@ -433,10 +434,10 @@ class PersistentTraining:
             _write_error(job, f"rank {int(os.environ.get('RANK', 0))}: {type(e).__name__}: {e}")
             raise
 
-    def release(self) -> None:
-        from lockstep.runners.megatron.parallel import release_model_parallel
+    def release(self, all_ranks_ok: bool) -> None:
+        from lockstep.runners.megatron.parallel import reset_between_cases
 
-        release_model_parallel()
+        reset_between_cases(keep_grid=all_ranks_ok)
 
 
 def main(argv: list[str]) -> int:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import LockstepError
@@ -15,7 +13,6 @@ from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, St
                                    final_params_path, launch_meta, oversubscribed_env, run_in_process,
                                    write_record_or_fail)
 from lockstep.runners.launch import run_workers
-from lockstep.runners.pytorch.train import ProcessGroupInfo, capture_case, train_case
 from lockstep.runners.workers import WorkerGroup
 
 TRAIN_MODULE = "lockstep.runners.pytorch.train"
@@ -25,6 +22,8 @@ class PyTorchRunner(FrameworkRunner):
     name = "pytorch"
 
     def version(self) -> str:
+        import torch
+
         return f"torch {torch.__version__}"
 
     def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
@@ -36,18 +35,23 @@ class PyTorchRunner(FrameworkRunner):
         return None  # any case: its DP ranks run one after the other in one process, TP/PP are the same math
 
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
+        from lockstep.runners.pytorch.train import capture_case
+
         return capture_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, request)
 
     def fp64_step1(self, case: CaseSpec, inputs: RunInputs, path: Path):
         """Step 1 of the case in FP64, sketched (first sequences' outputs, as certificates keep them):
         how far FP32 arithmetic moves each tensor of the reference."""
         from lockstep.capture.request import CAPTURE_ROWS
+        from lockstep.runners.pytorch.train import capture_case
 
         return capture_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device,
                             CaptureRequest(path=str(path), rows=CAPTURE_ROWS), framework="pytorch-fp64", float64=True)
 
     def train_fp64(self, case: CaseSpec, inputs: RunInputs, record_path: Path) -> RunRecord:
         """The case in FP64 (the policy's evidence of Adam amplification), as a record at `record_path`."""
+        import torch
+
         from lockstep.runners.pytorch.train import train_fp64
 
         record = RunRecord(framework="pytorch-fp64", case=case.name, meta=base_meta(self, case, inputs),
@@ -74,6 +78,8 @@ class PyTorchRunner(FrameworkRunner):
 
     def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None,
                 workers: WorkerGroup | None = None) -> ExecuteResult:
+        from lockstep.runners.pytorch.train import ProcessGroupInfo, train_case  # torch: imported when a case runs
+
         params_path = str(final_params_path(log_path)) if inputs.save_final_params else None
         if case.world_size == 1:
             # One process: step 1 is recorded as it trains (several ranks capture after the run).

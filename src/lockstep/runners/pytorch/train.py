@@ -267,7 +267,7 @@ class PersistentTraining:
         return train_case(case, job["checkpoint"], job["tokens"], job["device"], pg, writer.step, sys.stdout,
                           final_params_path=job.get("final_params_path"))
 
-    def release(self) -> None:
+    def release(self, all_ranks_ok: bool) -> None:
         pass  # train_case's model and optimizer are its locals: gone once it returns
 
 

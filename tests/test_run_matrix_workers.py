@@ -122,3 +122,34 @@ def test_an_interrupted_plan_discards_its_groups(tmp_path):
     else:
         raise AssertionError("the interrupt was swallowed")
     assert calls == [("prestart", "b", 1, "one"), ("discard", "b", 1)]
+
+
+def test_a_group_started_before_the_plan_is_used_or_stopped(tmp_path):
+    """`start_first_group_early` guesses the first group before the plan: execute_plan runs that
+    key's cases in it when the plan agrees, and stops a group it does not need first."""
+    calls = []
+    runners = [Bookkeeping("a", grouped=False, calls=calls), Bookkeeping("b", grouped=True, calls=calls)]
+    p = plan(tmp_path, runners, persistent=True)
+    p.early_groups = {("b", 1): BookkeepingGroup("b-early", 1, calls), ("b", 4): BookkeepingGroup("b-early", 4, calls)}
+    execute_plan(p)
+    assert p.early_groups == {}
+    # b's world-1 cases run in the early group of that key, closed after them; the guessed world-4
+    # group, which no pair needs first, is stopped at once; the world-2 group is made when reached.
+    assert calls[:2] == [("prestart", "b-early", 1, "one"), ("close", "b-early", 4)]
+    assert calls[-4:] == [("b", ["one", "fails"], True, 1), ("close", "b-early", 1),
+                          ("b", ["dp2", "dp2_again"], True, 1), ("close", "b", 2)]
+
+
+def test_early_groups_are_guessed_only_where_cheap_and_safe(tmp_path):
+    from lockstep.run_matrix import RunRequest, start_first_group_early
+    from lockstep.runners.nodes import NodeLayout
+
+    # Without --model a CPU run trains the CPU shapes the plan swaps in: no guess; nor without
+    # persistent workers, on several nodes, or from a user's checkpoint (its shape is in its header).
+    assert start_first_group_early(RunRequest(device="cpu", out=str(tmp_path))) == {}
+    assert start_first_group_early(RunRequest(device="cpu", model="gpt2-tiny", persistent_workers=False)) == {}
+    assert start_first_group_early(RunRequest(device="cpu", model="gpt2-tiny", llmc="x.bin")) == {}
+    assert start_first_group_early(RunRequest(device="cpu", model="gpt2-tiny",
+                                              nodes=NodeLayout(nnodes=2, node_rank=0, rdzv_endpoint="h:1"))) == {}
+    # pytorch alone has no group for one device.
+    assert start_first_group_early(RunRequest(device="cpu", model="gpt2-tiny", frameworks=["pytorch"])) == {}

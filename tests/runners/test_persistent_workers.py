@@ -67,12 +67,14 @@ def megatron_runs(models, tmp_path_factory):
     from lockstep.runners.megatron import MegatronRunner
 
     group = [case("m_dp2", "gpt2-tiny", dp=2), case("m_raises", "gpt2-tiny", dp=2),
-             case("m_tp2", "gpt2-tiny", B=4, tp=2), case("m_pp2", "llama3-tiny", B=1, total=64, pp=2),
+             case("m_tp2", "gpt2-tiny", B=4, tp=2), case("m_tp2_kept", "gpt2-tiny", B=4, tp=2),
+             case("m_pp2", "llama3-tiny", B=1, total=64, pp=2),
              case("m_dies", "gpt2-tiny", tp=2), case("m_tp2_again", "gpt2-tiny", B=4, tp=2)]
     with pytest.MonkeyPatch.context() as mp:
         worker_faults.worker_env(FAULTS, mp)
         persistent = run_group(MegatronRunner(), group, models, tmp_path_factory.mktemp("megatron_group"))
-    alone = run_alone(MegatronRunner(), [group[0], group[2], group[3]], models, tmp_path_factory.mktemp("megatron_alone"))
+    alone = run_alone(MegatronRunner(), [c for c in group if c.name in ("m_dp2", "m_tp2", "m_pp2")], models,
+                      tmp_path_factory.mktemp("megatron_alone"))
     return persistent, alone
 
 
@@ -100,7 +102,28 @@ def test_megatron_cases_in_one_group_lose_bitwise_what_they_lose_alone(megatron_
     assert bits(persistent["m_tp2_again"][0]) == bits(alone["m_tp2"])  # in a fresh group, after one died
     positions = {n: (r[0].meta["persistent_worker"]["group"], r[0].meta["persistent_worker"]["position"])
                  for n, r in persistent.items() if "persistent_worker" in r[0].meta}
-    assert positions == {"m_dp2": (1, 1), "m_tp2": (1, 3), "m_pp2": (1, 4), "m_tp2_again": (2, 1)}, positions
+    assert positions == {"m_dp2": (1, 1), "m_tp2": (1, 3), "m_tp2_kept": (1, 4), "m_pp2": (1, 5),
+                         "m_tp2_again": (2, 1)}, positions
+
+
+def test_megatron_grid_kept_for_a_case_of_the_same_layout_trains_the_same(megatron_runs):
+    """m_tp2's TP=2 grid (its process groups) is kept for m_tp2_kept, the same case under another
+    name: bitwise the losses of m_tp2 alone; m_pp2 then makes its own grid, as it would alone."""
+    persistent, alone = megatron_runs
+    kept = persistent["m_tp2_kept"][0]
+    assert kept.ok and bits(kept) == bits(alone["m_tp2"]), (kept.error, kept.steps)
+    assert kept.meta["phases"]["start-up"] < persistent["m_tp2"][0].meta["phases"]["start-up"] + 1.0
+
+
+def test_a_group_says_where_its_start_up_went(megatron_runs):
+    """The first case of each group carries the ranks' start-up timeline (runners/workers.py)."""
+    persistent, _ = megatron_runs
+    first = persistent["m_dp2"][0].meta["worker_startup"]
+    assert {"imports", "process group", "megatron-core imports", "ready"} <= set(first["stages"]), first
+    assert first["ready_after_s"] >= sum(first["stages"].values()) - 0.01
+    assert first["case_waited_s"] >= 0
+    assert "worker_startup" in persistent["m_tp2_again"][0].meta  # the fresh group's first case
+    assert "worker_startup" not in persistent["m_tp2"][0].meta
 
 
 def test_megatron_case_failing_in_the_workers_fails_alone_and_the_group_goes_on(megatron_runs):

@@ -452,7 +452,7 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
                     group_of(c, r, key).prestart(c.to_dict(), plan.out_dir / r.name)
                     break
         for unneeded in early.values():
-            unneeded.close()
+            unneeded.discard()  # it ran no case: nothing to wait for
 
     def run_pair(case: CaseSpec, runner: FrameworkRunner, key) -> None:
         batch = [case] if key is None else [
@@ -528,9 +528,9 @@ def start_first_group_early(req: RunRequest) -> dict:
 
 
 def close_early_groups(groups: dict) -> None:
-    """Stop the groups (killed at once when an exception is on its way: interrupted or failing)."""
+    """Stop groups started early that no run took: they ran no case, so they are killed at once."""
     for group in groups.values():
-        group.__exit__(*sys.exc_info())
+        group.discard()
     groups.clear()
 
 

@@ -53,6 +53,40 @@ class CaptureRequest:
 ADAM_SATURATED = 1.0 - 1e-3  # |u| at or above this: |g| >= 999·eps
 
 
+# Whole tensors this large are worked on a GPU where there is one: elementwise FP64 work over a
+# 1B model's tensors (Adam's update, its sign) took ~80 s of a diagnose on the host.
+ON_GPU_ELEMENTS = 1 << 22
+GPU = "cuda"
+
+
+def on_gpu_if_large(array):
+    """`array` as a tensor on the GPU when it is large and there is one (same values and dtype);
+    otherwise `array` itself. FP64 elementwise arithmetic (+, -, *, /, abs, sign) rounds the same
+    there as on the host, so what is computed from it is bitwise the host's."""
+    numel = array.numel() if callable(getattr(array, "numel", None)) else int(np.size(array))
+    if numel < ON_GPU_ELEMENTS:
+        return array
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return array
+    if not _gpu_available(torch) or not _fits(torch, numel):
+        return array
+    return array.to(GPU) if isinstance(array, torch.Tensor) else torch.as_tensor(np.asarray(array)).to(GPU)
+
+
+def _gpu_available(torch) -> bool:
+    return GPU != "cuda" or torch.cuda.is_available()
+
+
+def _fits(torch, numel: int) -> bool:
+    """Room on the GPU for the FP64 work on `numel` elements (a few FP64 temporaries at once)."""
+    if GPU != "cuda":
+        return True
+    free, _total = torch.cuda.mem_get_info()
+    return 8 * 8 * numel < free
+
+
 def adam_update_sign(u):
     """sign(u) where |u| >= ADAM_SATURATED, 0 elsewhere (numpy or torch, FP64)."""
     try:

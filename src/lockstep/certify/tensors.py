@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lockstep.capture.request import adam_first_update
-from lockstep.capture.sketch import l2_norm, sketch_numpy
+from lockstep.capture import request as capture_request
+from lockstep.capture.request import adam_first_update, on_gpu_if_large
+from lockstep.capture.sketch import l2_norm, sketch_numpy, sketch_torch
 from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, Sketch, StepCapture
 
 FORWARD, OUTPUT_GRADIENT, GRADIENT, ADAM_UPDATE = "forward", "output gradient", "gradient", "adam update"
@@ -67,7 +68,7 @@ def tensor_diff(name: str, kind: str, ref: np.ndarray, test: np.ndarray, precisi
     shape = tuple(np.shape(ref))
     if shape != tuple(np.shape(test)):
         raise ValueError(f"{name}: shapes differ, reference {shape} vs test {tuple(np.shape(test))}")
-    if np.size(ref) >= _ON_DEVICE and _cuda():
+    if _is_torch(ref) or _is_torch(test) or (np.size(ref) >= capture_request.ON_GPU_ELEMENTS and _cuda()):
         return _tensor_diff_on_device(name, kind, ref, test, precision, shape)
     ref = np.ascontiguousarray(ref, dtype=np.float32).ravel()
     test = np.ascontiguousarray(test, dtype=np.float32).ravel()
@@ -78,23 +79,28 @@ def tensor_diff(name: str, kind: str, ref: np.ndarray, test: np.ndarray, precisi
                       shape, precision)
 
 
-_ON_DEVICE = 1 << 22  # tensors this large are compared on a GPU where there is one (a 1B model's in seconds)
-
-
 def _cuda() -> bool:
     try:
         import torch
 
-        return torch.cuda.is_available()
+        return capture_request._gpu_available(torch)
     except ImportError:  # pragma: no cover
         return False
 
 
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
 def _tensor_diff_on_device(name, kind, ref, test, precision, shape) -> TensorDiff:
+    """Large tensors (a 1B model's in seconds) or tensors already on the GPU, compared there."""
     import torch
 
-    r = torch.as_tensor(np.asarray(ref)).to("cuda", torch.float32).reshape(-1)
-    t = torch.as_tensor(np.asarray(test)).to("cuda", torch.float32).reshape(-1)
+    def on_gpu(x):
+        t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+        return t.to(capture_request.GPU, torch.float32).reshape(-1)
+
+    r, t = on_gpu(ref), on_gpu(test)
     d = t - r
     ref_norm, test_norm, d_norm = (math.sqrt(max(float(torch.dot(a, a)), 0.0)) for a in (r, t, d))
     max_abs = float(d.abs().max()) if d.numel() else 0.0
@@ -112,7 +118,9 @@ def sketch_diff(name: str, kind: str, ref: Sketch, test: Sketch, precision: floa
                       _cosine(ref.norm, test.norm, d_norm), ref.norm, ref.shape, precision, sketched=not exact)
 
 
-def _sketch_of(array: np.ndarray) -> Sketch:
+def _sketch_of(array) -> Sketch:
+    if _is_torch(array):
+        return Sketch(sketch_torch(array).cpu().numpy(), l2_norm(array), tuple(array.shape))
     arr = np.asarray(array)
     return Sketch(sketch_numpy(arr), l2_norm(arr), tuple(arr.shape))
 
@@ -137,7 +145,7 @@ def diff(ref: StepCapture, test: StepCapture, kind: str, name: str, label: str, 
     ref_kind = ref_kind or kind
     r_whole, t_whole = _whole(ref, kind, name), _whole(test, kind, name)
     if ref_transform is not None and r_whole is not None:
-        r_whole = ref_transform(r_whole)
+        r_whole = ref_transform(on_gpu_if_large(r_whole))
     elif ref_kind != kind:
         r_whole = None
     if r_whole is not None and t_whole is not None:

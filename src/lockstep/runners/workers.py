@@ -230,6 +230,10 @@ class WorkerGroup:
                 raise
         self._discard()
 
+    def discard(self) -> None:
+        """Kill the ranks at once: for a group that ran no case (nothing of theirs to wait for)."""
+        self._discard()
+
     def _discard(self) -> None:
         """Kill whatever of the group is left and remove its queue directory."""
         if self.proc is not None:

@@ -90,3 +90,26 @@ def test_fp32_rounding_of_the_reference_itself_is_allowed_and_nothing_more():
     assert 2e-5 < rounded.worst["module outputs"].rounding < 3e-5 and "FP64 run" in rounded.notes[-1]
     wrong = cap("infinitrain", exact * (1 + 1e-3 * rng.standard_normal(exact.shape)))
     assert certify(ref, wrong, CASE, fp64=fp64).findings[0].kind == FORWARD  # 1e-3: far beyond rounding
+
+
+def test_the_fp64_allowance_judged_on_the_first_comparison_is_the_fresh_one():
+    """diagnose's close call adds the FP64 allowance to the tensors it already compared (a 1B model's
+    are not read and compared twice): the verdict is the one a fresh comparison with it gives."""
+    from lockstep.diagnose.verdict import diagnose_captures
+
+    rng = np.random.default_rng(7)
+    exact = rng.standard_normal((4, 64, 32))
+    grads = {"wte": rng.standard_normal((8, 4)).astype(np.float32)}
+
+    def cap(name, out):
+        return StepCapture(name, loss=10.0, forward={"mlp[0]": out.astype(np.float32)}, forward_order=["mlp[0]"],
+                           grads=grads, param_order=["wte"])
+
+    ref = cap("pytorch", exact * (1 + 8e-6 * rng.standard_normal(exact.shape)))
+    test = cap("infinitrain", exact * (1 + 1.2e-5 * rng.standard_normal(exact.shape)))
+    fp64 = cap("pytorch-fp64", exact)
+    first = diagnose_captures(ref, test, CASE)
+    assert first.findings[0].kind == FORWARD
+    again = diagnose_captures(ref, test, CASE, fp64=fp64, diffs=first.raw_diffs())
+    fresh = diagnose_captures(ref, test, CASE, fp64=fp64)
+    assert again.to_json() == fresh.to_json() and FORWARD not in [f.kind for f in again.findings]

@@ -44,13 +44,31 @@ class Step1Evaluation:
     findings: list[Finding]
 
 
+@dataclass
+class Step1Diffs:
+    """Every tensor two step-1 captures share, compared (before any FP64 rounding allowance)."""
+
+    forward: list[TensorDiff]
+    micro_batches: dict[int, list[TensorDiff]]
+    grads: list[TensorDiff]
+    output_grads: list[TensorDiff]
+
+
+def compare_step1(ref: StepCapture, test: StepCapture, adam_eps: float = 1e-8) -> Step1Diffs:
+    return Step1Diffs(forward=compare_forward(ref, test), micro_batches=compare_micro_batches(ref, test),
+                      grads=compare_grads(ref, test, adam_eps), output_grads=compare_output_grads(ref, test))
+
+
 def evaluate_step1(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps: float = 1e-8,
-                   structure: StepCapture | None = None, fp64: StepCapture | None = None) -> Step1Evaluation:
+                   structure: StepCapture | None = None, fp64: StepCapture | None = None,
+                   diffs: Step1Diffs | None = None) -> Step1Evaluation:
     """Compare two step-1 captures. `structure` (the reference runner's capture) supplies the
     parameter order, module kinds and token losses when the baseline is another framework.
     `fp64`, the reference's step 1 in FP64, gives each tensor what FP32 arithmetic itself moves it
     by (ROUNDING_FACTOR x the reference's own distance from it): a deep, wide model's outputs part
-    by more than the flat tolerance with nothing wrong."""
+    by more than the flat tolerance with nothing wrong. `diffs`: the same two captures already
+    compared (`compare_step1`), when only the allowance is new: a 1B model's whole tensors are
+    then not read and compared a second time."""
     if structure is not None and structure is not ref:
         for attr in ("param_order", "module_kind"):
             if not getattr(ref, attr):
@@ -61,10 +79,8 @@ def evaluate_step1(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps
             ref.tie_parts = structure.tie_parts
             ref.sketches.update({k: v for k, v in structure.sketches.items() if k.startswith("tie/")})
     tol = TENSOR_TOLERANCE[case.dtype]
-    forward = compare_forward(ref, test)
-    micro = compare_micro_batches(ref, test)
-    grads = compare_grads(ref, test, adam_eps)
-    output_grads = compare_output_grads(ref, test)
+    diffs = diffs or compare_step1(ref, test, adam_eps)
+    forward, micro, grads, output_grads = diffs.forward, diffs.micro_batches, diffs.grads, diffs.output_grads
     if fp64 is not None:
         forward, grads, output_grads = (with_rounding(ds, ref, fp64, kind)
                                         for ds, kind in ((forward, "fwd"), (grads, "grad"), (output_grads, "outgrad")))

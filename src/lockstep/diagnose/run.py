@@ -270,7 +270,8 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
                 captures["fp64"] = PyTorchRunner().fp64_step1(plan.case, plan.inputs,
                                                              plan.out_dir / f"pytorch-fp64_{plan.case.name}_step1.npz")
             verdict = diagnose_captures(captures[base], captures[test], plan.case, drift=runs,
-                                        structure=captures["pytorch"], adam_eps=adam_eps or 1e-8, fp64=captures["fp64"])
+                                        structure=captures["pytorch"], adam_eps=adam_eps or 1e-8, fp64=captures["fp64"],
+                                        diffs=verdict.raw_diffs())
         verdict.notes += [drift_note] if drift_note else []
         verdict.notes += [f"logged loss, {fw}: {LOGGED_LOSS_WORDS[get_runner(fw, **plan.options.get(fw, {})).logged_loss]}"
                           for fw in (base, test)]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from lockstep.cases.spec import CaseSpec
 from lockstep.compare.policy import THRESHOLDS
-from lockstep.certify.certificate import evaluate_step1
+from lockstep.certify.certificate import Step1Diffs, evaluate_step1
 from lockstep.certify.classify import NONE, Finding, LossCheck, add_drift_findings
 from lockstep.certify.tensors import TensorDiff
 from lockstep.formats.step_capture import StepCapture
@@ -62,6 +62,12 @@ class Verdict:
     output_grads: list[TensorDiff] = field(default_factory=list)  # backward order
     micro_batches: dict[int, list[TensorDiff]] = field(default_factory=dict)  # micro batches 1.., sketched
 
+    def raw_diffs(self) -> Step1Diffs:
+        """The tensors' comparison as made, for a second judgement with the FP64 allowance (only
+        from a verdict made without one: its diffs carry no allowance yet)."""
+        return Step1Diffs(forward=self.forward, micro_batches=self.micro_batches, grads=self.grads,
+                          output_grads=self.output_grads)
+
     @property
     def headline(self) -> str:
         return self.findings[0].line if self.findings else NONE
@@ -99,11 +105,12 @@ class Verdict:
 
 def diagnose_captures(ref: StepCapture, test: StepCapture, case: CaseSpec, drift: list[DriftRun] | None = None,
                       structure: StepCapture | None = None, adam_eps: float = 1e-8,
-                      fp64: StepCapture | None = None) -> Verdict:
+                      fp64: StepCapture | None = None, diffs: Step1Diffs | None = None) -> Verdict:
     """Compare two step-1 captures (certify.evaluate_step1) and add the drift's findings.
     `structure` (the pytorch reference's capture) supplies the parameter order, module kinds and
-    token losses when the baseline is another framework."""
-    ev = evaluate_step1(ref, test, case, adam_eps, structure, fp64)
+    token losses when the baseline is another framework; `diffs`, the same captures already
+    compared (`raw_diffs` of a verdict without `fp64`)."""
+    ev = evaluate_step1(ref, test, case, adam_eps, structure, fp64, diffs)
     findings = add_drift_findings(list(ev.findings), drift or [], THRESHOLDS[case.dtype])
     notes = list(ref.notes) + list(test.notes)
     if fp64 is not None:

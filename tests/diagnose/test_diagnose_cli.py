@@ -36,6 +36,29 @@ def test_pytorch_vs_megatron_from_the_command_line(inputs, tmp_path, capsys):
     assert max(r["rel_error"] for r in verdict["ranked"]) < 1e-6
 
 
+def test_the_reference_beside_the_other_framework_finds_the_same(inputs, tmp_path, capsys, monkeypatch):
+    """On a GPU that holds both, pytorch's step 1 trains in a thread beside the other framework's
+    processes: forced here on the CPU, the verdict is the one the turn-by-turn order gives."""
+    import lockstep.diagnose.run as diagnose_run
+
+    started = []
+
+    class Recorded(diagnose_run._Beside):
+        def __init__(self, fn, arg):
+            started.append(arg)
+            super().__init__(fn, arg)
+
+    monkeypatch.setattr(diagnose_run, "beside_fits", lambda plan: True)
+    monkeypatch.setattr(diagnose_run, "_Beside", Recorded)
+    ckpt, tokens = inputs
+    rc = main(["diagnose", "--case", "gpt2_1", "--frameworks", "pytorch,megatron", "--llmc", str(ckpt), "--data",
+               str(tokens), "--device", "cpu", "--out", str(tmp_path), "--no-drift"])
+    out = capsys.readouterr().out
+    assert started == ["pytorch"] and rc == 0 and "no divergence" in out
+    verdict = json.loads((tmp_path / "diagnose" / "gpt2_1_pytorch_vs_megatron.json").read_text())
+    assert verdict["findings"] == [] and max(r["rel_error"] for r in verdict["ranked"]) < 1e-6
+
+
 def gpt2_1_plan(inputs, frameworks, out_dir, **case_fields):
     """A diagnose plan for gpt2_1's shape on gpt2-tiny (CPU), with `case_fields` changed."""
     from lockstep.cases.spec import CaseSpec

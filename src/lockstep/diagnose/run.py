@@ -246,17 +246,31 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
     order = ["pytorch"] + [f for f in plan.frameworks if f != "pytorch"]  # the reference first: it has the structure
     optimizer = plan.inputs.family.optimizer
     adam_eps = optimizer.eps if optimizer.kind == "adam" else None
-    for fw in order:
+
+    def one(fw: str) -> None:
         say(f"step 1 on {fw}" + (f", and its drift at lr {', '.join(f'{lr:g}' for lr in drift_lrs(plan.case))}"
                                  if drift and fw in plan.frameworks else "") + " ...")
         start = time.perf_counter()
         request = CaptureRequest(path=str(plan.out_dir / f"{fw}_{plan.case.name}_step1.npz"), full=True,
                                  adam_eps=adam_eps, rows=CAPTURE_ROWS,
-                                 reference=captures["pytorch"].source if "pytorch" in captures else None)
+                                 reference=(str(plan.out_dir / f"pytorch_{plan.case.name}_step1.npz")
+                                            if fw != "pytorch" else None))
         captures[fw], losses[fw], notes[fw] = step1_and_drift(plan, fw, request, drift and fw in plan.frameworks,
                                                               drift_steps)
         seconds[fw] = time.perf_counter() - start
         say(f"{fw}: {seconds[fw]:.1f} s" + (f" ({notes[fw]})" if notes[fw] else ""))
+
+    # The reference trains in this process, in a thread of its own beside the other frameworks' processes
+    # where the device holds both (diagnose measures no speed); a capture that reads the reference's waits.
+    reference = _Beside(one, "pytorch") if beside_fits(plan) else None
+    if reference is None:
+        one("pytorch")
+    for fw in order[1:]:
+        if reference is not None and get_runner(fw, **plan.options.get(fw, {})).capture_needs_reference(plan.case, plan.inputs):
+            reference.join()
+        one(fw)
+    if reference is not None:
+        reference.join()
     verdicts = []
     for test in tests:
         t1 = time.perf_counter()
@@ -280,6 +294,43 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
         write_verdict(plan.out_dir, verdict)
         verdicts.append(verdict)
     return verdicts
+
+
+class _Beside:
+    """`fn(arg)` in a daemon thread (an interrupted lockstep does not wait for it); `join` waits and
+    raises what it raised."""
+
+    def __init__(self, fn, arg):
+        import threading
+
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                fn(arg)
+            except BaseException as e:  # re-raised in the caller's thread by join()
+                self.error = e
+
+        self.thread = threading.Thread(target=run, name=f"lockstep-diagnose-{arg}", daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+
+def beside_fits(plan: DiagnosePlan) -> bool:
+    """Whether the reference can train beside the other frameworks: a GPU that holds every framework's
+    weights, gradients and optimizer state at once (on a CPU they would only share its cores)."""
+    from lockstep.run_matrix import device_memory_bytes, estimated_bytes_per_device
+
+    if plan.inputs.device != "cuda" or "pytorch" not in plan.frameworks:
+        return False
+    memory = device_memory_bytes("cuda")
+    need = estimated_bytes_per_device(plan.case.with_overrides(tp=1, pp=1, vpp=1), plan.inputs.model)
+    return bool(memory) and 2 * need * len(plan.frameworks) < memory
 
 
 def diagnose_scratch_bytes(model, frameworks: int) -> int:

@@ -106,6 +106,11 @@ class FrameworkRunner(ABC):
         """Why this runner cannot capture step 1 of the case (None: it can)."""
         return f"{self.name} cannot show its step 1 from inside"
 
+    def capture_needs_reference(self, case: CaseSpec, inputs: RunInputs) -> bool:
+        """Whether its capture reads the reference's (`request.reference`): then the reference's
+        step 1 must be recorded first."""
+        return False
+
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
         """Step 1 of the case seen from inside, written to `request.path` and returned (a
         formats.step_capture.StepCapture); `work_dir` takes whatever the framework writes on the way."""

@@ -130,6 +130,10 @@ class InfiniTrainRunner(FrameworkRunner):
                     "run is untested here")
         return None
 
+    def capture_needs_reference(self, case: CaseSpec, inputs: RunInputs) -> bool:
+        # SGD's recovery lr is chosen from the reference's gradient sizes (capture.sgd_recovery_lr).
+        return inputs.family.optimizer.kind == "sgd"
+
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request):
         """One step at a recovery lr, its weights saved and its module outputs dumped (capture.py)."""
         from lockstep.runners.infinitrain.capture import capture_step

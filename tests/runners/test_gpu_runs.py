@@ -23,13 +23,14 @@ import pytest
 import torch
 
 from lockstep.cases.spec import CaseSpec
+from lockstep.certify.classify import ADAM_SIGN_SHARE
 from lockstep.models import SHAPES
 from lockstep.runners.base import RunInputs
 from lockstep.runners.megatron import MegatronRunner
 from lockstep.runners.pytorch import PyTorchRunner
 from support import defects
 from support.numerics import (LOSS_LIMIT, PARAM_LIMITS, TRAINING_LR, TRAINING_STEPS, assert_loss_falls, final_params,
-                              loss_gap, param_gap)
+                              loss_gap, param_gap, share_beyond)
 
 pytestmark = pytest.mark.gpu
 TINY = SHAPES["gpt2-tiny"].config
@@ -173,7 +174,10 @@ def test_megatron_interleaved_pipeline_over_nccl_matches_one_gpu(model, tiny_sha
     par = run("pp2vpp2", pp=2, vpp=2)
     assert par.meta["pipeline_p2p"] == {"batch_p2p_comm": False, "overlap_p2p_comm": True}
     dloss, dparam = gaps(par, "pp2vpp2")
-    assert dloss <= 1e-5 and dparam <= 1e-5
+    # Every parameter too, but for the few elements Adam amplifies last-bit differences in (see
+    # test_megatron_families.py's CPU twin of this test).
+    assert dloss <= 1e-5 and share_beyond(final_params(tmp_path, "megatron", "pp2vpp2"),
+                                          final_params(tmp_path, "megatron", "one"), 1e-5) <= ADAM_SIGN_SHARE
     defects.worker_env("megatron_batched_p2p", monkeypatch)
     bad = run("batched", pp=2, vpp=2)
     assert bad.meta["pipeline_p2p"] == {"batch_p2p_comm": True, "overlap_p2p_comm": False}

@@ -30,12 +30,14 @@ import pytest
 import torch
 
 from lockstep.cases.spec import CaseSpec
+from lockstep.certify.classify import ADAM_SIGN_SHARE
 from lockstep.models import FAMILIES, SHAPES, load_checkpoint
 from lockstep.models.family import split_canonical
 from lockstep.runners.base import RunInputs
 from lockstep.runners.megatron import MegatronRunner
 from lockstep.runners.pytorch import PyTorchRunner
 from support import defects
+from support.numerics import share_beyond
 
 pytest.importorskip("megatron.core")
 
@@ -389,8 +391,13 @@ def largest_param_gap(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tup
 @pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
 def test_interleaved_pipeline_in_its_steady_state_matches_one_process(interleaved_runs, model):
-    """PP=2 x VPP=2, accum 4, 3 steps at lr 1e-3 (Adam): every loss and every final parameter
-    within 1e-5 of the one-process run, on the p2p path a GPU takes (overlapped, unbatched)."""
+    """PP=2 x VPP=2, accum 4, 3 steps at lr 1e-3 (Adam): every loss within 1e-5 of the one-process
+    run, on the p2p path a GPU takes (overlapped, unbatched), and the final parameters too, but for
+    the elements Adam amplifies last-bit differences in (its rule in certify/classify.py: at most
+    ADAM_SIGN_SHARE of them). A split that rounds any GEMM differently at the last bit (here: the
+    Intel CPU of 2026-12-01's second session; on the AMD one before, the runs were bitwise) moves an
+    element whose gradient is rounding noise by up to lr per step: 3 of 33.8M (llama3-tiny) and 8 of
+    39.7M (qwen3-tiny) elements beyond 1e-5, up to 8.4e-4. The batched-p2p defect moves half of them."""
     single, split = interleaved_runs[model]
     assert (split.record.meta["pp"], split.record.meta["vpp"]) == (2, 2)
     assert "batch_p2p_comm=False overlap_p2p_comm=True" in split.log
@@ -405,7 +412,7 @@ def test_interleaved_pipeline_in_its_steady_state_matches_one_process(interleave
           f"loss {losses[0]:.6f} -> {losses[-1]:.6f}")
     assert losses[0] - losses[-1] > 0.1  # lr 1e-3 really trains: far past either threshold
     assert diff <= FP32_TOLERANCE
-    assert gap <= FP32_TOLERANCE
+    assert share_beyond(split.params, single.params, FP32_TOLERANCE) <= ADAM_SIGN_SHARE
 
 
 @pytest.mark.slow
@@ -425,6 +432,7 @@ def test_interleaved_pipeline_comparison_catches_batched_p2p(interleaved_runs, f
           f"max {diff:.3e}; max |dparam| {gap:.3e} ({worst})")
     assert step1 > 100 * FP32_TOLERANCE
     assert gap > 100 * FP32_TOLERANCE
+    assert share_beyond(bad.params, single.params, FP32_TOLERANCE) > 1000 * ADAM_SIGN_SHARE
 
 
 @pytest.mark.slow

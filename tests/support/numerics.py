@@ -68,6 +68,14 @@ def param_gap(a: dict[str, np.ndarray], b: dict[str, np.ndarray], config) -> Par
     return ParamGap(worst, per[worst], per)
 
 
+def share_beyond(a: dict[str, np.ndarray], b: dict[str, np.ndarray], tol: float) -> float:
+    """The share of every parameter element that differs by more than `tol`: after Adam steps, the
+    elements whose gradient was rounding noise may each move by up to lr per step from last-bit
+    differences (certify/classify.py's ADAM_SIGN_SHARE bounds how many may)."""
+    beyond = sum(int((np.abs(a[n].astype(np.float64) - b[n].astype(np.float64)) > tol).sum()) for n in a)
+    return beyond / sum(a[n].size for n in a)
+
+
 def assert_trained(final: dict[str, np.ndarray], init_tensors: dict[str, np.ndarray], config) -> None:
     """Every tensor moved by at least MIN_TRAINED_MOVE from the init: training really happened."""
     init = split_canonical(init_tensors, config)

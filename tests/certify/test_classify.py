@@ -66,38 +66,11 @@ def test_later_steps_that_part_as_much_with_frozen_weights_are_logging_precision
     assert "as much with frozen weights (up to 3.22e-05 at lr 1e-12)" in v.findings[0].line
 
 
-def test_fp32_rounding_of_the_reference_itself_is_allowed_and_nothing_more():
-    """Issue 21 on H200: a 1B model's mlp[11] output parted by 1.01e-5 between two correct FP32
-    frameworks. A tensor may differ by 3x what FP32 moves the reference from an FP64 run of the same
-    step -- measured, per tensor -- and a real difference still stands out."""
-    from lockstep.certify.certificate import certify
-
-    rng = np.random.default_rng(5)
-    exact = rng.standard_normal((4, 64, 32))
-    grads = {"wte": rng.standard_normal((8, 4)).astype(np.float32)}
-
-    def cap(name, out):
-        return StepCapture(name, loss=10.0, forward={"mlp[0]": out.astype(np.float32)}, forward_order=["mlp[0]"],
-                           grads=grads, param_order=["wte"])
-
-    ref = cap("pytorch", exact * (1 + 8e-6 * rng.standard_normal(exact.shape)))  # FP32 moves it ~8e-6
-    test = cap("infinitrain", exact * (1 + 1.2e-5 * rng.standard_normal(exact.shape)))
-    fp64 = cap("pytorch-fp64", exact)
-    plain = certify(ref, test, CASE)
-    assert not plain.holds and plain.findings[0].kind == FORWARD  # 1.4e-5 > 1e-5
-    rounded = certify(ref, test, CASE, fp64=fp64)
-    assert rounded.holds, rounded.findings
-    assert 2e-5 < rounded.worst["module outputs"].rounding < 3e-5 and "FP64 run" in rounded.notes[-1]
-    wrong = cap("infinitrain", exact * (1 + 1e-3 * rng.standard_normal(exact.shape)))
-    assert certify(ref, wrong, CASE, fp64=fp64).findings[0].kind == FORWARD  # 1e-3: far beyond rounding
-
-
-def test_the_fp64_allowance_judged_on_the_first_comparison_is_the_fresh_one():
-    """diagnose's close call adds the FP64 allowance to the tensors it already compared (a 1B model's
-    are not read and compared twice): the verdict is the one a fresh comparison with it gives."""
-    from lockstep.diagnose.verdict import diagnose_captures
-
-    rng = np.random.default_rng(7)
+def rounding_captures(seed: int):
+    """A module output FP32 moves by ~8e-6 in the reference (`ref` against the exact `fp64`) and by
+    1.2e-5 in the test: beyond the flat 1e-5, within 3x the reference's own rounding; and a test
+    off by 1e-3, far beyond it."""
+    rng = np.random.default_rng(seed)
     exact = rng.standard_normal((4, 64, 32))
     grads = {"wte": rng.standard_normal((8, 4)).astype(np.float32)}
 
@@ -107,9 +80,36 @@ def test_the_fp64_allowance_judged_on_the_first_comparison_is_the_fresh_one():
 
     ref = cap("pytorch", exact * (1 + 8e-6 * rng.standard_normal(exact.shape)))
     test = cap("infinitrain", exact * (1 + 1.2e-5 * rng.standard_normal(exact.shape)))
-    fp64 = cap("pytorch-fp64", exact)
+    wrong = cap("infinitrain", exact * (1 + 1e-3 * rng.standard_normal(exact.shape)))
+    return ref, test, wrong, cap("pytorch-fp64", exact)
+
+
+def test_fp32_rounding_of_the_reference_itself_is_allowed_and_nothing_more():
+    """Issue 21 on H200: a 1B model's mlp[11] output parted by 1.01e-5 between two correct FP32
+    frameworks. A tensor may differ by 3x what FP32 moves the reference from an FP64 run of the same
+    step -- measured, per tensor -- and a real difference still stands out."""
+    from lockstep.certify.certificate import certify
+
+    ref, test, wrong, fp64 = rounding_captures(5)
+    plain = certify(ref, test, CASE)
+    assert not plain.holds and plain.findings[0].kind == FORWARD  # 1.4e-5 > 1e-5
+    rounded = certify(ref, test, CASE, fp64=fp64)
+    assert rounded.holds, rounded.findings
+    assert 2e-5 < rounded.worst["module outputs"].rounding < 3e-5 and "FP64 run" in rounded.notes[-1]
+    assert certify(ref, wrong, CASE, fp64=fp64).findings[0].kind == FORWARD  # 1e-3: far beyond rounding
+
+
+def test_the_fp64_allowance_judged_on_the_first_comparison_is_the_fresh_one():
+    """diagnose's close call adds the FP64 allowance to the tensors it already compared (a 1B model's
+    are not read and compared twice): the verdict is the one a fresh comparison with it gives, and a
+    real difference judged that way still stands out."""
+    from lockstep.diagnose.verdict import diagnose_captures
+
+    ref, test, wrong, fp64 = rounding_captures(7)
     first = diagnose_captures(ref, test, CASE)
     assert first.findings[0].kind == FORWARD
     again = diagnose_captures(ref, test, CASE, fp64=fp64, diffs=first.raw_diffs())
     fresh = diagnose_captures(ref, test, CASE, fp64=fp64)
     assert again.to_json() == fresh.to_json() and FORWARD not in [f.kind for f in again.findings]
+    off = diagnose_captures(ref, wrong, CASE)
+    assert diagnose_captures(ref, wrong, CASE, fp64=fp64, diffs=off.raw_diffs()).findings[0].kind == FORWARD

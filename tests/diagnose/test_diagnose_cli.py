@@ -36,10 +36,13 @@ def test_pytorch_vs_megatron_from_the_command_line(inputs, tmp_path, capsys):
     assert max(r["rel_error"] for r in verdict["ranked"]) < 1e-6
 
 
-def test_the_reference_beside_the_other_framework_finds_the_same(inputs, tmp_path, capsys, monkeypatch):
+def test_the_reference_beside_the_other_framework_finds_a_planted_defect(inputs, tmp_path, capsys, monkeypatch):
     """On a GPU that holds both, pytorch's step 1 trains in a thread beside the other framework's
-    processes: forced here on the CPU, the verdict is the one the turn-by-turn order gives."""
+    processes: forced here on the CPU, with megatron's LayerNorm-bias gradients 5% too large in its
+    workers, diagnose names exactly those tensors, as it does turn by turn (the clean pair's
+    agreement is the test above)."""
     import lockstep.diagnose.run as diagnose_run
+    from support import defects
 
     started = []
 
@@ -50,13 +53,16 @@ def test_the_reference_beside_the_other_framework_finds_the_same(inputs, tmp_pat
 
     monkeypatch.setattr(diagnose_run, "beside_fits", lambda plan: True)
     monkeypatch.setattr(diagnose_run, "_Beside", Recorded)
+    defects.worker_env("megatron_layernorm_bias_grad_5pct", monkeypatch)
     ckpt, tokens = inputs
     rc = main(["diagnose", "--case", "gpt2_1", "--frameworks", "pytorch,megatron", "--llmc", str(ckpt), "--data",
                str(tokens), "--device", "cpu", "--out", str(tmp_path), "--no-drift"])
-    out = capsys.readouterr().out
-    assert started == ["pytorch"] and rc == 0 and "no divergence" in out
+    capsys.readouterr()
+    assert started == ["pytorch"] and rc == 1
     verdict = json.loads((tmp_path / "diagnose" / "gpt2_1_pytorch_vs_megatron.json").read_text())
-    assert verdict["findings"] == [] and max(r["rel_error"] for r in verdict["ranked"]) < 1e-6
+    beyond = {r["tensor"] for r in verdict["ranked"] if r["rel_error"] > 1e-5}
+    assert beyond == {"ln1b[0]", "ln1b[1]", "ln2b[0]", "ln2b[1]", "lnfb"}, beyond
+    assert max(r["rel_error"] for r in verdict["ranked"] if r["tensor"] in beyond) == pytest.approx(0.05, rel=1e-3)
 
 
 def gpt2_1_plan(inputs, frameworks, out_dir, **case_fields):

@@ -70,12 +70,17 @@ def on_gpu_if_large(array):
         import torch
     except ImportError:  # pragma: no cover - torch is a dependency
         return array
-    if not _gpu_available(torch) or not _fits(torch, numel):
+    if not gpu_available() or not _fits(torch, numel):
         return array
     return array.to(GPU) if isinstance(array, torch.Tensor) else torch.as_tensor(np.asarray(array)).to(GPU)
 
 
-def _gpu_available(torch) -> bool:
+def gpu_available() -> bool:
+    """Whether there is a GPU (`GPU`) to work large tensors on."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
     return GPU != "cuda" or torch.cuda.is_available()
 
 

@@ -68,7 +68,7 @@ def tensor_diff(name: str, kind: str, ref: np.ndarray, test: np.ndarray, precisi
     shape = tuple(np.shape(ref))
     if shape != tuple(np.shape(test)):
         raise ValueError(f"{name}: shapes differ, reference {shape} vs test {tuple(np.shape(test))}")
-    if _is_torch(ref) or _is_torch(test) or (np.size(ref) >= capture_request.ON_GPU_ELEMENTS and _cuda()):
+    if _is_torch(ref) or _is_torch(test) or (np.size(ref) >= capture_request.ON_GPU_ELEMENTS and capture_request.gpu_available()):
         return _tensor_diff_on_device(name, kind, ref, test, precision, shape)
     ref = np.ascontiguousarray(ref, dtype=np.float32).ravel()
     test = np.ascontiguousarray(test, dtype=np.float32).ravel()
@@ -77,15 +77,6 @@ def tensor_diff(name: str, kind: str, ref: np.ndarray, test: np.ndarray, precisi
     max_abs = float(np.max(np.abs(delta))) if delta.size else 0.0
     return TensorDiff(name, kind, max_abs, _rel(ref_norm, d_norm), _cosine(ref_norm, test_norm, d_norm), ref_norm,
                       shape, precision)
-
-
-def _cuda() -> bool:
-    try:
-        import torch
-
-        return capture_request._gpu_available(torch)
-    except ImportError:  # pragma: no cover
-        return False
 
 
 def _is_torch(x) -> bool:

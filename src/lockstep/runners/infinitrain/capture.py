@@ -78,14 +78,9 @@ def recover_adam_update(w0: np.ndarray, w1: np.ndarray, lr: float = ADAM_RECOVER
     `adam_update_sign` keeps it: the sign where it is saturated."""
     from lockstep.capture.request import adam_update_sign, on_gpu_if_large
 
-    d0 = on_gpu_if_large(w0)
-    if d0 is not w0:  # large, and there is a GPU: the same FP64 arithmetic there
-        import torch
-
-        d1 = on_gpu_if_large(w1)
-        u = adam_update_sign((d0.to(torch.float64) - d1.to(torch.float64)) / lr)
-        return u.to(torch.float32).cpu().numpy()
-    return adam_update_sign((np.asarray(w0, dtype=np.float64) - np.asarray(w1, dtype=np.float64)) / lr).astype(np.float32)
+    moved = on_gpu_if_large(np.asarray(w0, dtype=np.float64) - np.asarray(w1, dtype=np.float64))
+    u = adam_update_sign(moved / lr)  # on the GPU for a large tensor: the same FP64 arithmetic there
+    return u.cpu().numpy().astype(np.float32) if hasattr(u, "cpu") else u.astype(np.float32)
 
 
 def capture_step(runner, case: CaseSpec, inputs, work_dir: Path, request: CaptureRequest) -> StepCapture:

@@ -117,10 +117,11 @@ def grid_in_place(case: CaseSpec) -> bool:
 
 def reset_between_cases(keep_grid: bool) -> None:
     """Between the cases of a persistent worker: megatron-core's per-case state back to a fresh
-    process's. `keep_grid` (the case ended well and has no pipeline) keeps the model-parallel
-    process groups for a next case of the same layout: making NCCL communicators and destroying
-    them costs ~0.4 s and ~0.5 s per case on an H200, and a group's communicator carries nothing
-    from one case to the next. Its scratch buffer is made afresh, as a new grid would have it."""
+    process's. `keep_grid` (the case ended well on every rank) keeps the model-parallel process
+    groups: `init_parallel` uses them for a next case of the same layout without pipeline stages
+    (`grid_in_place`) and replaces them otherwise. Making NCCL communicators and destroying them
+    costs ~0.4 s and ~0.5 s per case on an H200, and a communicator carries nothing from one case to
+    the next. The grid's scratch buffer is made afresh, as a new grid would have it."""
     from megatron.core import parallel_state
 
     if not keep_grid:

@@ -110,3 +110,28 @@ def test_no_room_for_the_init_is_said_before_drawing_it_and_leaves_nothing(tmp_p
     assert str(info.value) == (f"{directory / CACHED_NAME}: no space left on device for the llm.c init of gpt2-tiny "
                                f"(seed 42): it needs {fsutil.format_bytes(size)}, {directory} has 5 MB free")
     assert not (directory / CACHED_NAME).exists() and not [p for p in directory.iterdir() if p.suffix != ".lock"]
+
+
+def test_a_cached_inits_digest_is_kept_beside_it_and_taken_again_when_the_file_changes(tmp_path, monkeypatch):
+    """A 1B init takes seconds to hash on every plan: lockstep keeps the digest of its own cached
+    init beside it, keyed by size and modification time; a changed file is hashed again, and a
+    user's checkpoint outside the cache gets no file beside it."""
+    import lockstep.run_matrix as run_matrix
+
+    path = ensure_initial_checkpoint(tmp_path, "gpt2-tiny", FAMILIES["gpt2"], TINY, 42)
+    side = Path(f"{path}.sha256.json")
+    assert run_matrix._cached_digest(path) == sha256(path) and json.loads(side.read_text())["sha256"] == sha256(path)
+    hashed = []
+    monkeypatch.setattr(run_matrix, "sha256_file", lambda p: (hashed.append(p), fsutil.sha256_file(p))[1])
+    assert run_matrix._cached_digest(path) == sha256(path) and hashed == []
+    with open(path, "r+b") as f:  # the same size, other bytes, a later mtime
+        f.seek(-4, os.SEEK_END)
+        f.write(b"\x01\x02\x03\x04")
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert run_matrix._cached_digest(path) == sha256(path) and hashed == [path]
+    theirs = tmp_path / "user" / "model.bin"
+    theirs.parent.mkdir()
+    theirs.write_bytes(path.read_bytes())
+    monkeypatch.setattr(run_matrix, "_digests", {})
+    assert run_matrix.checkpoint_digest(theirs, cache=tmp_path / "checkpoints") == sha256(theirs)
+    assert [p.name for p in theirs.parent.iterdir()] == ["model.bin"]

@@ -332,7 +332,7 @@ def plan_run(req: RunRequest) -> RunPlan:
         inputs[case.name] = RunInputs(
             checkpoint=m.checkpoint if m.checkpoint is not None else Path("-"), tokens=path, model=m.config,
             device=device, model_name=m.name,
-            checkpoint_sha256=checkpoint_digest(m.checkpoint) if m.checkpoint is not None else "",
+            checkpoint_sha256=checkpoint_digest(m.checkpoint, cache) if m.checkpoint is not None else "",
             tokens_sha256=sha, corpus=corpus, timeout_s=req.timeout_s, oversubscribe=oversubscribe, nodes=nodes)
 
     frameworks = req.frameworks or default_frameworks(notes)
@@ -358,11 +358,44 @@ def prepare_tokens(cache: Path, text: str | None, tokenizer: str):
 _digests: dict[Path, str] = {}
 
 
-def checkpoint_digest(path: Path) -> str:
-    """sha256 of a checkpoint, once per process (a 1B-parameter file takes seconds)."""
+def checkpoint_digest(path: Path, cache: Path | None = None) -> str:
+    """sha256 of a checkpoint, once per process (a 1B-parameter file takes seconds). One in
+    lockstep's own `cache` (its seeded inits) keeps its digest beside it (`<file>.sha256.json`,
+    with the size and modification time it was taken at) and is hashed again only when those change."""
     if path not in _digests:
-        _digests[path] = sha256_file(path)
+        _digests[path] = _cached_digest(path) if cache is not None and _inside(path, cache) else sha256_file(path)
     return _digests[path]
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    try:
+        Path(path).resolve().relative_to(Path(directory).resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _cached_digest(path: Path) -> str:
+    import json
+
+    from lockstep.fsutil import atomic_write
+
+    side = Path(f"{path}.sha256.json")
+    st = os.stat(path)
+    stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    try:
+        kept = json.loads(side.read_text())
+        if {k: kept.get(k) for k in stamp} == stamp and isinstance(kept.get("sha256"), str):
+            return kept["sha256"]
+    except (OSError, ValueError):
+        pass
+    digest = sha256_file(path)
+    try:
+        with atomic_write(side, "w", what="checkpoint digest") as f:
+            json.dump({**stamp, "sha256": digest}, f)
+    except LockstepError:
+        pass  # a cache that cannot take it: hashed again next time
+    return digest
 
 
 def runner_options(name: str, req: RunRequest) -> dict:

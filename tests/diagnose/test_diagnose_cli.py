@@ -46,13 +46,13 @@ def test_the_reference_beside_the_other_framework_finds_a_planted_defect(inputs,
 
     started = []
 
-    class Recorded(diagnose_run._Beside):
-        def __init__(self, fn, arg):
-            started.append(arg)
-            super().__init__(fn, arg)
+    class Recorded(diagnose_run.Background):
+        def __init__(self, fn=None, *args, **kwargs):
+            started.append(args[0] if args else None)
+            super().__init__(fn, *args, **kwargs)
 
-    monkeypatch.setattr(diagnose_run, "beside_fits", lambda plan: True)
-    monkeypatch.setattr(diagnose_run, "_Beside", Recorded)
+    monkeypatch.setattr(diagnose_run, "beside_fits", lambda plan, extra=0: True)
+    monkeypatch.setattr(diagnose_run, "Background", Recorded)
     defects.worker_env("megatron_layernorm_bias_grad_5pct", monkeypatch)
     ckpt, tokens = inputs
     rc = main(["diagnose", "--case", "gpt2_1", "--frameworks", "pytorch,megatron", "--llmc", str(ckpt), "--data",
@@ -63,6 +63,9 @@ def test_the_reference_beside_the_other_framework_finds_a_planted_defect(inputs,
     beyond = {r["tensor"] for r in verdict["ranked"] if r["rel_error"] > 1e-5}
     assert beyond == {"ln1b[0]", "ln1b[1]", "ln2b[0]", "ln2b[1]", "lnfb"}, beyond
     assert max(r["rel_error"] for r in verdict["ranked"] if r["tensor"] in beyond) == pytest.approx(0.05, rel=1e-3)
+    # The reference's FP64 step 1 was made beside, in advance, for a close call; 5% is none: not kept.
+    assert "reference's fp64 step 1 (beside)" in verdict["seconds"]
+    assert not list((tmp_path / "diagnose").glob("pytorch-fp64_*"))
 
 
 def gpt2_1_plan(inputs, frameworks, out_dir, **case_fields):

@@ -53,3 +53,54 @@ def test_not_a_capture(tmp_path):
     path.write_bytes(b"junk")
     with pytest.raises(FormatError, match="not a lockstep step-1 capture"):
         StepCapture.load(path)
+
+
+def test_sign_valued_tensors_are_one_byte_per_element(tmp_path):
+    """Adam update signs (a reference's `updates`, an "adam-update" capture's `grads`) go to disk as
+    int8 -- 5x5 signs are a 25-byte array after the .npy header -- and read back as the same values."""
+    import zipfile
+
+    from lockstep.formats.step_capture import GRAD_ADAM_UPDATE
+
+    signs = np.sign(np.random.default_rng(1).standard_normal((5, 5))).astype(np.float32)
+    signs[0, 0] = 0.0
+    ref = StepCapture("pytorch", updates={"wte": signs}, sketches={"grad/wte": Sketch(np.ones(25), 5.0, (5, 5))})
+    test = StepCapture("infinitrain", grads={"wte": signs.astype(np.int8)}, grad_kind=GRAD_ADAM_UPDATE)
+    for cap, entry in ((ref, "update/wte.npy"), (test, "grad/wte.npy")):
+        path = tmp_path / f"{cap.framework}.npz"
+        cap.save(path)
+        with zipfile.ZipFile(path) as zf:
+            raw = zf.read(entry)
+        header = raw.index(b"\n") + 1
+        assert len(raw) - header == 25 and b"'descr': '|i1'" in raw[:header]
+        back = StepCapture.load(path)
+        whole = back.updates if cap is ref else back.grads
+        assert whole["wte"].dtype == np.int8 and np.array_equal(whole["wte"], signs)
+    assert StepCapture.load(tmp_path / "pytorch.npz").names("update") == ["wte"]
+
+
+def test_a_sign_tensor_with_other_values_is_not_written(tmp_path):
+    cap = StepCapture("pytorch", updates={"wte": np.array([1.0, 0.5, -1.0])})
+    with pytest.raises(ValueError, match="wte: an Adam update sign tensor holds values other than -1, 0 and 1"):
+        cap.save(tmp_path / "c.npz")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_whole_tensors_are_views_of_the_mapped_file(tmp_path):
+    """A capture's tensors are read as views of the memory-mapped .npz (no copy, no CRC pass over
+    gigabytes), with the same values, shape and dtype np.load gives; a file cut short says so."""
+    rng = np.random.default_rng(2)
+    grads = {"wte": rng.standard_normal((7, 3)).astype(np.float32), "lnfw": rng.standard_normal(3).astype(np.float32)}
+    StepCapture("pytorch", grads=grads, forward={"loss": np.array(1.5, dtype=np.float32)}).save(tmp_path / "c.npz")
+    back = StepCapture.load(tmp_path / "c.npz")
+    with np.load(tmp_path / "c.npz") as z:
+        for name, want in grads.items():
+            got = back.grads[name]
+            assert got.dtype == want.dtype and not got.flags.writeable and np.array_equal(got, z["grad/" + name])
+            assert np.array_equal(got, want)
+    assert back.forward["loss"].shape == () and float(back.forward["loss"]) == 1.5
+    raw = (tmp_path / "c.npz").read_bytes()
+    at = raw.index(b"grad/wte.npy") - 30  # its local header
+    (tmp_path / "bad.npz").write_bytes(raw[:at] + b"XX" + raw[at + 2:])
+    with pytest.raises(FormatError, match=r"bad\.npz: entry grad/wte: no zip local header"):
+        StepCapture.load(tmp_path / "bad.npz").grads["wte"]

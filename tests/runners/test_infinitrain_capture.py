@@ -121,3 +121,44 @@ def test_infinitrain_checkpoint_reads_back_under_llmc_names(gpt2_tiny, tmp_path)
     path.write_bytes(raw[:-3])
     with pytest.raises(FormatError, match="file ends early|ends in the middle"):
         read_infinitrain_checkpoint(path)
+
+
+def test_a_reference_kept_as_adam_update_signs_judges_as_its_whole_gradients(gpt2_tiny, token_ids, gpt2_case, tmp_path):
+    """Against a framework that shows only its first Adam update, diagnose keeps the reference's
+    update whole as int8 signs and its gradients as sketches (`whole_grads=False`): a quarter of the
+    bytes, and through the files on disk every gradient row of the verdict is the one made from
+    the reference's whole FP32 gradients; the transposed c_attn bias is still named."""
+    import zipfile
+
+    from lockstep.capture.request import CaptureRequest
+    from lockstep.runners.pytorch.capture import capture_step
+    from support.model_defects import gpt2_with
+
+    config, tensors = gpt2_tiny
+    case, lr = gpt2_case(), weights_only.ADAM_RECOVERY_LR
+    model = GPT2.from_llmc(tensors, config)
+    w0 = split_canonical(tensors, config)
+    refs = {}
+    for whole in (True, False):
+        request = CaptureRequest(path=str(tmp_path / f"ref_{whole}.npz"), full=True, adam_eps=1e-8, whole_grads=whole)
+        capture_step(model, case, token_ids, request)
+        refs[whole] = StepCapture.load(request.path)
+    def payload(whole: bool, prefix: str) -> int:  # bytes of the entries' arrays, without their .npy headers
+        with zipfile.ZipFile(tmp_path / f"ref_{whole}.npz") as zf:
+            return sum(len(b) - b.index(b"\n") - 1 for i in zf.infolist() if i.filename.startswith(prefix)
+                       for b in [zf.read(i)])
+
+    numel = sum(w.size for w in w0.values())
+    assert (payload(True, "grad/"), payload(True, "update/")) == (4 * numel, 0)
+    assert (payload(False, "grad/"), payload(False, "tie/"), payload(False, "update/")) == (0, 0, numel)
+    for bad in (False, True):
+        m = gpt2_with(tensors, config, c_attn=True) if bad else GPT2.from_llmc(tensors, config)
+        w1, _ = one_step(m, case, token_ids, torch.optim.Adam(m.parameters(), lr=lr, eps=1e-8))
+        test = StepCapture(framework="weights-only", loss=refs[True].loss, grad_kind=GRAD_ADAM_UPDATE,
+                           grads={n: weights_only.recover_adam_update(w0[n], w1[n], lr) for n in w0})
+        test.save(tmp_path / "test.npz")
+        test = StepCapture.load(tmp_path / "test.npz")
+        v_whole, v_signs = (diagnose_captures(refs[w], test, case) for w in (True, False))
+        assert [(d.name, d.rel, d.max_abs, d.cosine) for d in v_signs.grads] == [
+            (d.name, d.rel, d.max_abs, d.cosine) for d in v_whole.grads]
+        assert [(f.kind, f.where) for f in v_signs.findings] == ([(GRADIENT_ONLY, "qkvb[0..1]")] if bad else [])

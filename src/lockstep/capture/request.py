@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,13 @@ class CaptureRequest:
     adam_eps: float | None = None
     rows: int | None = None  # forward and output gradients: the micro batch's first `rows` sequences (None: all)
     reference: str | None = None  # another framework's capture of the same step (InfiniTrain's recovery lr)
+    # With `full` and `adam_eps`: False keeps each gradient as its sketch and its Adam update whole
+    # (int8 signs, a quarter of the bytes), for a diagnose whose other side shows only that update.
+    whole_grads: bool = True
+
+    def __post_init__(self):
+        if not self.whole_grads and (self.adam_eps is None or not self.full):
+            raise ValueError("a capture without whole gradients keeps their Adam update whole: it needs full and adam_eps")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -72,7 +80,13 @@ def on_gpu_if_large(array):
         return array
     if not gpu_available() or not _fits(torch, numel):
         return array
-    return array.to(GPU) if isinstance(array, torch.Tensor) else torch.as_tensor(np.asarray(array)).to(GPU)
+    if isinstance(array, torch.Tensor):
+        return array if array.is_cuda else array.to(GPU)  # one on a GPU already stays on its own
+    array = np.asarray(array)
+    with warnings.catch_warnings():
+        # A read-only array (a memory-mapped checkpoint's tensor) is copied to the GPU at once, never written.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.as_tensor(array).to(GPU)
 
 
 def gpu_available() -> bool:
@@ -121,6 +135,15 @@ def adam_first_update(g, eps: float):
     return adam_update_sign(g64 / (np.abs(g64) + eps))
 
 
+def update_signs(u) -> np.ndarray:
+    """Adam update signs (-1, 0, 1; numpy or torch, anywhere) as the int8 host array a capture keeps."""
+    if callable(getattr(u, "cpu", None)):
+        import torch
+
+        return u.to(torch.int8).cpu().numpy()
+    return np.asarray(u).astype(np.int8)
+
+
 class CaptureBuilder:
     """Collects one framework's step 1 as the request asks, from torch or numpy tensors in
     canonical layout; `finish()` writes the capture."""
@@ -128,7 +151,7 @@ class CaptureBuilder:
     def __init__(self, request: CaptureRequest, framework: str):
         self.request = request
         self.capture = StepCapture(framework=framework)
-        for name in ("forward", "output_grads", "grads", "tie_parts"):
+        for name in ("forward", "output_grads", "grads", "updates", "tie_parts"):
             setattr(self.capture, name, {})
 
     def rows_of(self, t):
@@ -140,10 +163,17 @@ class CaptureBuilder:
         """One tensor in canonical layout: "fwd", "outgrad", "grad" or "tie"."""
         if kind in ("fwd", "outgrad"):
             tensor = self.rows_of(tensor)
+        if self.request.full and not self.request.whole_grads and kind in ("grad", "tie"):
+            self.capture.sketches[f"{kind}/{name}"] = make_sketch(tensor)
+            if kind == "grad":
+                self.capture.updates[name] = update_signs(adam_first_update(on_gpu_if_large(tensor),
+                                                                            self.request.adam_eps))
+            return
         if self.request.full:
             store = {"fwd": self.capture.forward, "outgrad": self.capture.output_grads, "grad": self.capture.grads,
                      "tie": self.capture.tie_parts}[kind]
-            store[name] = _to_numpy(tensor).astype(np.float32, copy=True)
+            array = _to_numpy(tensor)  # sign-valued tensors (InfiniTrain's Adam update) stay int8
+            store[name] = array.copy() if array.dtype == np.int8 else array.astype(np.float32, copy=True)
         else:
             self.capture.sketches[f"{kind}/{name}"] = make_sketch(tensor)
         if kind == "grad" and self.request.adam_eps is not None:
@@ -156,18 +186,15 @@ class CaptureBuilder:
         return self.capture
 
 
-ON_DEVICE = 1 << 22  # host tensors this large are sketched on a GPU where there is one (hashing 1B elements: minutes on a CPU)
-
-
 def make_sketch(tensor) -> Sketch:
+    """A tensor's sketch and exact norm; a large host tensor is sketched on the GPU where there is
+    one (`on_gpu_if_large`: hashing 1B elements takes minutes on a CPU)."""
+    tensor = on_gpu_if_large(tensor)
     try:
         import torch
 
-        if not isinstance(tensor, torch.Tensor) and np.size(tensor) >= ON_DEVICE and torch.cuda.is_available():
-            tensor = torch.as_tensor(np.asarray(tensor)).to("cuda")
         if isinstance(tensor, torch.Tensor):
-            values = sketch_torch(tensor).cpu().numpy()
-            return Sketch(values, l2_norm(tensor), tuple(tensor.shape))
+            return Sketch(sketch_torch(tensor).cpu().numpy(), l2_norm(tensor), tuple(tensor.shape))
     except ImportError:  # pragma: no cover
         pass
     arr = np.asarray(tensor)

@@ -11,12 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from lockstep.capture import request as capture_request
-from lockstep.capture.request import adam_first_update, on_gpu_if_large
-from lockstep.capture.sketch import l2_norm, sketch_numpy, sketch_torch
+from lockstep.capture.request import adam_first_update, make_sketch, on_gpu_if_large
 from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, Sketch, StepCapture
 
 FORWARD, OUTPUT_GRADIENT, GRADIENT, ADAM_UPDATE = "forward", "output gradient", "gradient", "adam update"
-_STORE = {"fwd": "forward", "outgrad": "output_grads", "grad": "grads", "tie": "tie_parts"}
 
 
 @dataclass(frozen=True)
@@ -109,22 +107,15 @@ def sketch_diff(name: str, kind: str, ref: Sketch, test: Sketch, precision: floa
                       _cosine(ref.norm, test.norm, d_norm), ref.norm, ref.shape, precision, sketched=not exact)
 
 
-def _sketch_of(array) -> Sketch:
-    if _is_torch(array):
-        return Sketch(sketch_torch(array).cpu().numpy(), l2_norm(array), tuple(array.shape))
-    arr = np.asarray(array)
-    return Sketch(sketch_numpy(arr), l2_norm(arr), tuple(arr.shape))
-
-
 def _whole(cap: StepCapture, kind: str, name: str) -> np.ndarray | None:
-    store = getattr(cap, _STORE[kind])
+    store = cap.store(kind)
     return store[name] if name in store else None
 
 
 def _sketch(cap: StepCapture, kind: str, name: str, whole: np.ndarray | None) -> Sketch | None:
     s = cap.sketch(kind, name)
     if s is None and whole is not None:
-        s = _sketch_of(whole)
+        s = make_sketch(whole)  # a large one on the GPU where there is one
     return s
 
 
@@ -135,10 +126,16 @@ def diff(ref: StepCapture, test: StepCapture, kind: str, name: str, label: str, 
     first (Adam's update from the reference's gradient)."""
     ref_kind = ref_kind or kind
     r_whole, t_whole = _whole(ref, kind, name), _whole(test, kind, name)
-    if ref_transform is not None and r_whole is not None:
+    if ref_kind != kind:
+        stored = _whole(ref, ref_kind, name)  # kept whole by the reference's capture (its update's signs)
+        if stored is not None:
+            r_whole = stored
+        elif ref_transform is not None and r_whole is not None:
+            r_whole = ref_transform(on_gpu_if_large(r_whole))
+        else:
+            r_whole = None
+    elif ref_transform is not None and r_whole is not None:
         r_whole = ref_transform(on_gpu_if_large(r_whole))
-    elif ref_kind != kind:
-        r_whole = None
     if r_whole is not None and t_whole is not None:
         if np.shape(r_whole) != np.shape(t_whole):
             return None  # a TP rank's shard or a PP stage's share of another layout is not the module's output

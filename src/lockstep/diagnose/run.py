@@ -19,7 +19,7 @@ from lockstep.certify.certificate import close_call
 from lockstep.cases.spec import CaseSpec
 from lockstep.compare.pairing import DIAGNOSE_DIR
 from lockstep.diagnose.verdict import DriftRun, DriftStep, Verdict, diagnose_captures
-from lockstep.formats.step_capture import StepCapture
+from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, StepCapture
 from lockstep.step_contract import LOGGED_LOSS_WORDS
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import read_run_record
@@ -27,7 +27,7 @@ from lockstep.fsutil import atomic_write, check_free_space
 from lockstep.models import read_checkpoint_layout
 from lockstep.run_matrix import RunRequest, plan_run, runner_options
 from lockstep.runners import get_runner
-from lockstep.runners.base import RunInputs
+from lockstep.runners.base import Background, RunInputs
 from lockstep.runners.infinitrain import InfiniTrainRunner
 from lockstep.runners.pytorch import PyTorchRunner
 
@@ -159,10 +159,14 @@ def pair_drift(plan: DiagnosePlan, losses: dict[str, dict[float, dict[int, float
 
 
 def step1_and_drift(plan: DiagnosePlan, fw: str, request: CaptureRequest, drift: bool,
-                    steps: int) -> tuple[StepCapture, dict[float, dict[int, float]], str]:
+                    steps: int, seconds: dict[str, float] | None = None) -> tuple[StepCapture, dict[float, dict[int, float]], str]:
     """One framework's step 1 with whole tensors, and its losses at the drift lrs (up to the first
     it could not measure, and why not). Where the runner has persistent workers for them, the
-    one-step capture and the drift runs go to one worker group: one megatron start-up, not two."""
+    one-step capture and the drift runs go to one worker group: one megatron start-up, not two.
+    `seconds` gets where the time went: "capture" (its runs), "drift", and "capture reading" (what
+    lockstep still had to read of the capture once the drift was done)."""
+    seconds = {} if seconds is None else seconds
+    start = time.perf_counter()
     runner = get_runner(fw, **plan.options.get(fw, {}))
     problem = runner.capture_problem(plan.case, plan.inputs)
     if problem:
@@ -193,9 +197,17 @@ def step1_and_drift(plan: DiagnosePlan, fw: str, request: CaptureRequest, drift:
     if together:
         pairs.insert(0, (step1, dataclasses.replace(plan.inputs, capture=request)))
     else:
-        runner.capture(plan.case, plan.inputs, plan.out_dir, request)
+        # The drift runs while lockstep reads what the capture's launches wrote (InfiniTrain's weights).
+        capture = runner.start_capture(plan.case, plan.inputs, plan.out_dir, request)
+        seconds["capture"] = time.perf_counter() - start
     keys = {runner.worker_group_key(c, i) for c, i in pairs}
+    drift_start = time.perf_counter()
     records = runner.run_many(pairs, [plan.out_dir / "drift"], persistent=len(keys) == 1 and None not in keys)
+    seconds["capture and drift" if together else "drift"] = time.perf_counter() - drift_start
+    if not together:
+        waited = time.perf_counter()
+        capture.result()
+        seconds["capture reading"] = time.perf_counter() - waited
     if together:
         (first, *_), records = records[0], records[1:]
         if not first.ok or not first.meta.get("step1_capture"):
@@ -234,18 +246,18 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
             reason = get_runner(fw, **plan.options.get(fw, {})).skip_reason(plan.case, plan.inputs)
             if reason:
                 raise LockstepError(f"{fw} cannot run case {plan.case.name} here: {reason}")
-    # Scratch: each framework's capture holds every gradient (the model's FP32 size); they are
-    # compared one tensor at a time, and InfiniTrain's own checkpoint is read and removed before its
-    # capture is written, so two of them are the most the disk holds at once.
-    check_free_space(plan.out_dir, diagnose_scratch_bytes(plan.inputs.model, len(plan.frameworks)),
-                     "lockstep diagnose's step-1 captures")
+    check_free_space(plan.out_dir, diagnose_scratch_bytes(plan, tests), "lockstep diagnose's step-1 captures")
     captures: dict[str, StepCapture] = {}
     losses: dict[str, dict[float, dict[int, float]]] = {}
     notes: dict[str, str] = {}
     seconds: dict[str, float] = {}
+    phases: dict[str, dict[str, float]] = {}
     order = ["pytorch"] + [f for f in plan.frameworks if f != "pytorch"]  # the reference first: it has the structure
     optimizer = plan.inputs.family.optimizer
     adam_eps = optimizer.eps if optimizer.kind == "adam" else None
+    # Every test shows only its first Adam update (InfiniTrain on Adam families): the baseline keeps
+    # that update whole (int8 signs) and only sketches of its gradients, a quarter of the bytes.
+    adam_view_only = adam_eps is not None and all(shows_adam_update_only(plan, t) for t in tests)
 
     def one(fw: str) -> None:
         say(f"step 1 on {fw}" + (f", and its drift at lr {', '.join(f'{lr:g}' for lr in drift_lrs(plan.case))}"
@@ -254,24 +266,44 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
         request = CaptureRequest(path=str(plan.out_dir / f"{fw}_{plan.case.name}_step1.npz"), full=True,
                                  adam_eps=adam_eps, rows=CAPTURE_ROWS,
                                  reference=(str(plan.out_dir / f"pytorch_{plan.case.name}_step1.npz")
-                                            if fw != "pytorch" else None))
+                                            if fw != "pytorch" else None),
+                                 whole_grads=not (fw == base and adam_view_only))
+        parts: dict[str, float] = {}
         captures[fw], losses[fw], notes[fw] = step1_and_drift(plan, fw, request, drift and fw in plan.frameworks,
-                                                              drift_steps)
+                                                              drift_steps, parts)
         seconds[fw] = time.perf_counter() - start
-        say(f"{fw}: {seconds[fw]:.1f} s" + (f" ({notes[fw]})" if notes[fw] else ""))
+        phases[fw] = {k: round(v, 2) for k, v in parts.items()}
+        say(f"{fw}: {seconds[fw]:.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in parts.items())})"
+            + (f" ({notes[fw]})" if notes[fw] else ""))
 
     # The reference trains in this process, in a thread of its own beside the other frameworks' processes
     # where the device holds both (diagnose measures no speed); a capture that reads the reference's waits.
-    reference = _Beside(one, "pytorch") if beside_fits(plan) else None
+    fp64_path = plan.out_dir / f"pytorch-fp64_{plan.case.name}_step1.npz"
+
+    def fp64_step1() -> StepCapture:
+        t64 = time.perf_counter()
+        capture = PyTorchRunner().fp64_step1(plan.case, plan.inputs, fp64_path)
+        seconds["fp64 step 1"] = time.perf_counter() - t64
+        return capture
+
+    def reference_and_fp64(fw: str) -> None:
+        # A close call needs the reference's FP64 step 1; beside the others, with room for it, it is
+        # made in advance (it costs nothing there) and removed unused if the call is not close.
+        one(fw)
+        if base == "pytorch" and beside_fits(plan, extra=1):
+            captures["fp64"] = fp64_step1()
+
+    reference = (Background(reference_and_fp64, "pytorch", name="lockstep-diagnose-pytorch")
+                 if beside_fits(plan) else None)
     if reference is None:
         one("pytorch")
     for fw in order[1:]:
         if reference is not None and get_runner(fw, **plan.options.get(fw, {})).capture_needs_reference(plan.case, plan.inputs):
-            reference.join()
+            reference.result()
         one(fw)
     if reference is not None:
-        reference.join()
-    verdicts = []
+        reference.result()
+    verdicts, fp64_used = [], False
     for test in tests:
         t1 = time.perf_counter()
         runs = pair_drift(plan, losses, base, test) if drift else []
@@ -281,8 +313,8 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
         if base == "pytorch" and close_call(verdict.findings, verdict.ranked(), verdict.tolerance):
             say("a close call: measuring what FP32 moves the reference itself (its step 1 in FP64) ...")
             if "fp64" not in captures:
-                captures["fp64"] = PyTorchRunner().fp64_step1(plan.case, plan.inputs,
-                                                             plan.out_dir / f"pytorch-fp64_{plan.case.name}_step1.npz")
+                captures["fp64"] = fp64_step1()
+            fp64_used = True
             verdict = diagnose_captures(captures[base], captures[test], plan.case, drift=runs,
                                         structure=captures["pytorch"], adam_eps=adam_eps or 1e-8, fp64=captures["fp64"],
                                         diffs=verdict.raw_diffs())
@@ -290,52 +322,43 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
         verdict.notes += [f"logged loss, {fw}: {LOGGED_LOSS_WORDS[get_runner(fw, **plan.options.get(fw, {})).logged_loss]}"
                           for fw in (base, test)]
         verdict.seconds = {f"step1_and_drift_{fw}": round(seconds[fw], 2) for fw in (base, test)}
+        verdict.seconds |= {f"{fw} {k}": v for fw in (base, test) for k, v in phases[fw].items()}
         verdict.seconds |= {"compare": round(time.perf_counter() - t1, 2)}
+        if "fp64 step 1" in seconds:
+            verdict.seconds["reference's fp64 step 1" + (" (beside)" if reference is not None else ", in compare")] = \
+                round(seconds["fp64 step 1"], 2)
         write_verdict(plan.out_dir, verdict)
         verdicts.append(verdict)
+    if not fp64_used and "fp64" in captures:
+        fp64_path.unlink(missing_ok=True)  # made in advance for a close call that did not come
     return verdicts
 
 
-class _Beside:
-    """`fn(arg)` in a daemon thread (an interrupted lockstep does not wait for it); `join` waits and
-    raises what it raised."""
-
-    def __init__(self, fn, arg):
-        import threading
-
-        self.error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                fn(arg)
-            except BaseException as e:  # re-raised in the caller's thread by join()
-                self.error = e
-
-        self.thread = threading.Thread(target=run, name=f"lockstep-diagnose-{arg}", daemon=True)
-        self.thread.start()
-
-    def join(self) -> None:
-        self.thread.join()
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise error
-
-
-def beside_fits(plan: DiagnosePlan) -> bool:
+def beside_fits(plan: DiagnosePlan, extra: int = 0) -> bool:
     """Whether the reference can train beside the other frameworks: a GPU that holds every framework's
-    weights, gradients and optimizer state at once (on a CPU they would only share its cores)."""
+    weights, gradients and optimizer state at once (on a CPU they would only share its cores), and
+    `extra` more of them (the reference's FP64 step 1 is about one)."""
     from lockstep.run_matrix import device_memory_bytes, estimated_bytes_per_device
 
     if plan.inputs.device != "cuda" or "pytorch" not in plan.frameworks:
         return False
     memory = device_memory_bytes("cuda")
     need = estimated_bytes_per_device(plan.case.with_overrides(tp=1, pp=1, vpp=1), plan.inputs.model)
-    return bool(memory) and 2 * need * len(plan.frameworks) < memory
+    return bool(memory) and 2 * need * (len(plan.frameworks) + extra) < memory
 
 
-def diagnose_scratch_bytes(model, frameworks: int) -> int:
-    """Disk a diagnose needs: one FP32 copy of the model's gradients per framework's capture."""
-    return 4 * model.num_parameters() * max(frameworks, 2)
+def shows_adam_update_only(plan: DiagnosePlan, fw: str) -> bool:
+    return get_runner(fw, **plan.options.get(fw, {})).capture_grad_kind(plan.case, plan.inputs) == GRAD_ADAM_UPDATE
+
+
+def diagnose_scratch_bytes(plan: DiagnosePlan, tests: list[str]) -> int:
+    """Disk a diagnose needs at its peak: the baseline's capture (FP32 gradients, or int8 Adam update
+    signs when every test shows only that), and per test its capture (FP32 gradients) or, for one
+    that saves its weights (InfiniTrain), that checkpoint (its int8 capture is written after it is
+    gone). Captures are compared one tensor at a time, never loaded whole."""
+    n = plan.inputs.model.num_parameters()
+    adam_only = plan.inputs.family.optimizer.kind == "adam" and all(shows_adam_update_only(plan, t) for t in tests)
+    return (1 if adam_only else 4) * n + 4 * n * max(len(tests), 1)
 
 
 def verdict_path(out_dir: Path, verdict: Verdict) -> Path:

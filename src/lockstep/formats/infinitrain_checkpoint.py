@@ -9,6 +9,7 @@ runners/infinitrain/families.py maps them to LLMC names.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import struct
 
@@ -22,8 +23,14 @@ INFINITRAIN_FP32 = 11
 
 
 def read_infinitrain_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The FP32 tensors of an InfiniTrain `model.ckpt`, by InfiniTrain's names (other dtypes are skipped)."""
-    data = open(path, "rb").read()
+    """The FP32 tensors of an InfiniTrain `model.ckpt`, by InfiniTrain's names (other dtypes are
+    skipped): read-only views of the memory-mapped file, read from disk when used (a 1B model's
+    is 5 GB). The file may be removed while they live; its space is freed with the last of them."""
+    with open(path, "rb") as f:
+        try:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            data = b""
     if len(data) < 12:
         raise FormatError(path, "too short for an InfiniTrain checkpoint")
     magic, version, count = struct.unpack_from("<III", data, 0)

@@ -12,6 +12,10 @@ A `StepCapture` holds, under canonical names (LLMC tensor names, per layer `qkvw
   first update direction u = g/(|g| + eps), (w0 - w1)/lr after one Adam step: only that survives).
 - `loss`: the step-1 loss as the framework logs it; `token_losses` (FP32 per-token losses of the
   step, reference runners) lets other frameworks' logging be emulated.
+- `updates`: Adam's first update of each exact gradient, whole, as what two first Adam steps
+  can be held to: the sign of its saturated elements, 0 elsewhere (capture/request.adam_first_update).
+  Kept instead of the whole gradients when the other side shows only its Adam update (InfiniTrain
+  on Adam families): one int8 per element, a quarter of the gradient's bytes.
 - `tie_parts`: for a tied tensor, the gradient its embedding use alone gives (the rest is the
   output head's), so that a framework that lost the tie is recognised as exactly that.
 - `param_order` / `module_kind`: parameters in the order the forward pass first uses them, and
@@ -22,12 +26,14 @@ A `StepCapture` holds, under canonical names (LLMC tensor names, per layer `qkvw
   records sketches only: a few MB whatever the model's size.
 
 On disk: one .npz written tensor by tensor (never the whole capture in memory twice), entries
-`fwd/`, `outgrad/`, `grad/`, `tie/`, `sk/<kind>/NAME`, `token_losses` and a JSON `meta`; read
-back lazily, one tensor at a time.
+`fwd/`, `outgrad/`, `grad/`, `update/`, `tie/`, `sk/<kind>/NAME`, `token_losses` and a JSON `meta`;
+read back lazily, one tensor at a time. Tensors are FP32, except the values that can only be -1, 0
+or 1 (`update/`, and `grad/` of an "adam-update" capture), which are int8.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import zipfile
@@ -42,7 +48,7 @@ from lockstep.fsutil import atomic_write
 GRAD_EXACT = "exact"
 GRAD_SGD_RECOVERED = "sgd-recovered"
 GRAD_ADAM_UPDATE = "adam-update"
-CAPTURE_SCHEMA = 2
+CAPTURE_SCHEMA = 3  # 3: `update/` entries, and int8 for sign-valued tensors (2 still reads)
 SKETCH_KINDS = ("fwd", "outgrad", "grad", "tie", "update")
 
 
@@ -66,23 +72,70 @@ class Sketch:
 
 class LazyTensors(Mapping):
     """The `prefix/NAME` arrays of an open .npz, loaded when asked for (a capture of a 1B model's
-    gradients is 5 GB: diagnose compares it one tensor at a time)."""
+    gradients is 5 GB: diagnose compares it one tensor at a time). Entries stored uncompressed (as
+    `save` writes them) are read-only views of the memory-mapped file, read from disk as they are
+    used, once however often they are asked for."""
 
-    def __init__(self, npz, prefix: str):
+    def __init__(self, npz, prefix: str, mapped: "MappedEntries | None" = None):
         self._npz = npz
         self._prefix = prefix
+        self._mapped = mapped
         self._names = [k[len(prefix):] for k in npz.files if k.startswith(prefix)]
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._names:
             raise KeyError(name)
-        return self._npz[self._prefix + name]
+        key = self._prefix + name
+        array = self._mapped.array(key) if self._mapped is not None else None
+        return array if array is not None else self._npz[key]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
 
     def __len__(self) -> int:
         return len(self._names)
+
+
+class MappedEntries:
+    """The uncompressed .npy entries of a .npz, as views of the file mapped into memory: no copy,
+    and no CRC pass over gigabytes (the file is lockstep's own; a short one fails as a FormatError)."""
+
+    def __init__(self, path: str | os.PathLike, zf: zipfile.ZipFile):
+        import mmap
+
+        self.path = str(path)
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._infos = {i.filename[:-4]: i for i in zf.infolist()
+                       if i.filename.endswith(".npy") and i.compress_type == zipfile.ZIP_STORED}
+
+    def array(self, key: str) -> np.ndarray | None:
+        """The entry `key` (without .npy), or None where it is not a plain stored entry."""
+        info = self._infos.get(key)
+        if info is None:
+            return None
+        m, start = self._map, info.header_offset
+        if m[start:start + 4] != b"PK\x03\x04":
+            raise FormatError(self.path, f"entry {key}: no zip local header where its directory says")
+        # The local header's own name and extra lengths (its extra field may differ from the directory's).
+        name_len, extra_len = int.from_bytes(m[start + 26:start + 28], "little"), int.from_bytes(m[start + 28:start + 30], "little")
+        begin = start + 30 + name_len + extra_len
+        header = io.BytesIO(m[begin:begin + min(info.file_size, 1 << 16)])
+        try:
+            version = np.lib.format.read_magic(header)
+            if version not in ((1, 0), (2, 0)):
+                return None
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(header)
+        except ValueError as e:
+            raise FormatError(self.path, f"entry {key} is not a .npy array ({e})") from None
+        if dtype.hasobject or fortran:
+            return None
+        count = int(np.prod(shape, dtype=np.int64))
+        offset = begin + header.tell()
+        if offset + count * dtype.itemsize > begin + info.file_size or begin + info.file_size > len(m):
+            raise FormatError(self.path, f"entry {key}: {count} elements of {dtype} do not fit in it, or the file ends early")
+        return np.frombuffer(m, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 
 @dataclass
@@ -95,6 +148,7 @@ class StepCapture:
     grads: Mapping[str, np.ndarray] = field(default_factory=dict)
     grad_kind: str = GRAD_EXACT
     grad_precision: dict[str, float] = field(default_factory=dict)  # bound on ||error|| / ||g||, per tensor
+    updates: Mapping[str, np.ndarray] = field(default_factory=dict)  # Adam's first update (signs), whole
     tie_parts: Mapping[str, np.ndarray] = field(default_factory=dict)
     token_losses: np.ndarray | None = None  # (micro batches, tokens) FP32 per-token losses of step 1
     param_order: list[str] = field(default_factory=list)
@@ -109,9 +163,14 @@ class StepCapture:
 
     def names(self, kind: str) -> list[str]:
         """Every tensor of a kind ("fwd", "outgrad", "grad", "tie") held whole or as a sketch."""
-        whole = {"fwd": self.forward, "outgrad": self.output_grads, "grad": self.grads, "tie": self.tie_parts}[kind]
+        whole = self.store(kind)
         sketched = [k.split("/", 1)[1] for k in self.sketches if k.startswith(kind + "/")]
         return list(whole) + [n for n in sketched if n not in whole]
+
+    def store(self, kind: str) -> Mapping[str, np.ndarray]:
+        """The whole tensors of a kind ("fwd", "outgrad", "grad", "update", "tie")."""
+        return {"fwd": self.forward, "outgrad": self.output_grads, "grad": self.grads, "update": self.updates,
+                "tie": self.tie_parts}[kind]
 
     def save(self, path: str | os.PathLike) -> None:
         """Written aside, one entry at a time, and renamed into place; a failed write says why,
@@ -127,10 +186,12 @@ class StepCapture:
                     # np.require keeps a 0-d array 0-d (ascontiguousarray would make it 1-d).
                     np.lib.format.write_array(f, np.require(array, requirements="C"), allow_pickle=False)
 
-            for prefix, tensors in (("fwd/", self.forward), ("outgrad/", self.output_grads),
-                                    ("grad/", self.grads), ("tie/", self.tie_parts)):
+            signs = self.grad_kind == GRAD_ADAM_UPDATE
+            for prefix, tensors, dtype in (("fwd/", self.forward, np.float32), ("outgrad/", self.output_grads, np.float32),
+                                           ("grad/", self.grads, np.int8 if signs else np.float32),
+                                           ("update/", self.updates, np.int8), ("tie/", self.tie_parts, np.float32)):
                 for name in tensors:
-                    put(prefix + name, np.asarray(tensors[name], dtype=np.float32))
+                    put(prefix + name, _as(tensors[name], dtype, name))
             for key, s in self.sketches.items():
                 put("sk/" + key, np.asarray(s.values, dtype=np.float64))
             if self.token_losses is not None:
@@ -150,16 +211,32 @@ class StepCapture:
             meta = json.loads(bytes(z["meta"]).decode())
         except (ValueError, UnicodeDecodeError) as e:
             raise FormatError(path, f"has an unreadable meta entry ({e})") from None
+        try:
+            mapped = MappedEntries(path, z.zip)
+        except (OSError, ValueError):  # e.g. an empty file; np.load's own reads still work
+            mapped = None
         sketches = {}
         for key, info in meta.get("sketches", {}).items():
             if "sk/" + key not in z.files:
                 raise FormatError(path, f"lists sketch {key} but does not hold it")
             sketches[key] = Sketch(z["sk/" + key], float(info["norm"]), tuple(info["shape"]))
         return cls(framework=meta["framework"], loss=meta.get("loss"),
-                   forward=LazyTensors(z, "fwd/"), forward_order=meta.get("forward_order", []),
-                   output_grads=LazyTensors(z, "outgrad/"), grads=LazyTensors(z, "grad/"),
+                   forward=LazyTensors(z, "fwd/", mapped), forward_order=meta.get("forward_order", []),
+                   output_grads=LazyTensors(z, "outgrad/", mapped), grads=LazyTensors(z, "grad/", mapped),
                    grad_kind=meta.get("grad_kind", GRAD_EXACT), grad_precision=meta.get("grad_precision", {}),
-                   tie_parts=LazyTensors(z, "tie/"),
+                   updates=LazyTensors(z, "update/", mapped),
+                   tie_parts=LazyTensors(z, "tie/", mapped),
                    token_losses=z["token_losses"] if "token_losses" in z.files else None,
                    param_order=meta.get("param_order", []), module_kind=meta.get("module_kind", {}),
                    sketches=sketches, notes=meta.get("notes", []), meta=meta.get("meta", {}), source=str(path))
+
+
+def _as(array, dtype, name: str) -> np.ndarray:
+    """`array` in the file's dtype; a sign-valued tensor (int8 on disk) must hold only -1, 0 and 1."""
+    a = np.asarray(array)
+    if dtype is np.int8 and a.dtype != np.int8:
+        signs = a.astype(np.int8)
+        if not np.array_equal(signs, a):
+            raise ValueError(f"{name}: an Adam update sign tensor holds values other than -1, 0 and 1")
+        return signs
+    return a.astype(dtype, copy=False)

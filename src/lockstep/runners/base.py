@@ -32,6 +32,7 @@ from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import LockstepError, RunError
 from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
+from lockstep.formats.step_capture import GRAD_EXACT
 from lockstep.fsutil import atomic_write, open_for_streaming, os_error_sentence, write_error
 from lockstep.models import family as model_family
 from lockstep.models.family import ModelFamily
@@ -111,10 +112,22 @@ class FrameworkRunner(ABC):
         step 1 must be recorded first."""
         return False
 
+    def capture_grad_kind(self, case: CaseSpec, inputs: RunInputs) -> str:
+        """What its capture's gradients are (formats.step_capture's GRAD_*): read from the framework
+        (the default), or recovered from its saved weights."""
+        return GRAD_EXACT
+
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
         """Step 1 of the case seen from inside, written to `request.path` and returned (a
         formats.step_capture.StepCapture); `work_dir` takes whatever the framework writes on the way."""
         raise LockstepError(self.capture_problem(case, inputs) or f"{self.name} cannot capture step 1")
+
+    def start_capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest) -> "Background":
+        """`capture`, returned as soon as the framework has nothing more to run for it: a runner whose
+        capture ends in lockstep reading what the framework wrote (InfiniTrain's saved weights)
+        reads them in the background, so that its next runs can start meanwhile. Its `result()` is
+        the capture."""
+        return Background.done(self.capture(case, inputs, work_dir, request))
 
     def worker_group_key(self, case: CaseSpec, inputs: RunInputs) -> Hashable | None:
         """Cases with equal keys can share one persistent worker group (start once, run many);
@@ -203,6 +216,45 @@ class FrameworkRunner(ABC):
         except LockstepError as e:
             return {"step1_capture_error": str(e)}
         return {"step1_capture": inputs.capture.path, "step1_capture_seconds": round(time.perf_counter() - start, 2)}
+
+
+class Background:
+    """`fn(*args)` in a daemon thread of this process (one that starts no process of its own: an
+    interrupted lockstep neither waits for it nor leaves anything behind); `result()` waits for it
+    and returns what it returned, or raises what it raised."""
+
+    def __init__(self, fn: Callable[..., Any] | None = None, *args, name: str = "lockstep-background"):
+        import threading
+
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = None
+        if fn is None:
+            return
+
+        def run() -> None:
+            try:
+                self._value = fn(*args)
+            except BaseException as e:  # re-raised in the caller's thread by result()
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def done(cls, value: Any) -> "Background":
+        """What is already at hand, as a Background."""
+        b = cls()
+        b._value = value
+        return b
+
+    def result(self) -> Any:
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self._value
 
 
 def whole_run_phases(meta: dict, began: float, ended: float) -> dict:

@@ -75,12 +75,17 @@ def recover_sgd(w0: np.ndarray, w1: np.ndarray, lr: float) -> tuple[np.ndarray, 
 
 def recover_adam_update(w0: np.ndarray, w1: np.ndarray, lr: float = ADAM_RECOVERY_LR) -> np.ndarray:
     """u = (w0 - w1)/lr after Adam's first step, g/(|g| + eps) (0 where the weight did not move), as
-    `adam_update_sign` keeps it: the sign where it is saturated."""
-    from lockstep.capture.request import adam_update_sign, on_gpu_if_large
+    `adam_update_sign` keeps it: the sign where it is saturated (int8: -1, 0, 1)."""
+    from lockstep.capture.request import adam_update_sign, on_gpu_if_large, update_signs
 
-    moved = on_gpu_if_large(np.asarray(w0, dtype=np.float64) - np.asarray(w1, dtype=np.float64))
-    u = adam_update_sign(moved / lr)  # on the GPU for a large tensor: the same FP64 arithmetic there
-    return u.cpu().numpy().astype(np.float32) if hasattr(u, "cpu") else u.astype(np.float32)
+    w0, w1 = on_gpu_if_large(w0), on_gpu_if_large(w1)  # FP32 across, the FP64 arithmetic there
+    if hasattr(w0, "cpu"):
+        import torch
+
+        moved = w0.to(torch.float64) - w1.to(device=w0.device, dtype=torch.float64)
+    else:
+        moved = np.asarray(w0, dtype=np.float64) - np.asarray(w1, dtype=np.float64)
+    return update_signs(adam_update_sign(moved / lr))
 
 
 def capture_step(runner, case: CaseSpec, inputs, work_dir: Path, request: CaptureRequest) -> StepCapture:
@@ -88,8 +93,13 @@ def capture_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Captur
     module outputs from its own dumps of the same first micro batch (or of its first `rows`
     sequences only, from a launch of that micro batch alone, when the case's is larger: the dumps
     of a whole micro batch of a 1B model are ~18 GB)."""
-    from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint
-    from lockstep.runners.infinitrain.families import adapter_for
+    return launch_step(runner, case, inputs, work_dir, request)()
+
+
+def launch_step(runner, case: CaseSpec, inputs, work_dir: Path, request: CaptureRequest):
+    """`capture_step`'s launches of InfiniTrain (and the reading of its dumps, removed before the
+    next launch); returns what finishes the capture from its saved weights, which starts no process
+    (a diagnose runs it beside InfiniTrain's drift launches)."""
     from lockstep.runners.infinitrain.precision_check import UNSUPPORTED_MARK, read_module_outputs
     from lockstep.runners.infinitrain.runner import KEEP_SAVE, PRECISION_CHECK_DIR
 
@@ -122,7 +132,7 @@ def capture_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Captur
         dumped = None if small else runner.run(step_case, _saving(plain, KEEP_SAVE), work_dir)
     elif not dumped.ok:
         raise RunError(f"InfiniTrain's step-1 capture failed: {dumped.error}")
-    builder = CaptureBuilder(dataclasses.replace(request, adam_eps=None), "infinitrain")
+    builder = CaptureBuilder(dataclasses.replace(request, adam_eps=None, whole_grads=True), "infinitrain")
     cap = builder.capture
     forward = read_module_outputs(check_dir)
     for name, value in forward.items():
@@ -145,9 +155,21 @@ def capture_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Captur
     if not record.ok:
         raise RunError(f"InfiniTrain's recovery step failed: {record.error}")
     saved_path = Path(record.meta["infinitrain_save"])
-    # Its own checkpoint, read once into memory and removed before the capture is written: the disk
-    # never holds w1 twice.
-    w1 = adapter_for(family.name).canonical_state(read_infinitrain_checkpoint(saved_path), inputs.model)
+    cap.loss = record.steps[0].loss
+    cap.meta = {"recovery_lr": lr, "log": record.source, "case": case.to_dict()}
+    return lambda: _recover(builder, w0, saved_path, lr, sgd, family, inputs.model)
+
+
+def _recover(builder: CaptureBuilder, w0: dict, saved_path: Path, lr: float, sgd: bool, family, model) -> StepCapture:
+    """The gradients (SGD) or Adam update signs recovered from InfiniTrain's saved weights, tensor by
+    tensor, and the capture written."""
+    from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint
+    from lockstep.runners.infinitrain.families import adapter_for
+
+    cap = builder.capture
+    # Its own checkpoint, memory-mapped, its file removed at once: its space is freed as its last
+    # tensor is let go, before the capture is written, so the disk never holds w1 twice.
+    w1 = adapter_for(family.name).canonical_state(read_infinitrain_checkpoint(saved_path), model)
     shutil.rmtree(saved_path.parent.parent, ignore_errors=True)  # <case>.save/ (lockstep's own)
     for name, before in w0.items():
         if name not in w1:
@@ -168,8 +190,7 @@ def capture_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Captur
         cap.notes.append(f"infinitrain trains {family.title} with Adam, whose first step moves every weight by "
                          f"lr·g/(|g| + eps): its update direction is recovered (lr {lr:g}) and compared with the "
                          "reference's; a large gradient's magnitude is not recoverable")
-    cap.loss = record.steps[0].loss
-    cap.meta = {"recovery_lr": lr, "log": record.source, "case": case.to_dict()}
+    del w1
     return builder.finish()
 
 

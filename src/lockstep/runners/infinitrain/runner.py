@@ -134,11 +134,24 @@ class InfiniTrainRunner(FrameworkRunner):
         # SGD's recovery lr is chosen from the reference's gradient sizes (capture.sgd_recovery_lr).
         return inputs.family.optimizer.kind == "sgd"
 
+    def capture_grad_kind(self, case: CaseSpec, inputs: RunInputs) -> str:
+        from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, GRAD_SGD_RECOVERED
+
+        return GRAD_ADAM_UPDATE if inputs.family.optimizer.kind == "adam" else GRAD_SGD_RECOVERED
+
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request):
         """One step at a recovery lr, its weights saved and its module outputs dumped (capture.py)."""
         from lockstep.runners.infinitrain.capture import capture_step
 
         return capture_step(self, case, inputs, Path(work_dir), request)
+
+    def start_capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request):
+        """Its launches, then its saved weights read (and the update recovered) in the background."""
+        from lockstep.runners.base import Background
+        from lockstep.runners.infinitrain.capture import launch_step
+
+        return Background(launch_step(self, case, inputs, Path(work_dir), request),
+                          name=f"lockstep-infinitrain-{case.name}-capture")
 
     # ------------------------------------------------------------------ running
 

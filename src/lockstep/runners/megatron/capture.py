@@ -27,7 +27,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from lockstep.capture.request import MAX_MICRO_BATCHES, CaptureBuilder, CaptureRequest, adam_first_update, micro_name
+from lockstep.capture.request import (MAX_MICRO_BATCHES, CaptureBuilder, CaptureRequest, adam_first_update, make_sketch,
+                                      micro_name)
 from lockstep.capture.sketch import sketch_torch
 from lockstep.formats.step_capture import Sketch
 
@@ -197,9 +198,9 @@ class StepRecorder:
                     if self.request.full:
                         mine_grads[f"grad/{name}"] = g.cpu().numpy()
                     else:
-                        mine_grads[f"sk/grad/{name}"] = _sketch_of(g)
+                        mine_grads[f"sk/grad/{name}"] = make_sketch(g)
                     if self.request.adam_eps is not None:
-                        mine_grads[f"sk/update/{name}"] = _sketch_of(adam_first_update(g, self.request.adam_eps))
+                        mine_grads[f"sk/update/{name}"] = make_sketch(adam_first_update(g, self.request.adam_eps))
             del got
 
         losses, token_losses = [], None
@@ -254,9 +255,3 @@ class StepRecorder:
         cap.loss = float(step_loss.item())
         cap.meta = {"case": self.case.to_dict(), "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp}
         builder.finish()
-
-
-def _sketch_of(t: torch.Tensor) -> Sketch:
-    from lockstep.capture.sketch import l2_norm
-
-    return Sketch(sketch_torch(t).cpu().numpy(), l2_norm(t), tuple(t.shape))

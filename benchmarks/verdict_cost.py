@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -108,6 +109,9 @@ def main_job(out: Path, extra: list[str]) -> dict:
 
 def diagnose(out: Path, case: str, frameworks: str, extra: list[str]) -> dict:
     run_dir = out / f"diagnose-{case}"
+    # A fresh out dir: a diagnose into one that holds an earlier diagnose's captures keeps them
+    # until it replaces them (measured on an H200: 10.3 GB instead of 8.2 GB for Llama 3.2 1B).
+    shutil.rmtree(run_dir, ignore_errors=True)
     res = measured([sys.executable, "-m", "lockstep", "diagnose", "--case", case, "--frameworks", frameworks,
                     "--out", str(run_dir), *extra], run_dir, out / f"diagnose-{case}.stdout.txt")
     res["note"] = "scratch = the out dir (captures, InfiniTrain's save and dumps), not the cached weights"

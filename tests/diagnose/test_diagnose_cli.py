@@ -191,3 +191,32 @@ def test_run_dir_plan_takes_the_case_inputs_the_failed_pair_and_the_build(inputs
     assert plan.options["infinitrain"]["build_dir"] == str(build)  # the build the run used, from its record
     assert plan.case.total_batch == 5120 and plan.inputs.checkpoint == ckpt and plan.inputs.device == "cpu"
     assert plan.out_dir == tmp_path / "diagnose"
+
+
+def test_the_disk_a_diagnose_needs_is_checked_before_any_capture(inputs, tmp_path, monkeypatch, capsys):
+    """Per side: FP32 gradients, or int8 Adam update signs where every test shows only its update
+    (InfiniTrain on Adam families); plus the FP32 checkpoint a recovering framework saves its step
+    into; and a quarter more. A disk without that much free says so before anything runs."""
+    import dataclasses
+
+    import lockstep.fsutil as fsutil
+    from lockstep.diagnose.run import diagnose_scratch_bytes
+
+    plan = gpt2_1_plan(inputs, ["pytorch", "megatron"], tmp_path)
+    n = SHAPES["gpt2-tiny"].config.num_parameters()
+    assert diagnose_scratch_bytes(plan, ["megatron"]) == (4 * n + 4 * n) * 5 // 4
+    plan.options["infinitrain"] = {"build_dir": str(tmp_path)}
+    assert diagnose_scratch_bytes(plan, ["infinitrain"]) == (4 * n + 4 * n + 4 * n) * 5 // 4  # GPT-2: SGD
+    llama = SHAPES["llama3-tiny"].config
+    adam = dataclasses.replace(plan, inputs=dataclasses.replace(plan.inputs, model=llama))
+    m = llama.num_parameters()
+    assert diagnose_scratch_bytes(adam, ["infinitrain"]) == (m + m + 4 * m) * 5 // 4  # signs on both sides
+    assert diagnose_scratch_bytes(adam, ["infinitrain", "megatron"]) == (4 * m + m + 4 * m + 4 * m) * 5 // 4
+
+    monkeypatch.setattr(fsutil, "free_bytes", lambda directory: 1000)
+    ckpt, tokens = inputs
+    rc = main(["diagnose", "--case", "gpt2_1", "--frameworks", "pytorch,megatron", "--llmc", str(ckpt), "--data",
+               str(tokens), "--device", "cpu", "--out", str(tmp_path / "o"), "--no-drift"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "no space left on device for the lockstep diagnose's step-1 captures" in err, err
+    assert "Traceback" not in err and not list((tmp_path / "o" / "diagnose").glob("*.npz"))

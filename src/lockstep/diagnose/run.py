@@ -19,7 +19,7 @@ from lockstep.certify.certificate import close_call
 from lockstep.cases.spec import CaseSpec
 from lockstep.compare.pairing import DIAGNOSE_DIR
 from lockstep.diagnose.verdict import DriftRun, DriftStep, Verdict, diagnose_captures
-from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, StepCapture
+from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, GRAD_EXACT, StepCapture
 from lockstep.step_contract import LOGGED_LOSS_WORDS
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import read_run_record
@@ -352,13 +352,18 @@ def shows_adam_update_only(plan: DiagnosePlan, fw: str) -> bool:
 
 
 def diagnose_scratch_bytes(plan: DiagnosePlan, tests: list[str]) -> int:
-    """Disk a diagnose needs at its peak: the baseline's capture (FP32 gradients, or int8 Adam update
-    signs when every test shows only that), and per test its capture (FP32 gradients) or, for one
-    that saves its weights (InfiniTrain), that checkpoint (its int8 capture is written after it is
-    gone). Captures are compared one tensor at a time, never loaded whole."""
+    """Disk a diagnose needs at its peak, with a quarter more for what rides along (module outputs,
+    a framework's save holding a tied head twice): the baseline's capture (FP32 gradients, or int8
+    Adam update signs when every test shows only that), every test's capture (FP32 gradients, or
+    int8 signs), and the largest FP32 checkpoint a test saves its step into (InfiniTrain: its
+    gradients are recovered from it, read and let go before its own capture is written). Captures
+    are compared one tensor at a time, never loaded whole."""
     n = plan.inputs.model.num_parameters()
-    adam_only = plan.inputs.family.optimizer.kind == "adam" and all(shows_adam_update_only(plan, t) for t in tests)
-    return (1 if adam_only else 4) * n + 4 * n * max(len(tests), 1)
+    kinds = [get_runner(t, **plan.options.get(t, {})).capture_grad_kind(plan.case, plan.inputs) for t in tests]
+    adam_only = plan.inputs.family.optimizer.kind == "adam" and all(k == GRAD_ADAM_UPDATE for k in kinds)
+    captures = (1 if adam_only else 4) * n + sum((1 if k == GRAD_ADAM_UPDATE else 4) * n for k in kinds)
+    saves = max((4 * n for k in kinds if k != GRAD_EXACT), default=0)
+    return (captures + saves) * 5 // 4
 
 
 def verdict_path(out_dir: Path, verdict: Verdict) -> Path:

@@ -49,26 +49,27 @@ def gpt2_2(inputs, tmp_path_factory):
             for lr_name, lr in LRS.items()}
 
 
-@pytest.mark.parametrize("lr_name", LRS)
 @pytest.mark.parametrize("framework", ["pytorch", "megatron"])
-def test_gpt2_3_on_8_oversubscribed_ranks_trains_like_gpt2_2(framework, lr_name, gpt2_2, inputs, tmp_path):
+def test_gpt2_3_on_8_oversubscribed_ranks_trains_like_gpt2_2(framework, gpt2_2, inputs, tmp_path):
+    """At both lrs, in one group of 8 ranks started once (as `lockstep run` runs a layout's cases)."""
     if framework == "megatron":
         pytest.importorskip("megatron.core")
         from lockstep.runners.megatron import MegatronRunner as Runner
     else:
         Runner = PyTorchRunner
-    case = shaped("gpt2_3", LRS[lr_name])
-    assert (case.dp, case.micro_batch, case.total_batch) == (8, 10, 5120)
+    cases = {lr_name: replace(shaped("gpt2_3", lr), name=f"gpt2_3_{lr_name}") for lr_name, lr in LRS.items()}
+    assert all((c.dp, c.micro_batch, c.total_batch) == (8, 10, 5120) for c in cases.values())
     runner = Runner()
-    assert runner.skip_reason(case, inputs) is None  # not skipped for want of cores: oversubscribed
-    rec = runner.run(case, inputs, tmp_path)
-    diff = max_diff(rec, gpt2_2[lr_name])
-    print(f"{framework} gpt2_3 (8 ranks on the CPU) vs pytorch gpt2_2 at {lr_name}: max |dloss| {diff:.3e}; "
-          f"loss {rec.losses()[0]:.6f} -> {rec.losses()[-1]:.6f}")
-    assert diff < FP32_TOLERANCE
-    assert "8 ranks on" in rec.meta["oversubscribed"] and rec.meta["torch_threads"] == 1
-    if lr_name == "high_lr":
-        assert rec.losses()[0] - rec.losses()[-1] > 1e-2  # training moved the loss far past the threshold
+    assert runner.skip_reason(cases["contract_lr"], inputs) is None  # not skipped for want of cores: oversubscribed
+    records = runner.run_many([(c, inputs) for c in cases.values()], [tmp_path], persistent=True)
+    for lr_name, (rec,) in zip(cases, records):
+        diff = max_diff(rec, gpt2_2[lr_name])
+        print(f"{framework} gpt2_3 (8 ranks on the CPU) vs pytorch gpt2_2 at {lr_name}: max |dloss| {diff:.3e}; "
+              f"loss {rec.losses()[0]:.6f} -> {rec.losses()[-1]:.6f}")
+        assert diff < FP32_TOLERANCE
+        assert "8 ranks on" in rec.meta["oversubscribed"] and rec.meta["torch_threads"] == 1
+        if lr_name == "high_lr":
+            assert rec.losses()[0] - rec.losses()[-1] > 1e-2  # training moved the loss far past the threshold
 
 
 def test_gpt2_3_is_skipped_without_oversubscribe_when_cores_are_fewer(inputs, monkeypatch):

@@ -114,30 +114,35 @@ def param_agreement(a: dict[str, np.ndarray], b: dict[str, np.ndarray], lr: floa
 
 @pytest.fixture(scope="module")
 def ten_step_runs(family_inputs, tmp_path_factory):
-    """(model, lr) -> (megatron record, pytorch record, megatron params, pytorch params, initial params)."""
+    """(model, lr) -> (megatron record, pytorch record, megatron params, pytorch params, initial params).
+    Both lrs of a model run in one megatron worker group (started once, as `lockstep run` does)."""
     made = {}
 
     def get(model: str, lr: float):
         if (model, lr) not in made:
             inputs = family_inputs(model)
-            out = tmp_path_factory.mktemp(f"{model}_lr{lr:g}")
-            c = case(model, name=f"{model.split('-')[0]}_1", lr=lr)
+            out = tmp_path_factory.mktemp(model)
+            cases = [case(model, name=f"{model.split('-')[0]}_1_lr{r:g}", lr=r) for r in TEN_STEP_LRS]
             dumping = replace(inputs, save_final_params=True)  # <out>/<fw>/<case>.final.npz
-            mega = MegatronRunner().run(c, dumping, out)
-            ref = PyTorchRunner().run(c, dumping, out)
-            assert mega.ok, mega.error
-            assert ref.ok, ref.error
+            megas = MegatronRunner().run_many([(c, dumping) for c in cases], [out], persistent=True)
             ckpt = load_checkpoint(inputs.checkpoint)
             initial = {n: np.array(t) for n, t in split_canonical(ckpt.tensors, ckpt.config).items()}
-            made[(model, lr)] = (mega, ref, final_params(out, "megatron", c.name),
-                                 final_params(out, "pytorch", c.name), initial)
+            for c, (mega,) in zip(cases, megas):
+                ref = PyTorchRunner().run(c, dumping, out)
+                assert mega.ok, mega.error
+                assert ref.ok, ref.error
+                made[(model, c.lr)] = (mega, ref, final_params(out, "megatron", c.name),
+                                       final_params(out, "pytorch", c.name), initial)
         return made[(model, lr)]
 
     return get
 
 
+TEN_STEP_LRS = (1e-5, 1e-3)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("lr", [1e-5, 1e-3], ids=["lr1e-5", "lr1e-3"])
+@pytest.mark.parametrize("lr", TEN_STEP_LRS, ids=["lr1e-5", "lr1e-3"])
 @pytest.mark.parametrize("model", MODELS)
 def test_ten_steps_match_pytorch_losses_and_final_parameters(ten_step_runs, model, lr):
     """Adam (eps 1e-8) moves an element whose gradient is near eps by an amount steep in that

@@ -257,7 +257,7 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
     adam_eps = optimizer.eps if optimizer.kind == "adam" else None
     # Every test shows only its first Adam update (InfiniTrain on Adam families): the baseline keeps
     # that update whole (int8 signs) and only sketches of its gradients, a quarter of the bytes.
-    adam_view_only = adam_eps is not None and all(shows_adam_update_only(plan, t) for t in tests)
+    signs_only = adam_view_only(plan, tests)
 
     def one(fw: str) -> None:
         say(f"step 1 on {fw}" + (f", and its drift at lr {', '.join(f'{lr:g}' for lr in drift_lrs(plan.case))}"
@@ -267,7 +267,7 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
                                  adam_eps=adam_eps, rows=CAPTURE_ROWS,
                                  reference=(str(plan.out_dir / f"pytorch_{plan.case.name}_step1.npz")
                                             if fw != "pytorch" else None),
-                                 whole_grads=not (fw == base and adam_view_only))
+                                 whole_grads=not (fw == base and signs_only))
         parts: dict[str, float] = {}
         captures[fw], losses[fw], notes[fw] = step1_and_drift(plan, fw, request, drift and fw in plan.frameworks,
                                                               drift_steps, parts)
@@ -347,8 +347,14 @@ def beside_fits(plan: DiagnosePlan, extra: int = 0) -> bool:
     return bool(memory) and 2 * need * (len(plan.frameworks) + extra) < memory
 
 
-def shows_adam_update_only(plan: DiagnosePlan, fw: str) -> bool:
-    return get_runner(fw, **plan.options.get(fw, {})).capture_grad_kind(plan.case, plan.inputs) == GRAD_ADAM_UPDATE
+def capture_grad_kinds(plan: DiagnosePlan, frameworks: list[str]) -> list[str]:
+    return [get_runner(f, **plan.options.get(f, {})).capture_grad_kind(plan.case, plan.inputs) for f in frameworks]
+
+
+def adam_view_only(plan: DiagnosePlan, tests: list[str]) -> bool:
+    """Whether every test shows only its first Adam update, so that the baseline need keep no more."""
+    return (plan.inputs.family.optimizer.kind == "adam"
+            and all(k == GRAD_ADAM_UPDATE for k in capture_grad_kinds(plan, tests)))
 
 
 def diagnose_scratch_bytes(plan: DiagnosePlan, tests: list[str]) -> int:
@@ -359,9 +365,8 @@ def diagnose_scratch_bytes(plan: DiagnosePlan, tests: list[str]) -> int:
     gradients are recovered from it, read and let go before its own capture is written). Captures
     are compared one tensor at a time, never loaded whole."""
     n = plan.inputs.model.num_parameters()
-    kinds = [get_runner(t, **plan.options.get(t, {})).capture_grad_kind(plan.case, plan.inputs) for t in tests]
-    adam_only = plan.inputs.family.optimizer.kind == "adam" and all(k == GRAD_ADAM_UPDATE for k in kinds)
-    captures = (1 if adam_only else 4) * n + sum((1 if k == GRAD_ADAM_UPDATE else 4) * n for k in kinds)
+    kinds = capture_grad_kinds(plan, tests)
+    captures = (1 if adam_view_only(plan, tests) else 4) * n + sum((1 if k == GRAD_ADAM_UPDATE else 4) * n for k in kinds)
     saves = max((4 * n for k in kinds if k != GRAD_EXACT), default=0)
     return (captures + saves) * 5 // 4
 

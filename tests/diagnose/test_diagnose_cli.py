@@ -220,3 +220,39 @@ def test_the_disk_a_diagnose_needs_is_checked_before_any_capture(inputs, tmp_pat
     err = capsys.readouterr().err
     assert rc != 0 and "no space left on device for the lockstep diagnose's step-1 captures" in err, err
     assert "Traceback" not in err and not list((tmp_path / "o" / "diagnose").glob("*.npz"))
+
+
+def test_the_drift_runs_while_a_background_capture_is_still_being_read(inputs, tmp_path, monkeypatch):
+    """A runner whose capture ends in lockstep reading what its framework wrote (InfiniTrain's
+    saved weights) hands that reading to a thread: the drift's runs start before it is done, and
+    the capture is the one read. Here the reading waits for the drift to start, so reading first
+    would never end."""
+    import threading
+
+    import lockstep.diagnose.run as diagnose_run
+    from lockstep.runners.base import Background
+    from lockstep.runners.pytorch import PyTorchRunner
+
+    drift_started = threading.Event()
+
+    class Reading(PyTorchRunner):
+        def start_capture(self, case, inputs, work_dir, request):
+            def read():
+                assert drift_started.wait(60), "the drift did not start while the capture was read"
+                return self.capture(case, inputs, work_dir, request)
+
+            return Background(read, name="reading")
+
+        def run_many(self, pairs, out_dirs, **kwargs):
+            drift_started.set()
+            return super().run_many(pairs, out_dirs, **kwargs)
+
+    monkeypatch.setattr(diagnose_run, "get_runner", lambda name, **kw: Reading())
+    plan = gpt2_1_plan(inputs, ["pytorch", "pytorch"], tmp_path)
+    from lockstep.capture.request import CaptureRequest
+
+    seconds = {}
+    request = CaptureRequest(path=str(tmp_path / "pytorch.npz"), full=True, rows=4)
+    capture, losses, note = diagnose_run.step1_and_drift(plan, "pytorch", request, True, 1, seconds)
+    assert note == "" and sorted(losses) == [1e-12, 1e-5, 1e-4] and capture.names("grad")
+    assert set(seconds) == {"capture", "drift", "capture reading"}

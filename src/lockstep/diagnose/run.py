@@ -163,8 +163,8 @@ def step1_and_drift(plan: DiagnosePlan, fw: str, request: CaptureRequest, drift:
     """One framework's step 1 with whole tensors, and its losses at the drift lrs (up to the first
     it could not measure, and why not). Where the runner has persistent workers for them, the
     one-step capture and the drift runs go to one worker group: one megatron start-up, not two.
-    `seconds` gets where the time went: "capture" (its runs), "drift", and "capture reading" (what
-    lockstep still had to read of the capture once the drift was done)."""
+    `seconds` gets where the time went: "capture" (its runs), "drift", and for a capture read in the
+    background, "capture reading" (what lockstep still had to read of it once the drift was done)."""
     seconds = {} if seconds is None else seconds
     start = time.perf_counter()
     runner = get_runner(fw, **plan.options.get(fw, {}))
@@ -207,7 +207,8 @@ def step1_and_drift(plan: DiagnosePlan, fw: str, request: CaptureRequest, drift:
     if not together:
         waited = time.perf_counter()
         capture.result()
-        seconds["capture reading"] = time.perf_counter() - waited
+        if capture.in_background:
+            seconds["capture reading"] = time.perf_counter() - waited
     if together:
         (first, *_), records = records[0], records[1:]
         if not first.ok or not first.meta.get("step1_capture"):

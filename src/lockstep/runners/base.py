@@ -248,6 +248,11 @@ class Background:
         b._value = value
         return b
 
+    @property
+    def in_background(self) -> bool:
+        """Whether it ran in a thread of its own (not `done` at hand)."""
+        return self._thread is not None
+
     def result(self) -> Any:
         if self._thread is not None:
             self._thread.join()

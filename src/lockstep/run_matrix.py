@@ -11,6 +11,7 @@ tell Adam's amplification of rounding from a defect (an FP64 reference run).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -28,7 +29,7 @@ from lockstep.errors import CaseError, FormatError, LockstepError
 from lockstep.formats import llmc
 from lockstep.formats.run_record import RunRecord, StepRecord
 from lockstep.formats.tokens import read_token_stream
-from lockstep.fsutil import sha256_file, write_once
+from lockstep.fsutil import atomic_write, sha256_file, write_once
 from lockstep.models import CPU_SHAPES, family, model_shape, read_checkpoint_layout
 from lockstep.runners import get_runner
 from lockstep.runners.base import FrameworkRunner, RunInputs, available_devices, device_shortage
@@ -376,10 +377,6 @@ def _inside(path: Path, directory: Path) -> bool:
 
 
 def _cached_digest(path: Path) -> str:
-    import json
-
-    from lockstep.fsutil import atomic_write
-
     side = Path(f"{path}.sha256.json")
     st = os.stat(path)
     stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}

@@ -230,6 +230,7 @@ def test_the_drift_runs_while_a_background_capture_is_still_being_read(inputs, t
     import threading
 
     import lockstep.diagnose.run as diagnose_run
+    from lockstep.capture.request import CaptureRequest
     from lockstep.runners.base import Background
     from lockstep.runners.pytorch import PyTorchRunner
 
@@ -249,8 +250,6 @@ def test_the_drift_runs_while_a_background_capture_is_still_being_read(inputs, t
 
     monkeypatch.setattr(diagnose_run, "get_runner", lambda name, **kw: Reading())
     plan = gpt2_1_plan(inputs, ["pytorch", "pytorch"], tmp_path)
-    from lockstep.capture.request import CaptureRequest
-
     seconds = {}
     request = CaptureRequest(path=str(tmp_path / "pytorch.npz"), full=True, rows=4)
     capture, losses, note = diagnose_run.step1_and_drift(plan, "pytorch", request, True, 1, seconds)

@@ -80,13 +80,20 @@ def on_gpu_if_large(array):
         return array
     if not gpu_available() or not _fits(torch, numel):
         return array
+    return to_gpu(array)
+
+
+def to_gpu(array):
+    """`array` (numpy or torch) as a tensor on the GPU, same values and dtype; one on a GPU already
+    stays on its own."""
+    import torch
+
     if isinstance(array, torch.Tensor):
-        return array if array.is_cuda else array.to(GPU)  # one on a GPU already stays on its own
-    array = np.asarray(array)
+        return array if array.is_cuda else array.to(GPU)
     with warnings.catch_warnings():
         # A read-only array (a memory-mapped checkpoint's tensor) is copied to the GPU at once, never written.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.as_tensor(array).to(GPU)
+        return torch.as_tensor(np.asarray(array)).to(GPU)
 
 
 def gpu_available() -> bool:
@@ -170,10 +177,8 @@ class CaptureBuilder:
                                                                             self.request.adam_eps))
             return
         if self.request.full:
-            store = {"fwd": self.capture.forward, "outgrad": self.capture.output_grads, "grad": self.capture.grads,
-                     "tie": self.capture.tie_parts}[kind]
             array = _to_numpy(tensor)  # sign-valued tensors (InfiniTrain's Adam update) stay int8
-            store[name] = array.copy() if array.dtype == np.int8 else array.astype(np.float32, copy=True)
+            self.capture.store(kind)[name] = array.copy() if array.dtype == np.int8 else array.astype(np.float32, copy=True)
         else:
             self.capture.sketches[f"{kind}/{name}"] = make_sketch(tensor)
         if kind == "grad" and self.request.adam_eps is not None:

@@ -126,16 +126,13 @@ def diff(ref: StepCapture, test: StepCapture, kind: str, name: str, label: str, 
     first (Adam's update from the reference's gradient)."""
     ref_kind = ref_kind or kind
     r_whole, t_whole = _whole(ref, kind, name), _whole(test, kind, name)
-    if ref_kind != kind:
-        stored = _whole(ref, ref_kind, name)  # kept whole by the reference's capture (its update's signs)
-        if stored is not None:
-            r_whole = stored
-        elif ref_transform is not None and r_whole is not None:
-            r_whole = ref_transform(on_gpu_if_large(r_whole))
-        else:
-            r_whole = None
+    stored = _whole(ref, ref_kind, name) if ref_kind != kind else None  # e.g. the update's signs, kept whole
+    if stored is not None:
+        r_whole = stored
     elif ref_transform is not None and r_whole is not None:
         r_whole = ref_transform(on_gpu_if_large(r_whole))
+    elif ref_kind != kind:
+        r_whole = None
     if r_whole is not None and t_whole is not None:
         if np.shape(r_whole) != np.shape(t_whole):
             return None  # a TP rank's shard or a PP stage's share of another layout is not the module's output

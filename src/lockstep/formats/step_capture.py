@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import io
 import json
+import mmap
 import os
 import zipfile
 from collections.abc import Iterator, Mapping
@@ -101,8 +102,6 @@ class MappedEntries:
     and no CRC pass over gigabytes (the file is lockstep's own; a short one fails as a FormatError)."""
 
     def __init__(self, path: str | os.PathLike, zf: zipfile.ZipFile):
-        import mmap
-
         self.path = str(path)
         with open(path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

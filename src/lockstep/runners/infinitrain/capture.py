@@ -76,13 +76,13 @@ def recover_sgd(w0: np.ndarray, w1: np.ndarray, lr: float) -> tuple[np.ndarray, 
 def recover_adam_update(w0: np.ndarray, w1: np.ndarray, lr: float = ADAM_RECOVERY_LR) -> np.ndarray:
     """u = (w0 - w1)/lr after Adam's first step, g/(|g| + eps) (0 where the weight did not move), as
     `adam_update_sign` keeps it: the sign where it is saturated (int8: -1, 0, 1)."""
-    from lockstep.capture.request import adam_update_sign, on_gpu_if_large, update_signs
+    from lockstep.capture.request import adam_update_sign, on_gpu_if_large, to_gpu, update_signs
 
-    w0, w1 = on_gpu_if_large(w0), on_gpu_if_large(w1)  # FP32 across, the FP64 arithmetic there
-    if hasattr(w0, "cpu"):
+    d0 = on_gpu_if_large(w0)
+    if d0 is not w0:  # large, and room on the GPU: both go there (FP32 across), the same FP64 arithmetic
         import torch
 
-        moved = w0.to(torch.float64) - w1.to(device=w0.device, dtype=torch.float64)
+        moved = d0.to(torch.float64) - to_gpu(w1).to(torch.float64)
     else:
         moved = np.asarray(w0, dtype=np.float64) - np.asarray(w1, dtype=np.float64)
     return update_signs(adam_update_sign(moved / lr))

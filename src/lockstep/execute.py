@@ -44,7 +44,8 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
     plan order, every pair of that runner and key, in one group (start once, run many).
     `plan.persistent_workers` False runs every pair on its own. Outcomes come back in plan order.
     Every node of a multi-node run computes the same order from the same plan. `on_groups` is
-    called once, when this process starts to only wait on worker groups (idle until the end)."""
+    called once, when this process starts to only wait on worker groups (idle until the end), and
+    only when some pair runs in one."""
     from lockstep.determinism import repeat_dir
 
     plan.out_dir.mkdir(parents=True, exist_ok=True)
@@ -110,7 +111,8 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
         # worker group starts beside them; then each group's pairs, a group at a time.
         prestart_first_group()
         for grouped in (False, True):
-            if grouped and on_groups is not None:
+            if grouped and on_groups is not None and any(
+                    (c.name, r.name) not in outcomes and key_of(c, r) is not None for c, r in pairs):
                 on_groups()  # this process only waits on worker groups from here on
             for case, runner in pairs:
                 if (case.name, runner.name) in outcomes:

@@ -134,6 +134,12 @@ def check_outputs(outputs: RunOutputs) -> None:
             HistoryStore(outputs.history).runs(limit=0)  # another schema, or not a database: said now
 
 
+def check_before_run(request: RunRequest, outputs: RunOutputs, force: bool = False) -> None:
+    """Every output the run will write, checked before anything is planned or trained."""
+    check_out_dir(Path(request.out or "lockstep-out"), force=force)
+    check_outputs(outputs)
+
+
 def run_pipeline(request: RunRequest, *, options: CompareOptions | None = None, repeat: int = 1,
                  force: bool = False, outputs: RunOutputs | None = None, observer: RunObserver | None = None,
                  early_groups: dict | None = None, timing: "RunTiming | None" = None) -> RunResult:
@@ -145,8 +151,7 @@ def run_pipeline(request: RunRequest, *, options: CompareOptions | None = None, 
     timing = timing or RunTiming()
     if repeat < 1:
         raise LockstepError(f"--repeat must be at least 1, not {repeat}")
-    check_out_dir(Path(request.out or "lockstep-out"), force=force)  # a bad --out is refused before any work
-    check_outputs(outputs)
+    check_before_run(request, outputs, force)  # a bad --out, --junit or history: refused before any work
     with timing.stage("plan"):
         plan = plan_run(request, repeat=repeat)
     plan.early_groups = dict(early_groups or {})

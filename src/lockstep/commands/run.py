@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import threading
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -16,8 +16,8 @@ from lockstep.compare.throughput import (NOISY_CV, Throughput, format_memory, fo
                                          format_repeated_tokens_per_s, format_tokens_per_s, throughput_of)
 from lockstep.errors import LockstepError
 from lockstep.execute import CaseOutcome, close_early_groups, start_first_group_early
-from lockstep.outdir import RunDir, check_out_dir
-from lockstep.pipeline import RunObserver, RunOutputs, RunResult, RunTiming, check_outputs, run_pipeline
+from lockstep.outdir import RunDir
+from lockstep.pipeline import RunObserver, RunOutputs, RunResult, RunTiming, check_before_run, run_pipeline
 from lockstep.plan import RunPlan, RunRequest, plan_run
 from lockstep.runners import RUNNERS
 from lockstep.runners.nodes import NodeLayout
@@ -90,13 +90,15 @@ def run(args) -> int:
         return 0
     outputs = RunOutputs(report=not args.no_report, junit=args.junit, history=history_path(args))
     check_before_run(req, outputs, force=args.force)  # a bad --out, --junit or history: before any work
+    options = CompareOptions(peak_tflops=getattr(args, "peak_tflops", None))
+    observer = TerminalObserver(console, options, report=outputs.report)
     early = start_first_group_early(req)
     try:
-        result = run_pipeline(req, options=CompareOptions(peak_tflops=getattr(args, "peak_tflops", None)),
-                              repeat=args.repeat, force=args.force, outputs=outputs,
-                              observer=TerminalObserver(console), early_groups=early, timing=timing)
+        result = run_pipeline(req, options=options, repeat=args.repeat, force=args.force, outputs=outputs,
+                              observer=observer, early_groups=early, timing=timing)
     finally:
         close_early_groups(early)  # started early, and not taken by the run (or the run never got there)
+        observer.close()
     if result.comparison is None:
         return print_follower(console, result)
     print_end(console, result)
@@ -117,14 +119,16 @@ class TerminalObserver(RunObserver):
     """The run as the terminal shows it: notes, the header, live bars on a terminal (one line per
     pair in CI logs and files), the runs' table and the comparison's."""
 
-    def __init__(self, console: Console):
+    def __init__(self, console: Console, options: CompareOptions | None = None, report: bool = True):
         self.console = console
+        self.report = report
+        self.report_import = None  # the thread importing the report's plotting, joined by `close`
         # Live bars only on a terminal; in CI logs and files each case gets one line when it ends.
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[loss]}"), TimeElapsedColumn(), console=console,
                                  transient=False, disable=not console.is_terminal)
         self.task = None
-        self.options = CompareOptions()
+        self.options = options or CompareOptions()
 
     def say(self, text: str) -> None:
         self.console.print(f"[dim]{text}[/dim]", highlight=False)
@@ -163,7 +167,15 @@ class TerminalObserver(RunObserver):
                           + (f", {tps} tok/s" if tps != "-" else ""), highlight=False)
 
     def waiting_on_groups(self) -> None:
-        import_report_beside()
+        if self.report:
+            self.report_import = import_report_beside()
+
+    def close(self) -> None:
+        """Wait for what this observer started: a thread still importing at interpreter shutdown
+        is a fatal error ("PyThreadState_Get ... finalizing", exit 134)."""
+        if self.report_import is not None:
+            self.report_import.join()
+            self.report_import = None
 
     def ran(self, outcomes: list[CaseOutcome]) -> None:
         self.console.print(outcome_table(outcomes, self.options))
@@ -177,11 +189,6 @@ class TerminalObserver(RunObserver):
         print_diagnose_hints(self.console, result.summary, str(result.plan.out_dir))
         if result.determinism is not None:
             print_determinism(self.console, result.determinism)
-
-
-def check_before_run(req: RunRequest, outputs: RunOutputs, force: bool) -> None:
-    check_out_dir(Path(req.out or "lockstep-out"), force=force)
-    check_outputs(outputs)
 
 
 def print_end(console: Console, result: RunResult) -> None:
@@ -276,12 +283,11 @@ def node_layout(args) -> NodeLayout:
     return NodeLayout(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint).check()
 
 
-def import_report_beside() -> None:
+def import_report_beside() -> threading.Thread:
     """While this process only waits on worker groups, import the report's plotting (matplotlib,
     a second or more) in a background thread; never while a case trains in this process, where
     the imports would take the GIL from its training loop."""
     import importlib
-    import threading
 
     def load() -> None:
         try:
@@ -289,7 +295,9 @@ def import_report_beside() -> None:
         except Exception:  # the report itself meets it again and says what is wrong
             pass
 
-    threading.Thread(target=load, name="lockstep-report-import", daemon=True).start()
+    thread = threading.Thread(target=load, name="lockstep-report-import", daemon=True)
+    thread.start()
+    return thread
 
 
 def outcome_table(outcomes: list[CaseOutcome], options: CompareOptions | None = None) -> Table:

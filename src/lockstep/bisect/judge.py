@@ -44,13 +44,13 @@ def judge_run(run_dir: Path) -> Judgement:
 
 
 def certificate_word(case: dict) -> str | None:
-    """What the pair's step-1 certificate said: "agrees", "differs", "none" (not made: why is in
+    """What the pair's step-1 certificate said: "agrees", "differs", "not made" (why is in
     the certificate), or None (the case had no certificate, e.g. BF16 or --no-certify)."""
     cert = case.get("certificate")
     if not isinstance(cert, dict):
         return None
     if not cert.get("available", True):
-        return "none"
+        return "not made"
     return "agrees" if cert.get("holds") else "differs"
 
 

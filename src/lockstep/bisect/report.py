@@ -14,7 +14,7 @@ from lockstep.fsutil import atomic_write
 
 RESULT_JSON, RESULT_MD = "bisect.json", "bisect.md"
 
-TABLE_COLUMNS = ("#", "commit", "subject", "build", "verdict", "max |Δloss|", "step 1 inside", "seconds", "git told")
+TABLE_COLUMNS = ("#", "commit", "subject", "build", "verdict", "max |Δloss|", "seconds", "git told")
 # Said under every table: a commit's verdict is `lockstep run`'s, not the loss alone.
 JUDGED_AS = ("each commit is judged as `lockstep run` judges it: the loss curves and, for FP32 cases, the step-1 "
              "certificate (module outputs and gradients compared from inside); the verdict's cause names what decided it")
@@ -46,13 +46,10 @@ def build_label(t: TestedCommit) -> str:
 
 
 def verdict_label(t: TestedCommit) -> str:
+    """The verdict, its cause, and what the step-1 certificate said (the verdict includes it)."""
     j = t.judgement
-    return j.verdict + (f" ({j.cause})" if j.cause else "")
-
-
-def certificate_label(t: TestedCommit) -> str:
-    """The deciding pair's step-1 certificate: agrees, differs, none (not made), or - (no certificate)."""
-    return t.judgement.certificate or "-"
+    return (j.verdict + (f" ({j.cause})" if j.cause else "")
+            + (f"; step-1 certificate {j.certificate}" if j.certificate else ""))
 
 
 def format_diff(value: float | None) -> str:
@@ -61,7 +58,7 @@ def format_diff(value: float | None) -> str:
 
 def table_rows(result: BisectResult) -> list[tuple[str, ...]]:
     return [(str(i), t.commit.short, t.commit.subject, build_label(t), verdict_label(t),
-             format_diff(t.judgement.max_abs_diff), certificate_label(t), f"{t.seconds:.1f}", t.state)
+             format_diff(t.judgement.max_abs_diff), f"{t.seconds:.1f}", t.state)
             for i, t in enumerate(result.tested, 1)]
 
 
@@ -70,8 +67,7 @@ def headline(result: BisectResult) -> str:
         return f"no first bad commit: {result.reason}"
     t = result.first_bad
     return (f"first bad commit: {t.commit.sha} {t.commit.subject} ({t.commit.author_date}) | "
-            f"{verdict_label(t)}, max |Δloss| {format_diff(t.judgement.max_abs_diff)}, "
-            f"step-1 certificate {certificate_label(t)}")
+            f"{verdict_label(t)}, max |Δloss| {format_diff(t.judgement.max_abs_diff)}")
 
 
 def result_json(result: BisectResult) -> dict:

@@ -42,6 +42,7 @@ from lockstep.formats.tokens import read_token_stream
 from lockstep.fsutil import open_for_streaming
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
                                    write_final_params)
+from lockstep.runners.infinitrain.capture import KEEP_SAVE, PRECISION_CHECK_DIR
 from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.infinitrain.precision_check import precision_check_flag
 from lockstep.runners.launch import supervise, worker_env
@@ -58,11 +59,6 @@ COMMIT_FILE = "INFINITRAIN_COMMIT"
 # user's shell would silently change the world size, so the runner never passes them on.
 INFINITRAIN_PROCESS_ENV = ("NNODES", "NPROC_PER_NODE", "PROC_WORLD_SIZE", "GLOBAL_PROC_RANK", "LOCAL_PROC_RANK")
 POLL_INTERVAL_S = 0.5
-# RunInputs.extra key: a directory for InfiniTrain's module-output dumps (`lockstep diagnose`).
-PRECISION_CHECK_DIR = "infinitrain_precision_check_dir"
-# RunInputs.extra key: leave the weights InfiniTrain saved after the last step as its model.ckpt
-# (meta "infinitrain_save") instead of a second copy as `<case>.final.npz` (a capture reads it once).
-KEEP_SAVE = "infinitrain_keep_save"
 TAIL_LINES = 15
 
 

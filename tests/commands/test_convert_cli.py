@@ -174,3 +174,74 @@ def test_run_refuses_a_scaled_rope_file(capsys, tmp_path):
                    "frameworks do not implement; convert with `lockstep convert --no-rope-scaling` to train it with "
                    "plain RoPE\n")
     assert not (tmp_path / "run").exists()
+
+
+def test_rope_scaling_beside_rope_parameters_that_disagree_is_refused(capsys, tmp_path, llama_folder):
+    """transformers 5 loads such a config.json from rope_scaling alone (yarn here, rope_theta back to
+    its default 10000); lockstep once read rope_parameters over it and wrote plain RoPE, theta 500000."""
+    import json
+    import shutil
+
+    folder = tmp_path / "hf"
+    shutil.copytree(llama_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["rope_parameters"] == {"rope_theta": 500000.0, "rope_type": "default"}
+    config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+    (folder / "config.json").write_text(json.dumps(config))
+    loaded = transformers.AutoConfig.from_pretrained(folder).rope_parameters
+    assert (loaded["rope_type"], loaded["rope_theta"]) == ("yarn", 10000.0)  # what transformers runs
+    out_file = tmp_path / "out" / "model.bin"
+    rc, out, err = convert(capsys, "--from-hf", str(folder), "--out", str(out_file))
+    assert (rc, out) == (1, "")
+    assert err == (f"lockstep: error: {folder / 'config.json'}: holds both rope_scaling (yarn, factor 4.0, "
+                   "original_max_position_embeddings 32) and rope_parameters (default, rope_theta 500000.0), which "
+                   "disagree; transformers loads the model from rope_scaling and ignores rope_parameters, so remove "
+                   "the one that is wrong\n")
+    assert not (tmp_path / "out").exists()
+    # Negative control: the same rope settings in both spellings convert.
+    config["rope_scaling"] = {"type": "default", "rope_theta": 500000.0}
+    (folder / "config.json").write_text(json.dumps(config))
+    rc, _, err = convert(capsys, "--from-hf", str(folder), "--out", str(out_file))
+    assert (rc, err) == (0, "")
+
+
+def test_model_safetensors_beside_a_shard_index_is_read_as_transformers_reads_it(capsys, tmp_path):
+    """Shards of one model and model.safetensors of another in one folder: transformers' from_pretrained
+    loads model.safetensors, so the conversion is of that file, and says the index was ignored."""
+    sharded, single = build("llama3"), build("llama3")
+    with torch.no_grad():
+        for p in single.parameters():
+            p.mul_(0.5)
+    folder = save(sharded, tmp_path / "both", max_shard_size="100KB")
+    save(single, tmp_path / "single")
+    (folder / "model.safetensors").write_bytes((tmp_path / "single" / "model.safetensors").read_bytes())
+    assert (folder / "model.safetensors.index.json").is_file()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    assert torch.equal(loaded.model.embed_tokens.weight, single.model.embed_tokens.weight)
+    rc, out, err = convert(capsys, "--from-hf", str(folder), "--out", str(tmp_path / "both.bin"))
+    assert (rc, err) == (0, "")
+    assert printed(out, "from") == f"{folder} (model_type llama; one file, fp32)"
+    assert printed(out, "conversion") == ("model.safetensors read and model.safetensors.index.json beside it "
+                                          "ignored, as transformers' from_pretrained does")
+    assert convert(capsys, "--from-hf", str(tmp_path / "single"), "--out", str(tmp_path / "single.bin"))[0] == 0
+    assert sha256_file(tmp_path / "both.bin") == sha256_file(tmp_path / "single.bin")
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+def test_non_finite_weights_are_refused(capsys, tmp_path, llama_folder, bad):
+    """transformers loads them; lockstep run would refuse the converted file, so convert refuses first."""
+    import shutil
+
+    folder = tmp_path / "hf"
+    shutil.copytree(llama_folder, folder)
+    weights = folder / "model.safetensors"
+    tensors = safetensors_numpy.load_file(str(weights))
+    tensors["model.layers.1.self_attn.o_proj.weight"][3, :2] = float(bad)
+    safetensors_numpy.save_file(tensors, str(weights), metadata={"format": "pt"})
+    out_file = tmp_path / "out" / "model.bin"
+    rc, out, err = convert(capsys, "--from-hf", str(folder), "--out", str(out_file))
+    counts = "2 NaN and 0 infinite" if bad == "nan" else "0 NaN and 2 infinite"
+    assert (rc, out) == (1, "")
+    assert err == (f"lockstep: error: {weights}: tensor model.layers.1.self_attn.o_proj.weight holds {counts} "
+                   "value(s); lockstep run refuses such weights, so they are not converted\n")
+    assert not out_file.exists() and list((tmp_path / "out").iterdir() if (tmp_path / "out").exists() else []) == []

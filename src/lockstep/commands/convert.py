@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  from        {done.source} (model_type {done.model_type}; {stored}, {dtypes})")
     print(f"  model       {fam.name}: {config.describe()} maxT={config.max_seq_len}")
     print(f"  format      LLMC {fam.title} version {layout.version} ({layout.dtype})")
-    for i, note in enumerate(done.model.notes):
+    for i, note in enumerate(done.notes):
         print(f"  {'conversion' if i == 0 else '':<10}  {note}")
     print(f"  parameters  {config.num_parameters():,}")
     print(f"  bytes       {layout.file_size:,}")

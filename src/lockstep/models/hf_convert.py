@@ -32,6 +32,7 @@ class Conversion:
     shards: int
     source_dtypes: tuple[str, ...]
     seconds: float
+    notes: tuple[str, ...] = ()  # what was read and done that the user should know, checkpoint's first
 
 
 def convertible_families() -> list[ModelFamily]:
@@ -78,7 +79,8 @@ def convert_hf_checkpoint(directory: str | os.PathLike, out: str | os.PathLike, 
         fam.read_layout(out)  # the header decodes and the size is exact, or FormatError
         return Conversion(source=ckpt.directory, out=out, family=fam, model=model,
                           model_type=str(ckpt.config.get("model_type")), shards=len(ckpt.files),
-                          source_dtypes=tuple(ckpt.dtypes()), seconds=time.perf_counter() - started)
+                          source_dtypes=tuple(ckpt.dtypes()), seconds=time.perf_counter() - started,
+                          notes=(*ckpt.notes, *model.notes))
 
 
 def check_inventory(ckpt: HFCheckpoint, fam: ModelFamily, model: HFModel) -> dict[str, str]:

@@ -5,6 +5,8 @@ written, the checkpoint's tensor inventory is checked against what its config.js
 tensor present, none left over (a weight the LLMC format has no place for would be dropped
 silently), every shape right. Then the LLMC file is written one layer of one tensor kind at a
 time, in LLMC order, to a temporary file renamed into place: an error leaves nothing at `out`.
+Each tensor read is checked to be finite on the way (NaN or Inf: one sentence naming the
+tensor, as `lockstep run` would refuse the file).
 """
 
 from __future__ import annotations

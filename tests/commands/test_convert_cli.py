@@ -245,3 +245,101 @@ def test_non_finite_weights_are_refused(capsys, tmp_path, llama_folder, bad):
     assert err == (f"lockstep: error: {weights}: tensor model.layers.1.self_attn.o_proj.weight holds {counts} "
                    "value(s); lockstep run refuses such weights, so they are not converted\n")
     assert not out_file.exists() and list((tmp_path / "out").iterdir() if (tmp_path / "out").exists() else []) == []
+
+
+@pytest.mark.parametrize("where", ["model.safetensors", "config.json", "hard link", "symlink", "index"])
+def test_out_that_is_one_of_the_inputs_is_refused_even_with_force(capsys, tmp_path, llama_folder, where):
+    """`--out DIR/model.safetensors` once replaced the user's Hugging Face weights with the LLMC file, exit 0."""
+    import os
+    import shutil
+
+    folder = tmp_path / "hf"
+    shutil.copytree(llama_folder, folder)
+    weights = folder / "model.safetensors"
+    before = sha256_file(weights)
+    if where == "hard link":
+        out_file = tmp_path / "elsewhere.bin"
+        os.link(weights, out_file)
+    elif where == "symlink":
+        out_file = tmp_path / "link.bin"
+        out_file.symlink_to(weights)
+    elif where == "index":
+        out_file = folder / "model.safetensors.index.json"  # not there, but transformers would read it
+    else:
+        out_file = folder / where
+    for extra in ([], ["--force"]):
+        rc, out, err = convert(capsys, "--from-hf", str(folder), "--out", str(out_file), *extra)
+        assert (rc, out) == (1, "") and len(err.splitlines()) == 1, err
+        if where == "index":
+            assert err == (f"lockstep: error: {out_file}: is where transformers reads the checkpoint's "
+                           f"model.safetensors.index.json in {folder}; an LLMC file there would break that folder: "
+                           "choose another --out\n")
+        else:
+            own = "config.json" if where == "config.json" else "model.safetensors"
+            assert err == (f"lockstep: error: {out_file}: is the checkpoint's own {own} ({folder / own}), an input "
+                           "of this conversion; writing the LLMC file there would replace it: choose another --out\n")
+    assert sha256_file(weights) == before
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in llama_folder.iterdir())
+
+
+def test_a_file_lockstep_did_not_write_is_refused_unless_force_moves_it_aside(capsys, tmp_path, llama_folder):
+    out_file = tmp_path / "model.bin"
+    out_file.write_text("my notes\n")
+    rc, out, err = convert(capsys, "--from-hf", str(llama_folder), "--out", str(out_file))
+    assert (rc, out) == (1, "")
+    assert err == (f"lockstep: error: {out_file}: exists and is not an LLMC checkpoint, so lockstep did not write it; "
+                   "choose another --out, or pass --force to move it aside (nothing is deleted)\n")
+    assert out_file.read_text() == "my notes\n"
+    rc, out, err = convert(capsys, "--from-hf", str(llama_folder), "--out", str(out_file), "--force")
+    assert (rc, err) == (0, "")
+    aside = next(tmp_path.glob("model.bin.moved-by-lockstep-*"))
+    assert aside.read_text() == "my notes\n"
+    assert out.splitlines()[1] == f"  moved aside {out_file} (not an LLMC checkpoint, --force) -> {aside}"
+    # An LLMC checkpoint at --out is what convert writes: replaced without --force, nothing moved.
+    first = sha256_file(out_file)
+    rc, out, err = convert(capsys, "--from-hf", str(llama_folder), "--out", str(out_file))
+    assert (rc, err) == (0, "") and "moved aside" not in out and sha256_file(out_file) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model.bin", aside.name])
+
+
+@pytest.fixture(scope="module")
+def large_llama_folder(tmp_path_factory):
+    """A Llama 3 whose LLMC file is ~70 MB: its write lasts long enough to be killed half-way."""
+    model = build("llama3", vocab_size=32000, hidden_size=256, intermediate_size=768, num_attention_heads=4)
+    return save(model, tmp_path_factory.mktemp("large") / "hf")
+
+
+def test_a_conversion_killed_mid_write_leaves_a_temporary_that_the_next_one_removes(capsys, tmp_path,
+                                                                                    large_llama_folder):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out_file = tmp_path / "large.bin"
+    src = Path(__file__).resolve().parents[2] / "src"
+    proc = subprocess.Popen([sys.executable, "-m", "lockstep", "convert", "--from-hf", str(large_llama_folder),
+                             "--out", str(out_file)], env={**os.environ, "PYTHONPATH": str(src)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    temps = []
+    try:
+        deadline = time.monotonic() + 120
+        while not temps and proc.poll() is None and time.monotonic() < deadline:
+            temps = [p for p in tmp_path.glob(".large.bin.*tmp") if p.stat().st_size > 0]
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL and temps, "the conversion ended before it could be killed mid-write"
+    assert not out_file.exists() and [p.name for p in tmp_path.iterdir()] == [temps[0].name]
+    assert f"-{proc.pid}-" in temps[0].name  # whose it is: the process that was killed
+
+    rc, out, err = convert(capsys, "--from-hf", str(large_llama_folder), "--out", str(out_file))
+    assert (rc, err) == (0, "")
+    removed = out.splitlines()[1]
+    assert removed.startswith(f"  removed     {temps[0]} (") and removed.endswith(
+        f"), left by lockstep process {proc.pid}, which ended mid-write")
+    assert [p.name for p in tmp_path.iterdir()] == ["large.bin"]
+    assert printed(out, "bytes") == f"{out_file.stat().st_size:,}"

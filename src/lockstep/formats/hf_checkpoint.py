@@ -136,6 +136,11 @@ class HFCheckpoint:
                                          "refuses such weights, so they are not converted")
         return t
 
+    def input_files(self) -> list[Path]:
+        """Every file the conversion reads: config.json, the weights, the index when it is used."""
+        index = [self.directory / INDEX_FILE] if self._index_map is not None else []
+        return [self.config_path, *index, *self.files]
+
     def dtypes(self) -> list[str]:
         return sorted({t.dtype for t in self.tensors.values()})
 

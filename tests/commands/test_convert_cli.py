@@ -121,7 +121,8 @@ def test_failure_while_writing_keeps_the_previous_file(capsys, tmp_path, llama_f
     from lockstep.errors import FormatError
 
     out_file = tmp_path / "model.bin"
-    out_file.write_bytes(b"previous")
+    assert convert(capsys, "--from-hf", str(llama_folder), "--out", str(out_file))[0] == 0
+    previous = sha256_file(out_file)
     real_read = HFCheckpoint.read
 
     def failing_read(self, name):
@@ -132,7 +133,7 @@ def test_failure_while_writing_keeps_the_previous_file(capsys, tmp_path, llama_f
     monkeypatch.setattr(HFCheckpoint, "read", failing_read)
     rc, _, err = convert(capsys, "--from-hf", str(llama_folder), "--out", str(out_file))
     assert rc == 1 and "cannot be read" in err
-    assert out_file.read_bytes() == b"previous"
+    assert sha256_file(out_file) == previous
     assert [p.name for p in tmp_path.iterdir()] == ["model.bin"]
 
 

@@ -344,3 +344,40 @@ def test_a_conversion_killed_mid_write_leaves_a_temporary_that_the_next_one_remo
         f"), left by lockstep process {proc.pid}, which ended mid-write")
     assert [p.name for p in tmp_path.iterdir()] == ["large.bin"]
     assert printed(out, "bytes") == f"{out_file.stat().st_size:,}"
+
+
+def doc_demo_block(doc) -> str:
+    """The bash block after the `cpu-demo` marker of docs/reference/hf-convert.md, as the reader sees it."""
+    text = doc.read_text()
+    after = text[text.index("<!-- cpu-demo:"):]
+    start = after.index("```bash\n") + len("```bash\n")
+    return after[start:after.index("\n```", start) + 1]
+
+
+def test_the_docs_cpu_demo_runs_as_written(tmp_path):
+    """docs/reference/hf-convert.md's offline demo, run as its bash block says (python and lockstep
+    on PATH, offline): a tiny random GPT-2 saved by transformers, converted, trained on two frameworks."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = doc_demo_block(root / "docs" / "reference" / "hf-convert.md")
+    assert "save_pretrained(\"tiny-gpt2\")" in script and "lockstep convert --from-hf tiny-gpt2" in script
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, command in (("python", f'exec {sys.executable} "$@"'), ("lockstep", f'exec {sys.executable} -m lockstep "$@"')):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{command}\n")
+        (bin_dir / name).chmod(0o755)
+    work = tmp_path / "demo"
+    work.mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(root / "src"),
+           "LOCKSTEP_OFFLINE": "1", "LOCKSTEP_HISTORY": str(tmp_path / "history.sqlite")}
+    done = subprocess.run(["bash", "-e", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "model       gpt2: L=2 NH=12 C=96 V=50257 Vp=50304 maxT=1024" in done.stdout
+    assert "PASS: 1 PASS" in done.stdout
+    record = read_run_record(work / "demo-run" / "megatron" / "gpt2_1.jsonl")
+    assert len(record.losses()) == 3 and abs(record.losses()[0] - np.log(50257)) < 0.1  # a random model's start
+    assert record.meta["checkpoint_sha256"] == sha256_file(work / "tiny-gpt2.bin")  # trained from what convert wrote

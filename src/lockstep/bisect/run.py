@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from lockstep.bisect.build import BUILT_FRAMEWORKS, BuiltFramework
+from lockstep.bisect.build import BUILT_FRAMEWORKS, DEFAULT_BUILD_TIMEOUT_S, BuiltFramework
 from lockstep.bisect.evaluate import CommitTester, TestedCommit
 from lockstep.bisect.git import (BisectError, Commit, Worktree, check_repository, commit_info, commits_between,
                                  is_ancestor, resolve_commit)
@@ -48,7 +48,7 @@ class BisectRequest:
     build: str | None
     out: str = "lockstep-bisect"
     run: RunRequest = field(default_factory=RunRequest)  # its out and build dir are set per commit
-    build_timeout_s: float | None = None
+    build_timeout_s: float | None = DEFAULT_BUILD_TIMEOUT_S
     diagnose: bool = True
 
 
@@ -62,7 +62,7 @@ class BisectPlan:
     run: RunRequest
     framework: BuiltFramework  # the framework under test: the last of run.frameworks
     commits: int  # commits git chooses among (good..bad)
-    build_timeout_s: float | None = None
+    build_timeout_s: float | None = DEFAULT_BUILD_TIMEOUT_S
     diagnose: bool = True
 
     @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lockstep.fsutil import sha256_file
+from lockstep.fsutil import format_bytes, sha256_file
 from lockstep.models.family import HFOptions
 from lockstep.models.hf_convert import convert_hf_checkpoint, convertible_families
 
@@ -27,7 +27,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--from-hf", required=True, type=Path, metavar="DIR", help="the checkpoint's folder")
     p.add_argument("--family", choices=names, default=None,
                    help="the model family (default: from config.json's model_type, which must agree)")
-    p.add_argument("--out", required=True, type=Path, metavar="FILE", help="LLMC file to write (replaced atomically)")
+    p.add_argument("--out", required=True, type=Path, metavar="FILE",
+                   help="LLMC file to write (replaced atomically; a file there that is not an LLMC checkpoint is "
+                        "refused, and never one of the checkpoint's own files)")
+    p.add_argument("--force", action="store_true",
+                   help="--out holds a file that is not an LLMC checkpoint: move it aside "
+                        "(<name>.moved-by-lockstep-<UTC time>) instead of refusing; nothing is deleted")
     p.add_argument("--no-rope-scaling", action="store_true",
                    help="Llama 3.1/3.2: write use_scaled_rope 0 although config.json scales RoPE, so that lockstep's "
                         "frameworks can train the file (they implement plain RoPE only)")
@@ -36,16 +41,21 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     done = convert_hf_checkpoint(args.from_hf, args.out, args.family,
-                                 HFOptions(drop_rope_scaling=args.no_rope_scaling))
+                                 HFOptions(drop_rope_scaling=args.no_rope_scaling), force=args.force)
     fam, config = done.family, done.model.config
     layout = fam.layout(config)
     stored = "one file" if done.shards == 1 else f"{done.shards} shards"
     dtypes = "/".join(DTYPE_WORDS.get(d, d) for d in done.source_dtypes)
     print(f"wrote {done.out}")
+    if done.moved_aside is not None:
+        print(f"  moved aside {done.out} (not an LLMC checkpoint, --force) -> {done.moved_aside}")
+    for t in done.removed_temps:
+        print(f"  removed     {t.path} ({format_bytes(t.size)}), left by lockstep process {t.pid}, which ended "
+              "mid-write")
     print(f"  from        {done.source} (model_type {done.model_type}; {stored}, {dtypes})")
     print(f"  model       {fam.name}: {config.describe()} maxT={config.max_seq_len}")
     print(f"  format      LLMC {fam.title} version {layout.version} ({layout.dtype})")
-    for i, note in enumerate(done.model.notes):
+    for i, note in enumerate(done.notes):
         print(f"  {'conversion' if i == 0 else '':<10}  {note}")
     print(f"  parameters  {config.num_parameters():,}")
     print(f"  bytes       {layout.file_size:,}")

@@ -23,14 +23,15 @@ def add_parser(subparsers) -> None:
                                           f"a tolerance max(dtype threshold, {GOLDEN_K:g} x spread of the repeats).")
     sub = p.add_subparsers(dest="golden_command", metavar="SUBCOMMAND", required=True)
     r = sub.add_parser("record", help="record golden values from one or more run dirs (repeats included)")
-    r.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", type=Path)
+    r.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", type=Path, help="run directories of the reference")
     r.add_argument("--out", type=Path, required=True, metavar="FILE", help="golden file to write (JSON)")
     r.add_argument("--framework", default=None,
                    help="the reference framework (default: each run's baseline from run.json, else pytorch)")
     r.add_argument("--k", type=float, default=GOLDEN_K, help=f"tolerance = max(threshold, k x spread) (default {GOLDEN_K:g})")
     c = sub.add_parser("check", help="judge every record of a run dir against golden values")
-    c.add_argument("run_dir", metavar="RUN_DIR", type=Path)
-    c.add_argument("--golden", type=Path, required=True, metavar="FILE")
+    c.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="the run directory to judge")
+    c.add_argument("--golden", type=Path, required=True, metavar="FILE",
+                   help="golden file to judge against (JSON, as `golden record --out` writes it)")
     add_junit_argument(c)
     p.set_defaults(handler=run)
 

@@ -26,13 +26,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--limit", type=int, default=20, metavar="N", help="list the last N runs (default 20; 0: all)")
     sub = p.add_subparsers(dest="history_command", metavar="SUBCOMMAND")
     t = sub.add_parser("trend", help="max |Δloss| and tok/s of one case and framework across commits (table + PNG)")
-    t.add_argument("--case", required=True)
-    t.add_argument("--framework", required=True)
+    t.add_argument("--case", required=True, help="case name, as in the run's matrix (e.g. gpt2_1)")
+    t.add_argument("--framework", required=True, help="framework whose runs to trend (e.g. infinitrain)")
     t.add_argument("--png", type=Path, default=None, metavar="FILE",
                    help="where to write the plot (default: trend_<case>_<framework>.png)")
     d = sub.add_parser("diff", help="what changed between two runs: loss deltas, verdicts, tok/s ratio")
     d.add_argument("run_a", metavar="RUN_A", help="run id (or a unique prefix)")
-    d.add_argument("run_b", metavar="RUN_B")
+    d.add_argument("run_b", metavar="RUN_B", help="the run to compare with RUN_A (id or a unique prefix)")
     for sp in (t, d):  # also after the subcommand; SUPPRESS keeps the parent's value when absent here
         sp.add_argument("--history", type=Path, default=argparse.SUPPRESS, metavar="FILE", help="history database")
     p.set_defaults(handler=run)
@@ -74,12 +74,12 @@ def run_trend(store: HistoryStore, args: argparse.Namespace, console: Console) -
         return 1
     t = Table(title=escape(f"{args.case} on {args.framework}: {len(points)} runs"), title_justify="left")
     for col in ("run id", "commit", "version", "max |Δloss|", "threshold", "verdict", "tok/s median", "min", "max",
-                "CV"):
+                "CV %"):
         t.add_column(col, justify="right" if col not in ("run id", "commit", "version", "verdict") else "left")
     for p in points:
         t.add_row(p.run_id, escape(p.commit), escape(p.identity), _num(p.max_abs_diff, ".3e"), _num(p.threshold, ".0e"),
                   p.verdict or "-", _num(p.tps_median, ",.0f"), _num(p.tps_min, ",.0f"), _num(p.tps_max, ",.0f"),
-                  _num(p.tps_cv, ".3f"))
+                  _num(None if p.tps_cv is None else 100 * p.tps_cv, ".1f"))
     console.print(t)
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{args.case}_{args.framework}")
     png_path = args.png or Path(f"trend_{safe}.png")

@@ -52,7 +52,7 @@ def add_parser(subparsers) -> None:
         description="Identify FILE by its magic number (GPT-2 / Llama 3 / Qwen3 LLMC checkpoint, GPT-2 / Llama 3 "
                     "token stream), show its header fields and derived sizes, and check it completely. Exit 0 "
                     "when valid, 1 with the reason when not.")
-    p.add_argument("file", metavar="FILE", type=Path)
+    p.add_argument("file", metavar="FILE", type=Path, help="an LLMC checkpoint or llm.c token file")
     p.add_argument("--tensors", action="store_true", help="also show per-tensor statistics of a checkpoint")
     p.add_argument("--json", action="store_true", help="print the result as JSON (also when the file is invalid)")
     p.set_defaults(handler=run)

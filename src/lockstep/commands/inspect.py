@@ -173,7 +173,14 @@ def _print_folder(console: Console, folder) -> None:
 def run(args: argparse.Namespace) -> int:
     path: Path = args.file
     if path.is_dir():
-        folder = inspect_infinitrain_folder(path)  # FormatError (no checkpoint at all) -> one sentence, exit 1
+        try:
+            folder = inspect_infinitrain_folder(path)
+        except FormatError as e:  # no checkpoint at all
+            if not args.json:
+                raise  # one sentence, exit 1 (cli.main)
+            print(json.dumps({"path": str(path), "valid": False, "error": str(e)}, indent=2))
+            print(f"lockstep: error: {e}", file=sys.stderr)
+            return 1
         if args.json:
             print(json.dumps(_folder_json(folder), indent=2))
         else:

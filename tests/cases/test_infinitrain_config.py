@@ -295,3 +295,26 @@ def test_infinitrains_own_file_maps_as_the_built_one(tmp_path, family):
     built = parse_test_config(test_config_like_b24d92f(), str(path), model=family)
     assert len(real.cases) == 52
     assert real.cases == built.cases
+
+
+def test_run_of_the_file_trains_basic_cases_and_skips_lora_and_resume_saying_why(capsys, tmp_path, tiny_checkpoint,
+                                                                                  training_tokens):
+    path = tmp_path / "test_config.json"
+    path.write_text(json.dumps(test_config_like_b24d92f(), indent=4))
+    out_dir = tmp_path / "out"
+    rc = main(["run", "--matrix", str(path), "--model", "gpt2-tiny", "--groups", "basic,lora,checkpoint",
+               "--cases", "gpt2_1,gpt2_1_lora,gpt2_ckpt_resume", "--frameworks", "pytorch", "--llmc", str(tiny_checkpoint),
+               "--data", str(training_tokens), "--device", "cpu", "--out", str(out_dir), "--no-report"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "variables.GPT2_LLMC_FILEPATH = /nowhere/gpt2/gpt2_124M.bin does not exist here" in " ".join(out.split())
+    manifest = json.loads((out_dir / "run.json").read_text())
+    assert {(s["case"], s["reason"]) for s in manifest["skipped"]} == {
+        ("gpt2_1_lora", "LoRA cases are not supported by pytorch yet"),
+        ("gpt2_ckpt_resume", "checkpoint (save/resume) cases are not supported by pytorch yet")}
+    assert [c["group"] for c in manifest["cases"]] == ["basic", "lora", "checkpoint"]
+    assert manifest["cases"][1]["lora"] == {"rank": 8, "alpha": 16.0, "target_modules": ["c_attn", "attn.c_proj"]}
+    from lockstep.formats.run_record import read_run_record
+
+    rec = read_run_record(out_dir / "pytorch" / "gpt2_1.jsonl")
+    assert rec.ok and len(rec.steps) == 10 and rec.meta["case_spec"]["group"] == "basic"

@@ -191,3 +191,21 @@ def test_lora_linear_keeps_the_base_parameters():
     layer = LoRALinear(base, rank=2, alpha=4.0)
     assert layer.weight is base.weight and layer.bias is base.bias and layer.scale == 2.0
     assert [n for n, _ in layer.named_parameters()] == ["weight", "bias", "lora_A", "lora_B"]
+
+
+def test_llama3_adapts_its_gate_and_starts_at_the_base_model():
+    from lockstep.models import SHAPES
+    from lockstep.models.init import init_tensors
+
+    config = SHAPES["llama3-tiny"].config
+    tensors = init_tensors(config, FAMILIES["llama3"].init_rule(config), seed=42)
+    ref = FAMILIES["llama3"].reference_class()
+    base, model = ref.from_llmc(tensors, config), ref.from_llmc(tensors, config)
+    adapters = apply_lora(model, LoraSpec(rank=4, alpha=8.0, target_modules=("c_attn", "c_proj", "c_fc", "c_fc2")))
+    assert list(adapters.layers)[:5] == ["h.0.attn.c_attn", "h.0.attn.c_proj", "h.0.mlp.c_fc", "h.0.mlp.c_fc2",
+                                         "h.0.mlp.c_proj"]
+    assert "lm_head" not in adapters.layers  # no target names it
+    init = lora_init(adapters, seed=42)
+    assert init["transformer.h.0.attn.c_attn.lora_B"].shape == (config.qkv_rows, 4)  # one adapter on fused Q,K,V
+    idx = torch.randint(0, config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(model(idx, torch.roll(idx, -1, 1))[1], base(idx, torch.roll(idx, -1, 1))[1])

@@ -180,12 +180,6 @@ class TrainerState:
     missing: tuple[str, ...]  # keys absent from the file (their fallback used)
     path: Path
 
-    def __getattr__(self, key):
-        try:
-            return self.__dict__["values"][key]
-        except KeyError:
-            raise AttributeError(key) from None
-
     @property
     def world_size(self) -> int:
         return int(self.values["ddp_size"] * self.values["tp_size"] * self.values["pp_size"])

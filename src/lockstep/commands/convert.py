@@ -24,7 +24,13 @@ def add_parser(subparsers) -> None:
         description="Convert a Hugging Face Transformers checkpoint directory (config.json and model.safetensors, or "
                     "shards with model.safetensors.index.json; fp32, bf16 or fp16) into the family's LLMC file, laid "
                     "out as llm.c and InfiniTrain-Test's converters write it. Then: lockstep run --llmc FILE.")
-    p.add_argument("--from-hf", required=True, type=Path, metavar="DIR", help="the checkpoint's folder")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from-hf", type=Path, metavar="DIR", help="the checkpoint's folder")
+    source.add_argument("--from-infinitrain", type=Path, metavar="DIR",
+                        help="InfiniTrain's native checkpoint folder (checkpoint_step_NNNNNN/, from --save)")
+    p.add_argument("--like", type=Path, metavar="FILE", help="--from-infinitrain: an LLMC file of the same shape "
+                                                              "(e.g. the run's init), for the header fields")
+    p.add_argument("--model", help="--from-infinitrain: the registered shape instead of --like (GPT-2 needs neither)")
     p.add_argument("--family", choices=names, default=None,
                    help="the model family (default: from config.json's model_type, which must agree)")
     p.add_argument("--out", required=True, type=Path, metavar="FILE",
@@ -40,6 +46,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_infinitrain is not None:
+        return run_from_infinitrain(args)
     done = convert_hf_checkpoint(args.from_hf, args.out, args.family,
                                  HFOptions(drop_rope_scaling=args.no_rope_scaling), force=args.force)
     fam, config = done.family, done.model.config
@@ -61,4 +69,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"  bytes       {layout.file_size:,}")
     print(f"  sha256      {sha256_file(done.out)}")
     print(f"  took        {done.seconds:.1f} s")
+    return 0
+
+
+def run_from_infinitrain(args: argparse.Namespace) -> int:
+    from lockstep.runners.infinitrain.convert import convert_infinitrain_checkpoint
+
+    done = convert_infinitrain_checkpoint(args.from_infinitrain, args.out, like=args.like, model=args.model)
+    print(f"wrote {done.out}")
+    print(f"  from        {done.source} (InfiniTrain checkpoint" + (f", step {done.step})" if done.step else ")"))
+    print(f"  model       {done.family}: {done.config.describe()} maxT={done.config.max_seq_len}")
+    if done.dropped:
+        print(f"  left out    {', '.join(done.dropped)} (no LLMC tensor)")
+    print(f"  sha256      {sha256_file(done.out)}")
     return 0

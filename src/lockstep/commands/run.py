@@ -31,6 +31,7 @@ def add_parser(sub) -> None:
     p.add_argument("--matrix", default="gpt2", help="built-in matrix name (gpt2, gpt2_parallel, llama3, qwen3, ...) "
                                                      "or a TOML file")
     p.add_argument("--cases", help="comma-separated case names (default: every case of the matrix)")
+    p.add_argument("--groups", help="InfiniTrain test_config.json only: comma-separated test groups (basic,zero,lora,checkpoint)")
     p.add_argument("--frameworks", help=f"comma-separated, baseline first: {', '.join(RUNNERS)} "
                                         "(default: pytorch, megatron when installed, infinitrain when "
                                         "LOCKSTEP_INFINITRAIN_BUILD is set)")
@@ -109,7 +110,7 @@ def run(args) -> int:
 
 def request_from_args(args) -> RunRequest:
     return RunRequest(matrix=args.matrix, cases=split_list(args.cases), frameworks=split_list(args.frameworks),
-                      model=args.model, llmc=args.llmc, data=args.data, text=args.text, steps=args.steps,
+                      model=args.model, groups=split_list(args.groups), llmc=args.llmc, data=args.data, text=args.text, steps=args.steps,
                       device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
                       infinitrain_build=args.infinitrain_build, megatron_native_bf16=args.megatron_native_bf16,
                       oversubscribe=args.oversubscribe, nodes=node_layout(args),

@@ -28,7 +28,7 @@ from lockstep.fsutil import atomic_write, check_free_space
 from lockstep.models import read_checkpoint_layout
 from lockstep.plan import RunRequest, plan_run, runner_options
 from lockstep.runners import get_runner
-from lockstep.runners.base import Background, RunInputs
+from lockstep.runners.base import Background, RunInputs, unsupported_needs
 from lockstep.runners.infinitrain import InfiniTrainRunner
 from lockstep.runners.pytorch import PyTorchRunner
 
@@ -240,6 +240,10 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     base, tests = plan.frameworks[0], plan.frameworks[1:]
     for fw in plan.frameworks:
+        # What the case needs (LoRA, resume) every framework must implement, the reference included.
+        lacking = unsupported_needs(plan.case, get_runner(fw, **plan.options.get(fw, {})))
+        if lacking:
+            raise LockstepError(f"{fw} cannot run case {plan.case.name}: {lacking}")
         # pytorch's reference runs in this process whatever the case's DP/TP/PP (the math is the same);
         # the others must be able to run the case here, as `lockstep run` would.
         if fw != "pytorch":

@@ -14,7 +14,8 @@ from rich.table import Table
 
 from lockstep.commands.ci_options import history_path
 from lockstep.fsutil import atomic_write
-from lockstep.history import HISTORY_ENV, HistoryStore, diff_runs, trend, trend_png
+from lockstep.history import HISTORY_ENV, HistoryStore, diff_runs, trend_png
+from lockstep.history.trend import point_of, same_inputs
 
 
 def add_parser(subparsers) -> None:
@@ -26,8 +27,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--limit", type=int, default=20, metavar="N", help="list the last N runs (default 20; 0: all)")
     sub = p.add_subparsers(dest="history_command", metavar="SUBCOMMAND")
     t = sub.add_parser("trend", help="max |Δloss| and tok/s of one case and framework across commits (table + PNG)")
-    t.add_argument("--case", required=True)
-    t.add_argument("--framework", required=True)
+    t.add_argument("--case", required=True, help="the case's name, as in the run's records (e.g. gpt2_1)")
+    t.add_argument("--framework", required=True, help="the framework's name in the history (e.g. infinitrain)")
+    t.add_argument("--inputs", default=None, metavar="DIGEST",
+                   help="the case's inputs digest (or a prefix) to trend; default: the latest run's (runs of other "
+                        "steps, weights or tokens under the same case name are another trend)")
     t.add_argument("--png", type=Path, default=None, metavar="FILE",
                    help="where to write the plot (default: trend_<case>_<framework>.png)")
     d = sub.add_parser("diff", help="what changed between two runs: loss deltas, verdicts, tok/s ratio")
@@ -68,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_trend(store: HistoryStore, args: argparse.Namespace, console: Console) -> int:
-    points = trend(store, args.case, args.framework)
+    points, left_out = same_inputs([point_of(run, r) for run, r in store.results_for(args.case, args.framework)],
+                                   args.inputs)
     if not points:
         console.print(f"no history for case {escape(args.case)} on {escape(args.framework)} in {store.path}")
         return 1
@@ -79,8 +84,13 @@ def run_trend(store: HistoryStore, args: argparse.Namespace, console: Console) -
     for p in points:
         t.add_row(p.run_id, escape(p.commit), escape(p.identity), _num(p.max_abs_diff, ".3e"), _num(p.threshold, ".0e"),
                   p.verdict or "-", _num(p.tps_median, ",.0f"), _num(p.tps_min, ",.0f"), _num(p.tps_max, ",.0f"),
-                  _num(p.tps_cv, ".3f"))
+                  _num(p.tps_cv, ".1%"))
     console.print(t)
+    digest = next((p.inputs_sha256 for p in reversed(points) if p.inputs_sha256), None)
+    if digest:
+        console.print(f"inputs {digest[:12]}" + (f"; {left_out} run(s) of other inputs (steps, weights, tokens or "
+                                                  "hyper-parameters) not shown: --inputs DIGEST picks them"
+                                                  if left_out else ""))
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{args.case}_{args.framework}")
     png_path = args.png or Path(f"trend_{safe}.png")
     with atomic_write(png_path, "wb", what="trend plot") as f:

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from lockstep.commands.ci_options import history_path
+from lockstep.errors import LockstepError
 from lockstep.fsutil import atomic_write
 from lockstep.history import HISTORY_ENV, HistoryStore, diff_runs, trend_png
 from lockstep.history.trend import point_of, same_inputs
@@ -37,7 +38,18 @@ def add_parser(subparsers) -> None:
     d = sub.add_parser("diff", help="what changed between two runs: loss deltas, verdicts, tok/s ratio")
     d.add_argument("run_a", metavar="RUN_A", help="run id (or a unique prefix)")
     d.add_argument("run_b", metavar="RUN_B")
-    for sp in (t, d):  # also after the subcommand; SUPPRESS keeps the parent's value when absent here
+    st = sub.add_parser("site", help="write the history as a static site: overview, trends, runs, diffs",
+                        description="A static, self-contained site (no server, no network: it opens from the file "
+                                    "system) of the history: the overview matrix, a trend per case, framework and "
+                                    "inputs, a page per run, diffs. Rebuilding into the same OUT_DIR writes only "
+                                    "the pages that changed.")
+    st.add_argument("out_dir", metavar="OUT_DIR", type=Path, help="directory to write the site into")
+    st.add_argument("--since", default=None, metavar="DATE",
+                    help="only runs recorded at or after DATE (ISO 8601, UTC: 2026-12-01 or 2026-12-01T06:00)")
+    st.add_argument("--diff", nargs=2, action="append", default=[], metavar=("RUN_A", "RUN_B"),
+                    help="also write the diff of these two runs (repeatable); each run's page already holds its "
+                         "diff against the previous run of its pairs")
+    for sp in (t, d, st):  # also after the subcommand; SUPPRESS keeps the parent's value when absent here
         sp.add_argument("--history", type=Path, default=argparse.SUPPRESS, metavar="FILE", help="history database")
     p.set_defaults(handler=run)
 
@@ -57,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         return run_trend(store, args, console)
     if args.history_command == "diff":
         return run_diff(store, args, console)
+    if args.history_command == "site":
+        return run_site(store, args, console)
     runs = store.runs(limit=args.limit or None)
     t = Table(title=escape(f"runs in {store.path}"), title_justify="left")
     for col in ("run id", "recorded (UTC)", "kind", "lockstep commit", "baseline", "cases", "frameworks", "verdict",
@@ -120,3 +134,28 @@ def run_diff(store: HistoryStore, args: argparse.Namespace, console: Console) ->
     moved = sum(1 for r in rows if r.loss_delta)
     console.print(f"{len(rows)} (case, framework) pairs: {changed} verdict change(s), {moved} with different losses")
     return 0
+
+
+def run_site(store: HistoryStore, args: argparse.Namespace, console: Console) -> int:
+    from lockstep.history.site import build_site
+
+    since = _since(args.since)
+    built = build_site(store, args.out_dir, since, [tuple(d) for d in args.diff])
+    console.print(f"history site: {built.out_dir / 'index.html'} ({built.runs} runs, {built.pages} pages, "
+                  f"{built.written} written, {built.removed} removed, {built.seconds:.2f} s)")
+    return 0
+
+
+def _since(text: str | None) -> str | None:
+    """An ISO date or time, as the history's UTC timestamps compare with it."""
+    if text is None:
+        return None
+    import datetime as _dt
+
+    try:
+        when = _dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise LockstepError(f"--since {text!r}: not an ISO 8601 date or time (2026-12-01, 2026-12-01T06:00)") from None
+    if when.tzinfo is not None:
+        when = when.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+    return when.isoformat()

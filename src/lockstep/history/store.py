@@ -275,30 +275,40 @@ class HistoryStore:
         """Add one run and all its results in one transaction, unless the history already holds
         a run with the same content (docs/reference/history-site.md: one entry per content):
         then nothing is written and that run's id is returned."""
-        key = run.content_key()
+        return self.append_many([run])[0]
+
+    def append_many(self, runs: list[RunRow]) -> list[str | None]:
+        """append() of each run, in one connection and one transaction (an import, a test's
+        long history): all of them or none. Per run: None, or the run it duplicates."""
+        out: list[str | None] = []
         with self._connect(create=True) as conn:
-            conn.execute("BEGIN IMMEDIATE")  # the look-up and the insert under one write lock
+            conn.execute("BEGIN IMMEDIATE")  # the look-ups and the inserts under one write lock
             try:
-                same = conn.execute("SELECT run_id FROM runs WHERE content_sha256 = ? ORDER BY rowid LIMIT 1",
-                                    (key,)).fetchone()
-                if same:
-                    conn.execute("ROLLBACK")
-                    return same[0]
-                conn.execute("INSERT INTO runs (run_id, recorded_at, kind, source, lockstep_commit, baseline_framework, "
-                             "passed, host, content_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                             (run.run_id, run.recorded_at, run.kind, run.source, run.lockstep_commit,
-                              run.baseline_framework, None if run.passed is None else int(run.passed), run.host, key))
-                marks = ", ".join("?" * (len(_RESULT_COLUMNS) + 1))
-                for r in run.results:
-                    d = asdict(r)
-                    values = [run.run_id, r.case] + [
-                        json.dumps(r.losses) if c == "losses" else len(r.losses) if c == "steps" else d[c]
-                        for c in _RESULT_COLUMNS[1:]]
-                    conn.execute(f"INSERT INTO results (run_id, {', '.join(_RESULT_COLUMNS)}) VALUES ({marks})", values)
+                for run in runs:
+                    out.append(self._insert(conn, run))
                 conn.execute("COMMIT")
             except BaseException:
                 _rollback(conn)
                 raise
+        return out
+
+    @staticmethod
+    def _insert(conn: sqlite3.Connection, run: RunRow) -> str | None:
+        key = run.content_key()
+        same = conn.execute("SELECT run_id FROM runs WHERE content_sha256 = ? ORDER BY rowid LIMIT 1", (key,)).fetchone()
+        if same:
+            return same[0]
+        conn.execute("INSERT INTO runs (run_id, recorded_at, kind, source, lockstep_commit, baseline_framework, "
+                     "passed, host, content_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     (run.run_id, run.recorded_at, run.kind, run.source, run.lockstep_commit,
+                      run.baseline_framework, None if run.passed is None else int(run.passed), run.host, key))
+        marks = ", ".join("?" * (len(_RESULT_COLUMNS) + 1))
+        for r in run.results:
+            d = asdict(r)
+            values = [run.run_id, r.case] + [
+                json.dumps(r.losses) if c == "losses" else len(r.losses) if c == "steps" else d[c]
+                for c in _RESULT_COLUMNS[1:]]
+            conn.execute(f"INSERT INTO results (run_id, {', '.join(_RESULT_COLUMNS)}) VALUES ({marks})", values)
         return None
 
     # -- reading ----------------------------------------------------------------------------

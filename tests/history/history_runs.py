@@ -88,7 +88,7 @@ def many_runs(n: int, work: Path) -> list:
         run.host = host
         for r in run.results:
             noise = speed * (1 + rng.uniform(-0.03, 0.03))
-            for name in ("tps_median", "tps_min", "tps_max"):
+            for name in ("tps_median", "tps_min", "tps_max", "mfu"):
                 if getattr(r, name) is not None:
                     setattr(r, name, getattr(r, name) * noise)
             r.machine, r.device_name = host, device

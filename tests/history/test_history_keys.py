@@ -107,3 +107,23 @@ def test_a_schema_1_history_is_migrated_and_still_read(tmp_path):
                    [ResultRow("gpt2_1", "pytorch", "baseline", losses=[1.0, 0.5], tps_median=100.0)])
     assert store.append(again) == "old1"  # the migrated row has its content key
     assert store.integrity_check() == "ok"
+
+
+def test_a_run_and_a_later_compare_of_its_records_are_one_point(tmp_path, capsys):
+    run = tmp_path / "r"
+    # A third framework in the run: the compare of one pair says less than the run, so it is kept.
+    write_record(run, "megatron", "gpt2_1", BASE_LOSSES, {"framework_version": "megatron-core 0.16.1"})
+    summary = make_run(run, "c0ffee1", "aaaa111", drift=1e-7)
+    hist = _history(tmp_path)
+    store = HistoryStore(hist)
+    store.append(run_from_summary(summary, run))
+    assert main(["compare", str(run / "pytorch"), str(run / "infinitrain"), "--history", str(hist)]) == 0
+    capsys.readouterr()
+    assert [r.kind for r in store.runs()] == ["run", "compare"]  # two comparisons, kept
+    [point] = trend(store, "gpt2_1", "infinitrain")  # one record, one verdict: one point
+    assert point.run_id == store.runs()[0].run_id
+    from lockstep.history.site.model import build_model
+
+    model = build_model(store.runs())
+    [series] = [s for s in model.series.values() if s.framework == "infinitrain"]
+    assert len(series.points) == 1

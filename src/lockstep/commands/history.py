@@ -16,7 +16,7 @@ from lockstep.commands.ci_options import history_path
 from lockstep.errors import LockstepError
 from lockstep.fsutil import atomic_write
 from lockstep.history import HISTORY_ENV, HistoryStore, diff_runs, trend_png
-from lockstep.history.trend import point_of, same_inputs
+from lockstep.history.trend import once_per_record, point_of, same_inputs
 
 
 def add_parser(subparsers) -> None:
@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_trend(store: HistoryStore, args: argparse.Namespace, console: Console) -> int:
-    points, left_out = same_inputs([point_of(run, r) for run, r in store.results_for(args.case, args.framework)],
+    points, left_out = same_inputs([point_of(run, r) for run, r in once_per_record(
+        store.results_for(args.case, args.framework))],
                                    args.inputs)
     if not points:
         console.print(f"no history for case {escape(args.case)} on {escape(args.framework)} in {store.path}")

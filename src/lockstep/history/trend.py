@@ -64,10 +64,24 @@ def same_inputs(points: list[TrendPoint], inputs: str | None = None) -> tuple[li
     return kept, len(points) - len(kept)
 
 
+def once_per_record(results: list[tuple[RunRow, ResultRow]]) -> list[tuple[RunRow, ResultRow]]:
+    """The first of the entries that hold the same record judged the same way: a `lockstep run`
+    and a later `lockstep compare` of its dirs are two entries, but one point of a trend."""
+    seen, out = set(), []
+    for run, r in results:
+        key = (r.record_sha256, r.verdict, r.max_abs_diff) if r.record_sha256 else None
+        if key is not None and key in seen:
+            continue
+        seen.add(key)
+        out.append((run, r))
+    return out
+
+
 def trend(store: HistoryStore, case: str, framework: str, inputs: str | None = None) -> list[TrendPoint]:
     """One (case, framework) across the history, of one set of inputs (see same_inputs): runs
     of other steps, weights or tokens under the same case name are another trend."""
-    return same_inputs([point_of(run, r) for run, r in store.results_for(case, framework)], inputs)[0]
+    return same_inputs([point_of(run, r) for run, r in once_per_record(store.results_for(case, framework))],
+                       inputs)[0]
 
 
 def trend_png(points: list[TrendPoint], title: str) -> bytes:

@@ -118,6 +118,7 @@ class ResultRow:
     peak_mem_mb: float | None = None
     mfu: float | None = None
     machine: str | None = None
+    steps: int | None = None  # len(losses) as stored; read back even when the losses are not (runs(losses=False))
 
     def content(self) -> list:
         """What this result says, for the run's content key: the record's bytes where the row
@@ -313,9 +314,11 @@ class HistoryStore:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def runs(self, limit: int | None = None, since: str | None = None) -> list[RunRow]:
+    def runs(self, limit: int | None = None, since: str | None = None, losses: bool = True) -> list[RunRow]:
         """Runs, oldest first (the last `limit` of them; those recorded at or after `since`, an
-        ISO date or time), with their results. Two queries whatever the number of runs."""
+        ISO date or time), with their results. Two queries whatever the number of runs. With
+        losses=False the per-step losses are not decoded (a result's `steps` still says how
+        many): most of the time of reading a long history."""
         with self._connect(create=False) as conn:
             where, params = ("WHERE recorded_at >= ?", (since,)) if since else ("", ())
             rows = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs {where} ORDER BY recorded_at, rowid",
@@ -328,8 +331,24 @@ class HistoryStore:
             for values in conn.execute(f"SELECT run_id, {cols} FROM results ORDER BY run_id, case_name, role, framework"):
                 run = by_id.get(values[0])
                 if run is not None:
-                    run.results.append(_result_from_values(values[1:]))
+                    run.results.append(_result_from_values(values[1:], losses))
             return runs
+
+    def runs_by_id(self, run_ids) -> dict[str, RunRow]:
+        """These runs, whole (losses included), in one connection."""
+        ids = list(dict.fromkeys(run_ids))
+        out: dict[str, RunRow] = {}
+        cols = ", ".join(_RESULT_COLUMNS)
+        with self._connect(create=False) as conn:
+            for i in range(0, len(ids), 500):  # SQLite's limit on bound parameters
+                chunk = ids[i:i + 500]
+                marks = ", ".join("?" * len(chunk))
+                for row in conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id IN ({marks})", chunk):
+                    out[row[0]] = self._run_only(row)
+                for values in conn.execute(f"SELECT run_id, {cols} FROM results WHERE run_id IN ({marks}) "
+                                           "ORDER BY run_id, case_name, role, framework", chunk):
+                    out[values[0]].results.append(_result_from_values(values[1:]))
+        return out
 
     def run(self, run_id: str) -> RunRow:
         """The run with this id, or the one run whose id starts with it."""
@@ -379,11 +398,10 @@ class HistoryStore:
         return run
 
 
-def _result_from_values(values) -> ResultRow:
+def _result_from_values(values, losses: bool = True) -> ResultRow:
     d = dict(zip(_RESULT_COLUMNS, values))
     d["case"] = d.pop("case_name")
-    d.pop("steps")
-    d["losses"] = json.loads(d["losses"]) if d["losses"] else []
+    d["losses"] = json.loads(d["losses"]) if d["losses"] and losses else []
     return ResultRow(**d)
 
 

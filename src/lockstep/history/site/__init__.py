@@ -75,7 +75,7 @@ def build_site(store: HistoryStore, out_dir: str | os.PathLike, since: str | Non
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise LockstepError(f"{out_dir}: is a file; the history site needs a directory")
-    runs = store.runs(since=since)
+    runs = store.runs(since=since, losses=False)  # the losses only for the run pages rendered
     if not runs:
         raise LockstepError(f"{store.path}: no runs" + (f" recorded since {since}" if since else "")
                             + " to build a site from")
@@ -122,12 +122,22 @@ def build_site(store: HistoryStore, out_dir: str | os.PathLike, since: str | Non
         emit(f"runs/{run_list_name(k, n)}", lambda chunk=chunk, k=k, n=n: run_list_page(chunk, k, n, len(runs)),
              key_of("runs", k, min(n - k, 3), [r.run_id for r in chunk], len(runs) if k == n - 1 else None))
     runs_dir = out_dir.resolve() / "runs"
+    pending = []
     for run in runs:
         links = reachable_links(run, runs_dir)
         prev = model.previous.get(run.run_id)
         slugs = [s.slug if (s := model.series_for(run, r)) else None for r in run.results]
-        emit(f"runs/{safe_name(run.run_id)}.html", lambda run=run, links=links: run_page(model, run, links),
-             key_of("run", run.run_id, prev.run_id if prev else None, links, slugs))
+        rel = f"runs/{safe_name(run.run_id)}.html"
+        new[rel] = key_of("run", run.run_id, prev.run_id if prev else None, links, slugs)
+        if not (old.get(rel) == new[rel] and (out_dir / rel).is_file()):
+            pending.append((rel, run.run_id, prev.run_id if prev else None, links))
+    if pending:
+        need = {x for _, run_id, prev_id, _ in pending for x in (run_id, prev_id) if x}
+        whole = ({r.run_id: r for r in store.runs(since=since)} if len(need) > len(runs) // 4
+                 else store.runs_by_id(need))
+        for rel, run_id, prev_id, links in pending:
+            _write(out_dir / rel, run_page(model, whole[run_id], links, whole.get(prev_id)).encode())
+            written += 1
     for a, b in diff_runs_:
         emit(f"diffs/{safe_name(a.run_id)}__{safe_name(b.run_id)}.html", lambda a=a, b=b: diff_page(a, b),
              key_of("diff", a.run_id, b.run_id))

@@ -132,7 +132,8 @@ class Series:
 
     @property
     def steps(self) -> int:
-        return max((len(p.result.losses) for p in self.points), default=0)
+        return max((p.result.steps if p.result.steps is not None else len(p.result.losses)
+                    for p in self.points), default=0)
 
     def commits(self) -> list[CommitPoint]:
         """One x position per framework commit, in the order commits first appear."""
@@ -158,7 +159,7 @@ class SiteModel:
         return None
 
     def _inputs_key(self, r: ResultRow) -> str | None:
-        if r.inputs_sha256 or r.losses:
+        if r.inputs_sha256 or r.steps or r.losses:
             return r.inputs_sha256
         return self.unstated_home.get((r.case, r.framework))
 

@@ -290,7 +290,8 @@ def diff_table(rows: list[DiffRow]) -> str:
             + f"<p>{len(rows)} (case, framework) pairs: {changed} verdict change(s), {moved} with different losses</p>")
 
 
-def run_page(model: SiteModel, run: RunRow, links: list[tuple[str, str]]) -> str:
+def run_page(model: SiteModel, run: RunRow, links: list[tuple[str, str]], prev: RunRow | None) -> str:
+    """`run` and `prev` (the previous run of its pairs) whole, losses included, for the diff."""
     facts = [("recorded (UTC)", run.recorded_at), ("kind", run.kind), ("source", run.source),
              ("lockstep commit", run.lockstep_commit or "?"), ("host", run.host or "-"),
              ("baseline", run.baseline_framework or "-"),
@@ -304,7 +305,6 @@ def run_page(model: SiteModel, run: RunRow, links: list[tuple[str, str]]) -> str
     body += "<h2>Results</h2>" + table(
         ["case", "framework", "role", "verdict", "max |Δloss|", "threshold", "tok/s median ± CV", "peak MB", "MFU",
          "commit", "version", "machine", "reason"], [_result_row(model, run, r) for r in run.results])
-    prev = model.previous.get(run.run_id)
     if prev is not None:
         body += (f'<h2>Changes since the previous run of these pairs</h2><p>A <a href="{quote(safe_name(prev.run_id))}.html">'
                  f"{escape(prev.run_id)}</a> → B this run (as <code>lockstep history diff {escape(prev.run_id)} "

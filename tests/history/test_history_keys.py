@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import sqlite3
 
-import pytest
 
 from lockstep.cli import main
 from lockstep.compare import compare_run_dir

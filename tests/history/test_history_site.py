@@ -6,7 +6,6 @@ the page (Chromium's own net log, with a planted external image as the negative 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import statistics
 import subprocess

@@ -3,13 +3,12 @@ no script, no font, no image from anywhere (docs/reference/history-site.md)."""
 
 from __future__ import annotations
 
-import math
 import os
 from html import escape
 from pathlib import Path
 from urllib.parse import quote
 
-from lockstep.history.site.model import (COLOR, CSS_CLASS, CommitPoint, Point, Series, SiteModel, safe_name,
+from lockstep.history.site.model import (COLOR, CSS_CLASS, CommitPoint, Series, SiteModel, safe_name,
                                          verdict_label, worst)
 from lockstep.history.site.svg import Mark, chart, fmt
 from lockstep.history.trend import DiffRow, diff_runs, short_commit

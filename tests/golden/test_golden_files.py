@@ -161,3 +161,32 @@ def test_records_state_the_software_golden_values_compare():
     assert env["megatron_core_version"] == importlib.metadata.version("megatron-core")
     assert env["cuda_version"] == torch.version.cuda  # None on this CPU build
     assert set(env) == {"cuda_version", "driver_version", "megatron_core_version"}
+
+
+def test_an_infinitrain_rebuild_with_other_flags_is_named(tmp_path):
+    """The framework's commit and build flags are compared when the record is of the framework
+    the golden values came from; CMakeCache.txt is read from the build dir the record names."""
+    from lockstep.formats.run_record import read_run_record
+    from lockstep.golden.environment import changes, environment_of
+
+    def build(name, build_type):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "CMakeCache.txt").write_text(f"CMAKE_BUILD_TYPE:STRING={build_type}\nUSE_CUDA:BOOL=ON\n"
+                                          "SOMETHING_ELSE:STRING=x\n")
+        return str(d)
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write(a, "infinitrain", "gpt2_1", LOSSES, meta={**ENV, "infinitrain_commit": "1" * 40,
+                                                     "infinitrain_build": build("b1", "Release")})
+    write(b, "infinitrain", "gpt2_1", LOSSES, meta={**ENV, "infinitrain_commit": "2" * 40,
+                                                     "infinitrain_build": build("b2", "Debug")})
+    ea, eb = environment_of(read_run_record(a)), environment_of(read_run_record(b))
+    assert ea["build_flags"].endswith("(CMAKE_BUILD_TYPE=Release USE_CUDA=ON)")
+    said = changes(ea, eb)
+    assert said[0] == "infinitrain commit 111111111111 -> 222222222222"
+    assert said[1].startswith("infinitrain build flags ") and "(CMAKE_BUILD_TYPE=Debug USE_CUDA=ON)" in said[1]
+    # another framework's record: its own commit is no change of the golden values' framework
+    c = tmp_path / "c.jsonl"
+    write(c, "megatron", "gpt2_1", LOSSES, meta=ENV)
+    assert changes(ea, environment_of(read_run_record(c))) == []

@@ -359,6 +359,7 @@ def base_meta(runner: FrameworkRunner, case: CaseSpec, inputs: RunInputs) -> dic
         "device": inputs.device,
         "device_name": device_name(inputs.device),
         "torch_version": torch_version(),
+        **software_environment(),
         "python_version": platform.python_version(),
         "host": platform.node(),
         "lockstep_version": __version__,
@@ -371,6 +372,26 @@ def base_meta(runner: FrameworkRunner, case: CaseSpec, inputs: RunInputs) -> dic
 
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def software_environment() -> dict:
+    """CUDA, the NVIDIA driver and megatron-core as this machine has them: what golden values
+    say changed when a check fails (docs/reference/golden.md). None where there is none."""
+    import importlib.metadata
+
+    import torch
+
+    driver = None
+    try:  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  ..."
+        words = Path("/proc/driver/nvidia/version").read_text().split()
+        driver = next((w for w in words if w[:1].isdigit() and "." in w), None)
+    except OSError:
+        pass
+    try:
+        megatron = importlib.metadata.version("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        megatron = None
+    return {"cuda_version": torch.version.cuda, "driver_version": driver, "megatron_core_version": megatron}
 
 
 def torch_version() -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 
+from lockstep.outdir import REPORT_MARK
 from lockstep.report import tables
 from lockstep.report.data import ReportData
 
@@ -40,6 +41,7 @@ def render_html(data: ReportData, images: dict[str, bytes], trends: dict[str, by
     overall_cls = "overall-pass" if data.passed else "overall-fail"
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(title)}</title>",
+        f'<meta name="generator" content="{REPORT_MARK}">',  # how a later run knows the file for lockstep's
         f"<style>{CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         *([f'<p class="overall-fail"><strong>{html.escape(line)}</strong></p>']

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lockstep.outdir import REPORT_MARK
 from lockstep.report import tables
 from lockstep.report.data import ReportData
 
@@ -41,5 +42,7 @@ def render_markdown(data: ReportData, image_paths: dict[str, str]) -> str:
         else:
             parts += [f"not run: {data.not_compared_reason(case)}", ""]
     parts += ["## Run metadata", "", _table(tables.METADATA_HEADER, tables.metadata_rows(data)), "",
-              _table(tables.FRAMEWORK_HEADER, tables.framework_rows(data)), ""]
+              _table(tables.FRAMEWORK_HEADER, tables.framework_rows(data)), "",
+              # Invisible when rendered; how a later run into this directory knows the file for lockstep's.
+              f"<!-- written by lockstep ({REPORT_MARK}) -->", ""]
     return "\n".join(parts)

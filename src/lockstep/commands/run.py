@@ -145,7 +145,8 @@ def planned_run(args, req: RunRequest, console: Console, timing: RunTiming, earl
         if args.junit is not None:
             from lockstep.report.junit import cases_from_comparisons, write_junit
 
-            write_junit(args.junit, cases_from_comparisons(summary.get("comparisons", [])))
+            write_junit(args.junit, cases_from_comparisons(summary.get("comparisons", []),
+                                                           nothing_compared_is_error=not summary.get("determinism")))
             console.print(f"junit: {args.junit}")
         report_paths = []
         if not args.no_report and any(o.record is not None for o in outcomes):

@@ -52,6 +52,10 @@ def render_html(data: ReportData, images: dict[str, bytes], trends: dict[str, by
         "<h2>Throughput</h2>", f"<p>{html.escape(tables.THROUGHPUT_NOTE)}</p>",
         _table(tables.THROUGHPUT_HEADER, tables.throughput_rows(data)),
     ]
+    certificates = tables.certificate_rows(data)
+    if certificates:
+        parts += ["<h2>Step-1 certificates</h2>", f"<p>{html.escape(tables.CERTIFICATE_NOTE)}</p>",
+                  _table(tables.CERTIFICATE_HEADER, certificates)]
     if data.timing:
         parts += ["<h2>Where the time went</h2>", f"<p>{html.escape(tables.timing_note(data))}</p>",
                   _table(tables.TIMING_HEADER, tables.timing_rows(data))]

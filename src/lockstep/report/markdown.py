@@ -25,6 +25,10 @@ def render_markdown(data: ReportData, image_paths: dict[str, str]) -> str:
              "## Verdicts", "", _table(tables.VERDICT_HEADER, tables.verdict_rows(data)), ""]
     parts += ["## Throughput", "", tables.THROUGHPUT_NOTE, "",
               _table(tables.THROUGHPUT_HEADER, tables.throughput_rows(data)), ""]
+    certificates = tables.certificate_rows(data)
+    if certificates:
+        parts += ["## Step-1 certificates", "", tables.CERTIFICATE_NOTE, "",
+                  _table(tables.CERTIFICATE_HEADER, certificates), ""]
     if data.timing:
         parts += ["## Where the time went", "", tables.timing_note(data), "",
                   _table(tables.TIMING_HEADER, tables.timing_rows(data)), ""]

@@ -111,6 +111,34 @@ def problem_lines(data: ReportData) -> list[str]:
     return lines
 
 
+CERTIFICATE_HEADER = ["test framework", "case", "step 1 inside", "tensors compared", "worst relative error (tensor)",
+                      "tolerance", "findings"]
+CERTIFICATE_NOTE = ("The step-1 certificate: every module output and gradient of step 1 of the test compared with "
+                    "the baseline's under canonical names (docs/reference/comparison.md). It holds when no finding "
+                    "says the frameworks compute differently.")
+
+
+def certificate_rows(data: ReportData) -> list[list[str]]:
+    """One row per pair that has a certificate (what the terminal's "step 1 inside" column says,
+    with the numbers behind it): holds / differs / none, the worst tensor per kind, the findings."""
+    rows = []
+    for fw, report in data.comparisons.items():
+        for c in report.cases:
+            cert = c.certificate
+            if not cert:
+                continue
+            if not cert.get("available", True):
+                rows.append([fw, c.case, "none", "-", "-", "-", cert.get("problem") or "no certificate"])
+                continue
+            compared = ", ".join(f"{n} {what}" for what, n in (cert.get("compared") or {}).items() if n) or "-"
+            worst = "; ".join(f"{what} {d['rel_error']:.1e} ({d['tensor']})"
+                              for what, d in (cert.get("worst") or {}).items() if d) or "-"
+            findings = "; ".join(f.get("classification") or f.get("where", "") for f in cert.get("findings") or [])
+            rows.append([fw, c.case, "holds" if cert.get("holds") else "differs", compared, worst,
+                         _num(cert.get("tensor_tolerance"), ".0e"), findings or "none"])
+    return rows
+
+
 METADATA_HEADER = ["key", "value"]
 
 

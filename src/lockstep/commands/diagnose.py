@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 
 from lockstep.commands.arguments import split_list
@@ -31,6 +33,10 @@ def add_parser(sub) -> None:
     p.add_argument("--infinitrain-build", help="InfiniTrain build dir (or LOCKSTEP_INFINITRAIN_BUILD)")
     p.add_argument("--drift-steps", type=int, default=5, help="steps per lr of the drift runs (default 5)")
     p.add_argument("--no-drift", action="store_true", help="skip the loss drift at lr 1e-12, 1e-5 and the case's lr")
+    p.add_argument("--history", type=Path, default=None, metavar="FILE",
+                   help="with RUN_DIR: history database whose trends the rewritten report.html shows (default: as "
+                        "`lockstep report`, $LOCKSTEP_HISTORY, else the user's data dir)")
+    p.add_argument("--no-history", action="store_true", help="with RUN_DIR: the rewritten report has no history section")
     p.set_defaults(handler=run)
 
 
@@ -54,8 +60,17 @@ def run(args) -> int:
         print_verdict(console, v.to_json())
         console.print(f"verdict: {verdict_path(plan.out_dir, v)}")
     if plan.run_dir is not None and (plan.run_dir / "run.json").is_file():
-        from lockstep.report import write_report
+        from lockstep.commands.ci_options import history_path
 
-        html, _ = write_report(plan.run_dir, baseline_framework=plan.frameworks[0])
+        html = rewrite_report(plan.run_dir, plan.frameworks[0], history_path(args))
         console.print(f"report (with a diagnose section): {html}")
     return 1 if any(v.findings for v in verdicts) else 0
+
+
+def rewrite_report(run_dir: Path, baseline: str, history: Path | None) -> Path:
+    """The run's report again, now with the diagnose section, and with everything else it had: the
+    History section too (it was left out when diagnose rewrote it without the history database)."""
+    from lockstep.report import write_report
+
+    html, _ = write_report(run_dir, baseline_framework=baseline, history_path=history)
+    return html

@@ -24,7 +24,9 @@ def history_trends(data: ReportData, history_path: str | os.PathLike | None) -> 
     try:
         for case in data.cases:
             for fw in data.frameworks:
-                points = trend(store, case, fw)
+                # A run that skipped the pair measured nothing: no point of the trend (it drew empty axes).
+                points = [p for p in trend(store, case, fw) if p.verdict != "SKIPPED"
+                          and (p.max_abs_diff is not None or p.tps_median is not None)]
                 if len(points) >= MIN_POINTS:
                     label = f"{case} on {fw}: {len(points)} runs"
                     out[label] = trend_png(points, label)

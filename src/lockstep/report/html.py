@@ -23,6 +23,13 @@ img { max-width: 100%; }
 """
 
 
+HISTORY_NOTE = ("Earlier runs of this run's cases from the history database, one point per run in the order "
+                "they were recorded, labelled with the commit. Top: the largest |Δloss| of the run against the "
+                "baseline (log axis; red dashes: the threshold; a red point: a FAIL). Bottom: that run's tok/s, "
+                "the median over the steps after warm-up with a bar from the slowest to the fastest step. Pairs "
+                "a run skipped are left out.")
+
+
 def _table(header: list[str], rows: list[list[str]], verdict_col: int | None = None) -> str:
     out = ["<table>", "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
     for row in rows:
@@ -76,12 +83,12 @@ def render_html(data: ReportData, images: dict[str, bytes], trends: dict[str, by
         else:
             parts.append(f"<p>not run: {html.escape(data.not_compared_reason(case))}</p>")
     if trends:
-        parts.append("<h2>History</h2>")
+        parts += ["<h2>History</h2>", f"<p>{html.escape(HISTORY_NOTE)}</p>"]
         for label, png in trends.items():
             b64 = base64.b64encode(png).decode("ascii")
-            parts += [f"<h3>{html.escape(label)}</h3>",
-                      f'<img alt="{html.escape(label)}: max |Δloss| and tok/s across commits" '
-                      f'src="data:image/png;base64,{b64}">']
+            # The plot's own title names the case, framework and number of runs: no heading repeats it.
+            parts.append(f'<img alt="{html.escape(label)}: max |Δloss| and tok/s across commits" '
+                         f'src="data:image/png;base64,{b64}">')
     from lockstep.diagnose.render import html_section, load_verdicts
 
     diagnosed = html_section(load_verdicts(data.run_dir))  # `lockstep diagnose` verdicts of this run, if any

@@ -1,0 +1,54 @@
+"""`lockstep compare RUN_A RUN_B` of run directories as `lockstep run` leaves them: the repeats of
+a `--repeat N` run (issue 36, item 8), and records that did not train from the same inputs (item 7)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lockstep.cli import main
+from lockstep.compare import compare_paths
+from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
+
+LOSSES = [10.9 - 0.05 * i for i in range(4)]
+
+
+def put(path: Path, framework: str, case: str, losses: list[float], **meta) -> None:
+    spec = {"name": case, "model": "gpt2-tiny", "dtype": "float32", "micro_batch": 4, "seq_len": 64,
+            "total_batch": 256, "steps": len(losses), "lr": 1e-4}
+    write_run_record(path, RunRecord(framework, case, [StepRecord(i + 1, x, 25.0, 10240.0) for i, x in
+                                                       enumerate(losses)], meta={"case_spec": spec, **meta}))
+
+
+def repeat_run(run: Path, repeats: int = 3, third: list[float] | None = None) -> Path:
+    """A `lockstep run --frameworks pytorch --repeat N` directory."""
+    put(run / "pytorch" / "gpt2_1.jsonl", "pytorch", "gpt2_1", LOSSES)
+    for k in range(2, repeats + 1):
+        put(run / "repeats" / str(k) / "pytorch" / "gpt2_1.jsonl", "pytorch", "gpt2_1",
+            third if (k == 3 and third) else LOSSES)
+    (run / "run.json").write_text(json.dumps({"schema": "lockstep.run/1", "frameworks": ["pytorch"],
+                                              "cases": [{"name": "gpt2_1"}], "status": "finished"}))
+    return run
+
+
+def test_a_repeat_run_compares_with_itself_repeat_by_repeat(tmp_path, capsys):
+    # issue 36, item 8: exit 1 "case repeats/gpt2_1 has 2 files" for the folders `golden record` reads.
+    run = repeat_run(tmp_path / "ref")
+    report = compare_paths(run, run)
+    assert report.errors == [] and report.missing == []
+    assert [(c.case, c.verdict.value) for c in report.cases] == [
+        ("pytorch/gpt2_1", "PASS"), ("repeats/2/pytorch/gpt2_1", "PASS"), ("repeats/3/pytorch/gpt2_1", "PASS")]
+    assert main(["compare", str(run), str(run), "--no-history"]) == 0
+    assert "has 2 files" not in capsys.readouterr().err
+
+
+def test_each_repeat_is_paired_with_the_same_repeat_of_the_other_run(tmp_path):
+    # Negative control: repeat 3 of the test run parts; only that pair fails, named as such.
+    base = repeat_run(tmp_path / "ref")
+    test = repeat_run(tmp_path / "new", third=[x + (1e-3 if i == 2 else 0.0) for i, x in enumerate(LOSSES)])
+    report = compare_paths(base, test)
+    assert {c.case: c.passed for c in report.cases} == {"pytorch/gpt2_1": True, "repeats/2/pytorch/gpt2_1": True,
+                                                         "repeats/3/pytorch/gpt2_1": False}
+    shorter = repeat_run(tmp_path / "two", repeats=2)  # a run with fewer repeats: the third is missing
+    report = compare_paths(base, shorter)
+    assert [(m.case, m.missing_from) for m in report.missing] == [("repeats/3/pytorch/gpt2_1", "test")]

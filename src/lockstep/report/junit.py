@@ -4,7 +4,7 @@ the machine-readable truth; this is what a CI page shows."""
 
 from __future__ import annotations
 
-from lockstep.compare.policy import class_of
+from lockstep.compare.policy import VerdictClass, class_of
 
 import os
 import xml.etree.ElementTree as ET
@@ -55,6 +55,8 @@ def _judged_cases(comparisons: list[dict]) -> list[JUnitCase]:
             props["verdict"] = verdict.value
             if c.get("error"):
                 out.append(JUnitCase(suite, cls, c["case"], "error", c["error"], properties=props))
+            elif verdict is VerdictClass.NOT_COMPARABLE:  # different inputs: no verdict on the frameworks
+                out.append(JUnitCase(suite, cls, c["case"], "error", c.get("cause") or verdict.value, properties=props))
             elif not verdict.passes:
                 if c.get("loss_passed", c.get("passed")):  # the certificate failed it
                     msg = f"{verdict.value}: {c.get('cause')}"

@@ -52,8 +52,9 @@ SUMMARY_KEYS = ("run_dir", "baseline", "frameworks", "comparisons")
 # What a run writes per case inside a framework directory (`<case>.save`: InfiniTrain's own
 # checkpoint, made to read its final parameters back; `.certificate.json`: the pair's step-1
 # certificate), in step1/<framework>/ (`<case>.npz`, the captures, and work/, what a capture
-# run wrote on the way) and in evidence/ (`<case>.fp64.jsonl`).
-CASE_OUTPUT_SUFFIXES = (".log", ".jsonl", ".final.npz", ".certificate.json", ".npz", ".fp64.jsonl")
+# run wrote on the way) and in evidence/ (`<case>.fp64.jsonl`); `<case>.log.partial` is the log of a
+# case that was stopped before it ended (runners/base.py).
+CASE_OUTPUT_SUFFIXES = (".log", ".jsonl", ".final.npz", ".certificate.json", ".npz", ".fp64.jsonl", ".log.partial")
 CASE_OUTPUT_DIR_SUFFIX = ".save"
 CAPTURE_WORK_DIR = "work"
 

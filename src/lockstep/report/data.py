@@ -28,11 +28,14 @@ class ReportData:
     skipped: dict[str, dict[str, str]] = field(default_factory=dict)  # framework -> case -> reason (run.json)
     problems: list[str] = field(default_factory=list)  # run-level problems (e.g. an unreadable run.json)
     timing: dict | None = None  # run.json's "timing": where the run's wall time went
+    # framework -> cases of a run stopped by a signal that have no record: they never finished
+    interrupted: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def cases(self) -> list[str]:
         skipped = {c for by_case in self.skipped.values() for c in by_case}
-        return sorted(set(self.records) | set(self.unreadable) | skipped)
+        stopped = {c for cases in self.interrupted.values() for c in cases}
+        return sorted(set(self.records) | set(self.unreadable) | skipped | stopped)
 
     def skip_reasons(self, case: str) -> dict[str, str]:
         """framework -> why `lockstep run` skipped this case on it."""
@@ -43,6 +46,7 @@ class ReportData:
         """Why no framework was compared with the baseline on this case, in a few words."""
         reasons = [f"{fw} skipped ({why})" for fw, why in self.skip_reasons(case).items()]
         reasons += [f"{fw} unreadable" for fw in self.unreadable.get(case, {})]
+        reasons += [f"{fw} interrupted before it finished" for fw, cases in self.interrupted.items() if case in cases]
         if not reasons:
             ran = sorted(self.records.get(case, {}))
             reasons = [f"only {', '.join(ran)} ran it" if ran else "no framework ran it"]
@@ -84,6 +88,28 @@ def run_timing(run_dir: Path) -> dict | None:
     return timing if isinstance(timing, dict) and isinstance(timing.get("pairs"), list) else None
 
 
+def interrupted_pairs(run_dir: Path, data: "ReportData") -> dict[str, list[str]]:
+    """For a run that run.json says was interrupted: framework -> the cases it planned that have
+    no record (and were neither skipped nor unreadable): the case that was stopped and those that
+    never started. Empty for a run that ended."""
+    import json
+
+    try:
+        manifest = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(manifest, dict) or manifest.get("status") != "interrupted":
+        return {}
+    cases = [c.get("name") for c in manifest.get("cases", []) if isinstance(c, dict) and isinstance(c.get("name"), str)]
+    out: dict[str, list[str]] = {}
+    for fw in [f for f in manifest.get("frameworks", []) if isinstance(f, str)]:
+        missing = [c for c in cases if fw not in data.records.get(c, {}) and fw not in data.unreadable.get(c, {})
+                   and c not in data.skipped.get(fw, {})]
+        if missing:
+            out[fw] = missing
+    return out
+
+
 def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
            options: CompareOptions | None = None) -> ReportData:
     run_dir = Path(run_dir)
@@ -118,4 +144,5 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
                                                         f"{', '.join(map(str, paths))}")
         if fw != baseline_framework:
             data.comparisons[fw] = compare_frameworks_in_run(run_dir, baseline_framework, fw, options)
+    data.interrupted = interrupted_pairs(run_dir, data)
     return data

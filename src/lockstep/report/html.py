@@ -53,6 +53,8 @@ def render_html(data: ReportData, images: dict[str, bytes], trends: dict[str, by
         f"<h1>{html.escape(title)}</h1>",
         *([f'<p class="overall-fail"><strong>{html.escape(line)}</strong></p>']
           if (line := tables.incomplete_line(data)) else []),
+        *([f'<p class="overall-fail"><strong>{html.escape(line)}</strong></p>']
+          if (line := tables.interrupted_line(data)) else []),
         f'<p class="{overall_cls}"><strong>{html.escape(tables.overall_line(data))}</strong></p>',
         "<h2>Verdicts</h2>",
         _table(tables.VERDICT_HEADER, tables.verdict_rows(data), verdict_col=tables.VERDICT_HEADER.index("verdict")),

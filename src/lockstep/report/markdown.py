@@ -20,7 +20,9 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def render_markdown(data: ReportData, image_paths: dict[str, str]) -> str:
     """`image_paths`: case -> path of its PNG relative to the report."""
     incomplete = tables.incomplete_line(data)
+    interrupted = tables.interrupted_line(data)
     parts = [f"# lockstep report: {data.run_dir.name}", "", *([f"**{incomplete}**", ""] if incomplete else []),
+             *([f"**{interrupted}**", ""] if interrupted else []),
              f"**{tables.overall_line(data)}**", "",
              "## Verdicts", "", _table(tables.VERDICT_HEADER, tables.verdict_rows(data)), ""]
     parts += ["## Throughput", "", tables.THROUGHPUT_NOTE, "",

@@ -169,6 +169,16 @@ def incomplete_line(data: ReportData) -> str | None:
             "Problems); the verdicts below leave them out.")
 
 
+def interrupted_line(data: ReportData) -> str | None:
+    """Said at the top of the report of a run stopped by a signal: what it holds is what finished."""
+    pairs = [f"{fw}/{case}" for fw, cases in data.interrupted.items() for case in cases]
+    if not pairs:
+        return None
+    shown = ", ".join(pairs[:6]) + (f" and {len(pairs) - 6} more" if len(pairs) > 6 else "")
+    return (f"INTERRUPTED: the run was stopped before it ended; this report covers the cases that finished, "
+            f"{len(pairs)} (case, framework) pair(s) did not: {shown}.")
+
+
 def overall_line(data: ReportData) -> str:
     if data.passed is None:
         return f"Nothing ran on both {data.baseline} and another framework: nothing to compare."

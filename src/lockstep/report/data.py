@@ -3,6 +3,7 @@ case, the verdicts of each framework against the baseline, and the run's metadat
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,8 +29,11 @@ class ReportData:
     skipped: dict[str, dict[str, str]] = field(default_factory=dict)  # framework -> case -> reason (run.json)
     problems: list[str] = field(default_factory=list)  # run-level problems (e.g. an unreadable run.json)
     timing: dict | None = None  # run.json's "timing": where the run's wall time went
-    # framework -> cases of a run stopped by a signal that have no record: they never finished
-    interrupted: dict[str, list[str]] = field(default_factory=dict)
+
+    @functools.cached_property
+    def interrupted(self) -> dict[str, list[str]]:
+        """framework -> the cases of a run stopped by a signal that have no record: they never finished."""
+        return interrupted_pairs(self.run_dir, self)
 
     @property
     def cases(self) -> list[str]:
@@ -144,5 +148,4 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
                                                         f"{', '.join(map(str, paths))}")
         if fw != baseline_framework:
             data.comparisons[fw] = compare_frameworks_in_run(run_dir, baseline_framework, fw, options)
-    data.interrupted = interrupted_pairs(run_dir, data)
     return data

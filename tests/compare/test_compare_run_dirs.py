@@ -99,3 +99,17 @@ def test_the_same_inputs_are_judged_and_only_runnable_diagnose_commands_are_sugg
     assert main(["compare", str(tmp_path / "a" / "pytorch"), str(tmp_path / "b" / "megatron"), "--no-history"]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "lockstep diagnose --case gpt2_1 --frameworks pytorch,megatron" in out
+
+
+def test_the_report_says_not_comparable_too(tmp_path):
+    from lockstep.report import gather
+    from lockstep.report import tables
+
+    run = tmp_path / "run"
+    put(run / "pytorch" / "gpt2_1.jsonl", "pytorch", "gpt2_1", LOSSES, checkpoint_sha256="a" * 64)
+    put(run / "megatron" / "gpt2_1.jsonl", "megatron", "gpt2_1", LOSSES, checkpoint_sha256="b" * 64)
+    (run / "run.json").write_text('{"schema": "lockstep.run/1", "frameworks": ["pytorch", "megatron"]}')
+    data = gather(run)
+    (row,) = tables.verdict_rows(data)
+    assert row[tables.VERDICT_HEADER.index("verdict")] == "not comparable"
+    assert tables.overall_line(data).startswith("FAIL: 0 passed, 0 failed, 0 missing, 0 errors, 1 not comparable")

@@ -18,6 +18,7 @@ th { background: #f2f2f2; }
 td.PASS { color: #107010; font-weight: bold; }
 td.FAIL, td.ERROR { color: #b00000; font-weight: bold; }
 td.SKIPPED { color: #777; }
+td.not { color: #a06000; font-weight: bold; }
 img { max-width: 100%; }
 .overall-pass { color: #107010; } .overall-fail { color: #b00000; }
 """

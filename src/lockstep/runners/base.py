@@ -326,8 +326,11 @@ def write_record_or_fail(record_path: Path, record: RunRecord) -> None:
 
 
 def final_params_path(log_path: Path) -> Path:
-    """Where a run's final canonical parameters go: next to its log, `<case>.final.npz`."""
-    return log_path.with_name(log_path.stem + ".final.npz")
+    """Where a run's final canonical parameters go: next to its log, `<case>.final.npz` (also for
+    the log's partial name while the case runs, `<case>.log.partial`)."""
+    name = Path(log_path).name
+    case = name[:-len(PARTIAL_LOG_SUFFIX)] if name.endswith(PARTIAL_LOG_SUFFIX) else Path(log_path).stem
+    return Path(log_path).with_name(case + ".final.npz")
 
 
 def write_final_params(path: str | os.PathLike, tensors: dict) -> None:

@@ -49,7 +49,7 @@ def test_history_leaves_out_skipped_pairs_and_names_each_plot_once(tmp_path):
         run = tmp_path / name
         make_run(run, commit, 0.0)
         write_run_record(run / "pytorch" / "gpt2_1_bfloat16.jsonl", RunRecord(
-            framework="pytorch", case="gpt2_1_bfloat16", meta={"case_spec": {"dtype": "bfloat16"}},
+            framework="pytorch", case="gpt2_1_bfloat16", meta={"case_spec": {"dtype": "bfloat16"}, "lockstep_commit": commit},
             steps=[StepRecord(step=i + 1, loss=11.0 - 0.1 * i, tokens_per_s=100.0) for i in range(3)]))
         (run / "run.json").write_text(json.dumps({"baseline": "pytorch", "skipped": [
             {"case": "gpt2_1_bfloat16", "framework": "megatron", "reason": "megatron-core's bf16 needs CUDA"}]}))

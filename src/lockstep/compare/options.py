@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lockstep.step_contract import WARMUP_STEPS
+
 
 STEP2_MODES = ("auto", "on", "off")
 
@@ -16,7 +18,7 @@ class CompareOptions:
     threshold_bf16: float | None = None
     # A step passes when |Δloss| <= threshold + rtol * |baseline loss| (numpy.isclose's rule).
     rtol: float = 0.0
-    warmup_steps: int = 1  # throughput averages use steps after this many (SPEC section 4)
+    warmup_steps: int = WARMUP_STEPS  # throughput averages use steps after this many (SPEC section 4)
     min_tps_ratio: float | None = None  # test/baseline tok/s below this fails the case
     include_prefixes: tuple[str, ...] = ()
     include_cases: tuple[str, ...] = ()

@@ -16,6 +16,7 @@ import statistics
 from dataclasses import dataclass
 
 from lockstep.formats.run_record import RunRecord
+from lockstep.step_contract import WARMUP_STEPS
 
 # A measurement whose coefficient of variation over the measured steps is above this is "noisy":
 # its median is shown, but the reader is told not to trust small differences.
@@ -166,7 +167,7 @@ def _peak_memory(record: RunRecord) -> tuple[float | None, float | None]:
     return allocated, reserved
 
 
-def throughput_of(record: RunRecord, warmup_steps: int = 1, peak_tflops: float | None = None) -> Throughput:
+def throughput_of(record: RunRecord, warmup_steps: int = WARMUP_STEPS, peak_tflops: float | None = None) -> Throughput:
     """The figures of one run: tok/s over the steps after `warmup_steps`; `peak_tflops`
     (per device) overrides the device table."""
     measured = sorted((s for s in record.steps if s.step > warmup_steps and s.tokens_per_s is not None),
@@ -210,7 +211,7 @@ class RepeatedThroughput:
                 "noisy": self.noisy, "noisy_cv_threshold": NOISY_CV}
 
 
-def throughput_over_repeats(records: list[RunRecord], warmup_steps: int = 1) -> RepeatedThroughput | None:
+def throughput_over_repeats(records: list[RunRecord], warmup_steps: int = WARMUP_STEPS) -> RepeatedThroughput | None:
     """Pooled tok/s over the repeats' records (each a whole run of the same pair); None when no
     repeat has a measured step."""
     pooled_steps, pooled_values, medians = [], [], []

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from lockstep.errors import FormatError
 from lockstep.fsutil import atomic_write, read_text
+from lockstep.step_contract import WARMUP_STEPS
 
 RECORD_SCHEMA = 1
 
@@ -58,12 +59,12 @@ class RunRecord:
     def losses(self) -> list[float]:
         return [s.loss for s in self.steps]
 
-    def mean_tokens_per_s(self, warmup_steps: int = 1) -> float | None:
+    def mean_tokens_per_s(self, warmup_steps: int = WARMUP_STEPS) -> float | None:
         """Mean tok/s over the steps after warm-up (SPEC section 4: averages use steps 2..N)."""
         vals = [s.tokens_per_s for s in self.steps if s.step > warmup_steps and s.tokens_per_s is not None]
         return sum(vals) / len(vals) if vals else None
 
-    def mean_step_ms(self, warmup_steps: int = 1) -> float | None:
+    def mean_step_ms(self, warmup_steps: int = WARMUP_STEPS) -> float | None:
         vals = [s.step_ms for s in self.steps if s.step > warmup_steps and s.step_ms is not None]
         return sum(vals) / len(vals) if vals else None
 

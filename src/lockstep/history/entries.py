@@ -16,6 +16,7 @@ from pathlib import Path
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import RunRecord
 from lockstep.history.store import ResultRow, RunRow
+from lockstep.step_contract import WARMUP_STEPS
 
 # Frameworks whose code is lockstep's own checkout (its reference trainer) or a pinned PyPI
 # package driven by it: their "commit" in a trend is lockstep's commit.
@@ -28,7 +29,7 @@ def new_run_id(now: _dt.datetime | None = None) -> str:
     return f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
-def tokens_per_s_stats(record: RunRecord, warmup_steps: int = 1) -> dict[str, float | None]:
+def tokens_per_s_stats(record: RunRecord, warmup_steps: int = WARMUP_STEPS) -> dict[str, float | None]:
     """median, min, max and coefficient of variation (population stdev / mean) of tok/s over the
     steps after warm-up (SPEC section 4: steps 2..N)."""
     vals = [s.tokens_per_s for s in sorted(record.steps, key=lambda s: s.step)
@@ -83,7 +84,7 @@ def results_from_comparisons(comparisons: list[dict]) -> list[ResultRow]:
     rows: dict[tuple[str, str], ResultRow] = {}
     for comp in comparisons:
         base_fw, test_fw = comp["baseline_framework"], comp["test_framework"]
-        warmup = (comp.get("options") or {}).get("warmup_steps", 1)
+        warmup = (comp.get("options") or {}).get("warmup_steps", WARMUP_STEPS)
         for c in comp.get("cases", []):
             b, t = c.get("baseline") or {}, c.get("test") or {}
             if (c["case"], base_fw) not in rows:

@@ -38,7 +38,7 @@ from lockstep.runners.pytorch.step import MicroBatch
 from lockstep.runners.memory import peak_memory_info
 from lockstep.models.reference import llmc_state
 from lockstep.runners.base import write_final_params
-from lockstep.step_contract import (Phases, StepClock, fp32_matmul_precision, fp32_sequential_of_tensors,
+from lockstep.step_contract import (Phases, StepClock, after_warmup, fp32_matmul_precision, fp32_sequential_of_tensors,
                                     slowest_rank, step_loss_fp64)
 
 
@@ -217,9 +217,9 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     with phases("teardown"):
         if final_params_path and pg.reports:
             write_final_params(final_params_path, llmc_state(model))
-    measured = times_ms[1:] or times_ms
+    measured = after_warmup(times_ms)
     if pg.reports:
-        print(perf_summary_line(len(measured), sum(measured) / len(measured), sum(tps[1:] or tps) / len(measured)),
+        print(perf_summary_line(len(measured), sum(measured) / len(measured), sum(after_warmup(tps)) / len(measured)),
               file=log, flush=True)
     return {**info, **phases.report(),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -33,7 +33,7 @@ from lockstep.models.family import OptimizerSpec
 from lockstep.runners.memory import peak_memory_info
 from lockstep.runners.pytorch import step as reference_step
 from lockstep.runners.pytorch.step import MicroBatch
-from lockstep.step_contract import Phases, StepClock, fp32_matmul_precision, fp32_sequential_of_tensors, step_loss_fp64
+from lockstep.step_contract import Phases, StepClock, after_warmup, fp32_matmul_precision, fp32_sequential_of_tensors, step_loss_fp64
 
 
 def sdpa_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -181,7 +181,7 @@ def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
             times_ms.append(step_ms)
             rates.append(tokens_per_s)
     phases.lap("training")
-    measured_ms, measured_rates = (times_ms[1:], rates[1:]) if len(times_ms) > 1 else (times_ms, rates)
+    measured_ms, measured_rates = after_warmup(times_ms), after_warmup(rates)
     print(perf_summary_line(len(measured_ms), sum(measured_ms) / len(measured_ms),
                             sum(measured_rates) / len(measured_rates)), file=log, flush=True)
     return {**phases.report(), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -79,7 +79,7 @@ def run_trend(store: HistoryStore, args: argparse.Namespace, console: Console) -
     for p in points:
         t.add_row(p.run_id, escape(p.commit), escape(p.identity), _num(p.max_abs_diff, ".3e"), _num(p.threshold, ".0e"),
                   p.verdict or "-", _num(p.tps_median, ",.0f"), _num(p.tps_min, ",.0f"), _num(p.tps_max, ",.0f"),
-                  _num(p.tps_cv, ".3f"))
+                  _num(p.tps_cv, ".3f") + (" NOISY" if p.noisy else ""))
     console.print(t)
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{args.case}_{args.framework}")
     png_path = args.png or Path(f"trend_{safe}.png")

@@ -23,6 +23,20 @@ from lockstep.step_contract import WARMUP_STEPS
 NOISY_CV = 0.10
 
 
+def coefficient_of_variation(values: list[float]) -> float:
+    """The one CV of tok/s that every output shows (the compare tables, summary.json, the report,
+    the history): the sample standard deviation over the mean; 0 for a single value, infinite
+    for a mean of 0."""
+    mean = statistics.fmean(values)
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return sd / mean if mean > 0 else math.inf
+
+
+def is_noisy(cv: float | None) -> bool:
+    """NOISY: a CV above NOISY_CV (an unknown CV is not noisy)."""
+    return cv is not None and cv > NOISY_CV
+
+
 @dataclass(frozen=True)
 class DevicePeak:
     match: str  # a substring of torch.cuda.get_device_name (case-insensitive)
@@ -51,8 +65,7 @@ def device_peak_tflops(device_name: str | None, dtype: str | None) -> float | No
 
 @dataclass(frozen=True)
 class Spread:
-    """Median tok/s over the measured steps with its spread. `cv` is the sample standard
-    deviation over the mean (0 for a single value)."""
+    """Median tok/s over the measured steps with its spread; `cv`: `coefficient_of_variation`."""
 
     steps: tuple[int, ...]
     median: float
@@ -63,16 +76,14 @@ class Spread:
 
     @property
     def noisy(self) -> bool:
-        return self.cv > NOISY_CV
+        return is_noisy(self.cv)
 
     @classmethod
     def of(cls, steps: list[int], values: list[float]) -> "Spread | None":
         if not values:
             return None
-        mean = statistics.fmean(values)
-        sd = statistics.stdev(values) if len(values) > 1 else 0.0
-        return cls(tuple(steps), statistics.median(values), mean, min(values), max(values),
-                   sd / mean if mean > 0 else math.inf)
+        return cls(tuple(steps), statistics.median(values), statistics.fmean(values), min(values), max(values),
+                   coefficient_of_variation(values))
 
     @classmethod
     def from_json(cls, d: dict) -> "Spread":

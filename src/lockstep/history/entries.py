@@ -5,8 +5,10 @@ framework's identity and the per-step tok/s."""
 from __future__ import annotations
 
 from lockstep.compare.policy import class_of
+from lockstep.compare.throughput import coefficient_of_variation
 
 import datetime as _dt
+import math
 import os
 import platform
 import secrets
@@ -30,15 +32,16 @@ def new_run_id(now: _dt.datetime | None = None) -> str:
 
 
 def tokens_per_s_stats(record: RunRecord, warmup_steps: int = WARMUP_STEPS) -> dict[str, float | None]:
-    """median, min, max and coefficient of variation (population stdev / mean) of tok/s over the
+    """median, min, max and coefficient of variation (compare's `coefficient_of_variation`, as the
+    report shows it; None for a mean of 0) of tok/s over the
     steps after warm-up (SPEC section 4: steps 2..N)."""
     vals = [s.tokens_per_s for s in sorted(record.steps, key=lambda s: s.step)
             if s.step > warmup_steps and s.tokens_per_s is not None]
     if not vals:
         return {"tps_median": None, "tps_min": None, "tps_max": None, "tps_cv": None}
-    mean = statistics.fmean(vals)
+    cv = coefficient_of_variation(vals)
     return {"tps_median": statistics.median(vals), "tps_min": min(vals), "tps_max": max(vals),
-            "tps_cv": statistics.pstdev(vals) / mean if mean > 0 else None}
+            "tps_cv": cv if math.isfinite(cv) else None}
 
 
 def identity(record: RunRecord) -> dict[str, str | None]:

@@ -60,7 +60,7 @@ CREATE TABLE IF NOT EXISTS results (
     tps_median REAL,                  -- tok/s over steps 2..N
     tps_min REAL,
     tps_max REAL,
-    tps_cv REAL,                      -- population stdev / mean
+    tps_cv REAL,                      -- sample stdev / mean (compare's coefficient_of_variation)
     PRIMARY KEY (run_id, case_name, framework)
 );
 CREATE INDEX IF NOT EXISTS results_by_case ON results (case_name, framework);

@@ -7,6 +7,7 @@ import io
 import math
 from dataclasses import dataclass
 
+from lockstep.compare.throughput import is_noisy
 from lockstep.history.store import HistoryStore, ResultRow, RunRow
 
 
@@ -23,6 +24,10 @@ class TrendPoint:
     tps_min: float | None
     tps_max: float | None
     tps_cv: float | None
+
+    @property
+    def noisy(self) -> bool:
+        return is_noisy(self.tps_cv)
 
 
 def short_commit(commit: str | None) -> str:

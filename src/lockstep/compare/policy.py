@@ -78,14 +78,18 @@ def _is_gpt2(case: str, record: RunRecord) -> bool:
     return spec.get("model", "").startswith("gpt2") or case.startswith("gpt2")
 
 
-def loss_threshold(case: str, dtype: str, baseline: RunRecord, test: RunRecord,
+def loss_threshold(case: str, dtype: str, baseline: RunRecord | None = None, test: RunRecord | None = None,
                    user_fp32: float | None = None, user_bf16: float | None = None) -> tuple[float, str]:
-    """The threshold of a case, and where it comes from."""
+    """The |Δloss| threshold of a case, and where it comes from: what every consumer (compare, the
+    certificate's step-1 loss, diagnose's drift, golden files, determinism warnings) asks here,
+    never `THRESHOLDS` itself. Without the records (nothing compared yet) the Megatron-LM log rule
+    cannot apply."""
     explicit = user_bf16 if dtype == "bfloat16" else user_fp32
     if explicit is not None:
         return explicit, "option"
     # The looser FP32 default is about upstream Megatron-LM's numerics, whichever side its log is on.
-    if dtype == "float32" and any(r.origin == ORIGIN_MEGATRON_LM and _is_gpt2(case, r) for r in (baseline, test)):
+    if dtype == "float32" and any(r is not None and r.origin == ORIGIN_MEGATRON_LM and _is_gpt2(case, r)
+                                  for r in (baseline, test)):
         return MEGATRON_LM_GPT2_FP32_THRESHOLD, "megatron-lm gpt2 default"
     if dtype == "float32" and "_sp_" in case:
         return SP_FP32_THRESHOLD, "sequence-parallel default (_sp_ case)"

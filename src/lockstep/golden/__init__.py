@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lockstep.cases.spec import dtype_of_case_name
-from lockstep.compare.policy import THRESHOLDS
+from lockstep.compare.policy import loss_threshold
 from lockstep.errors import FormatError, LockstepError
 from lockstep.formats.run_record import RunRecord, read_run_record
 from lockstep.fsutil import atomic_write
@@ -94,14 +94,15 @@ def record_golden(run_dirs: list[str | os.PathLike], framework: str | None = Non
             raise FormatError(records[0].source or case, f"case {case}: the recorded runs have different steps "
                               f"({', '.join(str(len(s)) for s in step_sets)} steps); record runs of the same length")
         losses = [{s.step: s.loss for s in r.steps} for r in records]
+        threshold, _ = loss_threshold(case, dtype)
         steps = []
         for step in sorted(losses[0]):
             vals = [ls[step] for ls in losses]
             mean = math.fsum(vals) / len(vals)
             spread = max(vals) - min(vals)
             steps.append({"step": step, "mean": mean, "spread": spread,
-                          "tolerance": max(THRESHOLDS[dtype], k * spread), "n": len(vals)})
-        cases[case] = {"dtype": dtype, "threshold": THRESHOLDS[dtype], "repeats": len(records), "steps": steps}
+                          "tolerance": max(threshold, k * spread), "n": len(vals)})
+        cases[case] = {"dtype": dtype, "threshold": threshold, "repeats": len(records), "steps": steps}
     return {"kind": GOLDEN_KIND, "schema": GOLDEN_SCHEMA, "framework": frameworks.pop(), "k": k,
             "tolerance_rule": "max(threshold, k * spread), spread = max - min over the repeats",
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -1,4 +1,4 @@
-"""The training contract's rules for one step (SPEC section 4), in one place for every runner,
+"""The training contract's rules for one step (docs/reference/training-contract.md), in one place for every runner,
 every capture and the comparison:
 
 - timing: synchronize the device, start; data, forward, loss, backward, gradient communication,

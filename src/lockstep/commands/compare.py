@@ -213,7 +213,7 @@ def step_series_table(c: CaseVerdict) -> Table:
 
 def throughput_table(report: ComparisonReport) -> Table:
     t = Table(title=f"Throughput after warm-up: median tok/s ±CV (NOISY above {NOISY_CV:.0%}); ratio of means "
-                    "(SPEC); MFU; peak memory allocated / reserved", title_justify="left")
+                    "(test ÷ baseline); MFU; peak memory allocated / reserved", title_justify="left")
     for col, kw in (("case", {}), ("config", {}), ("baseline tok/s", {"justify": "right"}),
                     ("test tok/s", {"justify": "right"}), ("test/baseline", {"justify": "right"}),
                     ("steps used (b / t)", {"justify": "right"}), ("MFU (b / t)", {"justify": "right"}),

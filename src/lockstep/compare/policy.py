@@ -1,6 +1,6 @@
 """The verdict policy: one place that says what PASS and FAIL mean.
 
-- Thresholds (SPEC section 7): |Δloss| per step against FP32 1e-5 / BF16 1e-2, with two
+- Thresholds (docs/reference/case-matrices.md#thresholds): |Δloss| per step against FP32 1e-5 / BF16 1e-2, with two
   exceptions: FP32 2e-3 against an upstream Megatron-LM GPT-2 log, FP32 2e-2 for the seed's
   sequence-parallel (`_sp_`) cases; a user's own threshold replaces the defaults.
 - Classes, one per (baseline, test) pair of a case, decided from the loss steps and the pair's
@@ -30,7 +30,7 @@ from lockstep.formats.logs import ORIGIN_MEGATRON_LM
 from lockstep.formats.run_record import RunRecord
 from lockstep.step_contract import LOGGED_FP32_SEQUENTIAL
 
-# SPEC section 7. FP32 from InfiniTrain's test config, BF16 looser.
+# docs/reference/case-matrices.md#thresholds. FP32 from InfiniTrain's test config, BF16 looser.
 THRESHOLDS = {"float32": 1e-5, "bfloat16": 1e-2}
 # The seed's sequence-parallel cases (`_sp_` in the name, e.g. qwen3_tp8_sp_fp32) compare FP32 at
 # 2e-2: SP reorders the reductions of every norm and matmul over the sequence.

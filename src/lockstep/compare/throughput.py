@@ -2,7 +2,7 @@
 and the report: the median tok/s of a run with its spread (min, max, coefficient of variation)
 over the steps after warm-up, peak device memory, and MFU.
 
-Every step's time is already the slowest rank's (SPEC section 4), so a step's tok/s is the whole
+Every step's time is already the slowest rank's (docs/reference/training-contract.md#timing), so a step's tok/s is the whole
 job's. MFU = model FLOPs per token (the family config's `flops_per_token`, PaLM's convention)
 × tok/s ÷ (the device's dense peak for the case's dtype × the number of devices). The peak comes
 from `DEVICE_PEAKS` by device name, or from `--peak-tflops`; an unknown device (a CPU) gets no

@@ -9,7 +9,7 @@ given, and every `--repeat` of it):
     spread    = max - min of the N losses (0 when the reference is bitwise deterministic)
     tolerance = max(threshold, K * spread)
 
-threshold is the dtype's comparison threshold (SPEC section 7: FP32 1e-5, BF16 1e-2), the floor:
+threshold is the case's comparison threshold, the policy's (docs/reference/case-matrices.md#thresholds), the floor:
 a golden file never judges tighter than a live comparison would. K = 3 (GOLDEN_K): the range of a
 handful of repeats underestimates a noisy framework's true spread, and three ranges keep a run
 exactly as noisy as the recorded ones from failing, while a real change of the curve (which

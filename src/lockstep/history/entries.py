@@ -34,7 +34,7 @@ def new_run_id(now: _dt.datetime | None = None) -> str:
 def tokens_per_s_stats(record: RunRecord, warmup_steps: int = WARMUP_STEPS) -> dict[str, float | None]:
     """median, min, max and coefficient of variation (compare's `coefficient_of_variation`, as the
     report shows it; None for a mean of 0) of tok/s over the
-    steps after warm-up (SPEC section 4: steps 2..N)."""
+    steps after warm-up (docs/reference/training-contract.md#timing: steps 2..N)."""
     vals = [s.tokens_per_s for s in sorted(record.steps, key=lambda s: s.step)
             if s.step > warmup_steps and s.tokens_per_s is not None]
     if not vals:

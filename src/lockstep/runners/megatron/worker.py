@@ -6,7 +6,8 @@ correction to it), the config (`seq_length=T`, ...), then per step Megatron-LM's
 with the TRUE loss of that step and a `PERF step` line, and a `PERF summary` line at the end.
 Rank 0 also streams each step to the parent through launch.ResultsWriter.
 
-One optimizer step, as SPEC section 4 times it: synchronize, start; zero the gradient buffers;
+One optimizer step, as the contract times it (docs/reference/training-contract.md#timing): synchronize,
+start; zero the gradient buffers;
 megatron-core's forward-backward schedule over `accum` micro batches (no pipelining, or 1F1B /
 interleaved 1F1B with PP > 1), reading each micro batch from GPTDataset inside the schedule;
 DDP's gradient all-reduce (in `finalize_model_grads`); the optimizer step; synchronize, stop.

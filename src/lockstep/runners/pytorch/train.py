@@ -1,6 +1,6 @@
 """The reference training loop, run in-process (one device) or per rank under torchrun.
 
-Follows the training contract of SPEC section 4 line by line: the contract's data order,
+Follows the training contract (docs/reference/training-contract.md) line by line: the contract's data order,
 mean CE / accum summed over micro steps and averaged over DP ranks, the family's optimizer
 (SGD for GPT-2, Adam for Llama 3 / Qwen3) at a constant lr, FP32 with TF32 off or bf16
 autocast around the forward with FP32 parameters, and a step time measured between two device

@@ -34,6 +34,7 @@ from lockstep.step_contract import LOGGED_FP32_SEQUENTIAL
 
 # docs/reference/case-matrices.md#thresholds. FP32 from InfiniTrain's test config, BF16 looser.
 THRESHOLDS = {"float32": 1e-5, "bfloat16": 1e-2}
+DTYPES = tuple(THRESHOLDS)  # the dtypes a case may have (golden files name one per case)
 # The seed's sequence-parallel cases (`_sp_` in the name, e.g. qwen3_tp8_sp_fp32) compare FP32 at
 # 2e-2: SP reorders the reductions of every norm and matmul over the sequence.
 SP_FP32_THRESHOLD = 2e-2

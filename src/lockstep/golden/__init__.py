@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lockstep.cases.spec import dtype_of_case_name
-from lockstep.compare.policy import THRESHOLDS, loss_threshold
+from lockstep.compare.policy import DTYPES, loss_threshold
 from lockstep.errors import FormatError, LockstepError
 from lockstep.formats.run_manifest import baseline_of
 from lockstep.formats.run_record import RunRecord, read_run_record
@@ -185,8 +185,6 @@ def validate_golden(path: Path, golden: dict) -> None:
                 raise FormatError(path, f"{at}: \"tolerance\" is {tol!r}, not max(threshold, k x spread) = "
                                         f"{expected:.3e} as golden record writes it")
 
-
-DTYPES = tuple(THRESHOLDS)  # the dtypes a golden case may have
 
 
 @dataclass

@@ -154,6 +154,15 @@ def run_pipeline(request: RunRequest, *, options: CompareOptions | None = None, 
     check_before_run(request, outputs, force)  # a bad --out, --junit or history: refused before any work
     with timing.stage("plan"):
         plan = plan_run(request, repeat=repeat)
+    try:
+        return _run_planned(plan, options, repeat, force, outputs, observer, early_groups, timing)
+    finally:
+        if plan.cuda_start is not None:
+            plan.cuda_start.join()  # long done by now; a thread alive at shutdown would be fatal
+
+
+def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: bool, outputs: RunOutputs,
+                 observer: RunObserver, early_groups: dict | None, timing: "RunTiming") -> RunResult:
     plan.early_groups = dict(early_groups or {})
     if early_groups:
         early_groups.clear()  # the plan's now: execute_plan takes or stops them

@@ -89,6 +89,7 @@ class RunPlan:
     # (case, framework) -> why that pair does not run here; None until asked (`skip_reason` fills
     # it from the runners: a plan made by hand in a test lists no skips of its own).
     skips: dict[tuple[str, str], str] | None = None
+    cuda_start: Any = None  # the thread making this process's CUDA context (joined before the run ends)
 
     def skip_reason(self, case: CaseSpec, runner: FrameworkRunner) -> str | None:
         """Why the pair does not run here, or None when it runs."""
@@ -126,9 +127,11 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def start_cuda_beside() -> None:
+def start_cuda_beside():
     """Make this process's CUDA context in a background thread (the driver works without the GIL):
-    the first in-process case then finds it made, while the plan hashes and checks files."""
+    the first in-process case then finds it made, while the plan hashes and checks files. Returns
+    the thread, which the run joins before it ends: a thread inside the driver at interpreter
+    shutdown is a fatal error."""
     import threading
 
     import torch
@@ -139,7 +142,9 @@ def start_cuda_beside() -> None:
         except Exception:  # the first case meets the same failure and says it, as a failed run
             pass
 
-    threading.Thread(target=start, name="lockstep-cuda-start", daemon=True).start()
+    thread = threading.Thread(target=start, name="lockstep-cuda-start", daemon=True)
+    thread.start()
+    return thread
 
 
 def default_frameworks(notes: list[str]) -> list[str]:
@@ -275,7 +280,18 @@ def plan_run(req: RunRequest, repeat: int = 1, make_files: bool = True) -> RunPl
 
         if not torch.cuda.is_available():
             raise LockstepError("--device cuda was asked for but torch sees no CUDA device")
-        start_cuda_beside()
+    cuda_start = start_cuda_beside() if device == "cuda" and make_files else None
+    try:
+        plan = _resolve(req, repeat, make_files, device, notes)
+    except BaseException:
+        if cuda_start is not None:
+            cuda_start.join()
+        raise
+    plan.cuda_start = cuda_start
+    return plan
+
+
+def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes: list[str]) -> RunPlan:
     cache = Path(req.cache_dir) if req.cache_dir else default_cache_dir()
 
     all_cases = load_matrix(req.matrix)

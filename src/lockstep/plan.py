@@ -316,19 +316,10 @@ def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes:
                      f"{max(nodes.procs_per_node(c.world_size) for c in crowded)} ranks on "
                      f"{available_devices(device)} CPU cores (gloo, 1 torch thread per rank): slower, same arithmetic")
 
-    # The runners, and for every pair whether it runs here (known before any file is made).
     frameworks = req.frameworks or default_frameworks(notes)
     if len(set(frameworks)) != len(frameworks):
         raise LockstepError(f"--frameworks lists a framework twice: {','.join(frameworks)}")
     runners = [get_runner(name, **runner_options(name, req)) for name in frameworks]
-    # (A seeded init is not made yet: the pairs are judged on its shape, and again below on the file.)
-    placeholders = {c.name: RunInputs(checkpoint=models[c.model].checkpoint or Path("-"), tokens=Path("-"),
-                                      model=models[c.model].config, device=device, model_name=models[c.model].name,
-                                      timeout_s=req.timeout_s, oversubscribe=oversubscribe, nodes=nodes)
-                    for c in cases}
-    skips = pair_skips(cases, runners, placeholders, unrunnable)
-    skip_unpaired_baselines(cases, runners, skips, repeat)
-    running = [c for c in cases if any((c.name, r.name) not in skips for r in runners)]
 
     # Tokens: the user's token file, or Tiny Shakespeare (or the named offline corpus) prepared
     # once per tokenizer the cases' families use.
@@ -347,9 +338,9 @@ def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes:
         if not prepared.is_tiny_shakespeare:
             notes.append(f"corpus: {prepared.corpus_description}")
 
-    # Weights: a seeded llm.c init per shape that some pair will run (cached), or the user's file.
+    # Weights: a seeded llm.c init per shape that some case will run here (cached), or the user's file.
     for name, m in list(models.items()):
-        if make_files and m.checkpoint is None and any(c.model == name for c in running):
+        if make_files and m.checkpoint is None and any(c.model == name and c.name not in unrunnable for c in cases):
             path = ensure_initial_checkpoint(cache, name, family(m.family), m.config, req.seed)
             models[name] = PlannedModel(name, m.family, m.config, path, req.seed)
             notes.append(f"weights: llm.c init of {name} (seed {req.seed}), {path}")
@@ -359,9 +350,11 @@ def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes:
     lengths: dict[tuple[Path, int], int] = {}
     for case in cases:
         m = models[case.model]
-        if not make_files:
+        if not make_files:  # --dry-run: no token file, no weights made (a --llmc file is named)
             case.check(max_seq_len=m.config.max_seq_len)
-            inputs[case.name] = placeholders[case.name]
+            inputs[case.name] = RunInputs(checkpoint=m.checkpoint or Path("-"), tokens=Path(req.data or "-"),
+                                          model=m.config, device=device, model_name=m.name, timeout_s=req.timeout_s,
+                                          oversubscribe=oversubscribe, nodes=nodes)
             continue
         path, corpus, sha = tokens[family(m.family).tokenizer]
         if (path, m.config.vocab_size) not in lengths:
@@ -373,12 +366,12 @@ def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes:
             checkpoint_sha256=checkpoint_digest(m.checkpoint, cache) if m.checkpoint is not None else "",
             tokens_sha256=sha, corpus=corpus, timeout_s=req.timeout_s, oversubscribe=oversubscribe, nodes=nodes)
 
+    # Every pair that will not run here, with the reason (the runners judge the real inputs).
     skips = pair_skips(cases, runners, inputs, unrunnable)
     notes.extend(skip_unpaired_baselines(cases, runners, skips, repeat))
-    running = [c for c in cases if any((c.name, r.name) not in skips for r in runners)]
     out_dir = Path(req.out) if req.out else Path("lockstep-out")
     for runner in runners:
-        for m in {inputs[c.name].model_name: inputs[c.name] for c in running}.values():
+        for m in {i.model_name: i for c, i in inputs.items() if c not in unrunnable}.values():
             runner.preflight(m)  # e.g. a missing InfiniTrain binary stops here, before any run
     return RunPlan(out_dir=out_dir, device=device, cases=cases, inputs=inputs, runners=runners, notes=notes,
                    unrunnable=unrunnable, nodes=nodes, persistent_workers=req.persistent_workers,

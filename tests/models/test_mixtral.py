@@ -350,3 +350,37 @@ def test_training_loss_is_ce_alone_under_the_contract(converted):
         model.aux_loss_coeff = 0.01  # what a non-zero coefficient would add
         _, with_aux = model(x, y)
     assert float(with_aux) > float(ce)
+
+
+def test_lockstep_run_trains_it_on_pytorch(tmp_path):
+    """`lockstep run --matrix mixtral --frameworks pytorch` on a CPU: the reference loop trains the
+    family unchanged (coefficient 0: the loss is the CE), and step 1's logged loss is the reference
+    model's mean CE on the contract's first micro batch, computed here independently."""
+    from lockstep.cases import load_matrix
+    from lockstep.data.loader import TokenBatches
+    from lockstep.formats.tokens import read_token_stream, write_token_stream
+    from lockstep.models.init import init_tensors
+
+    config = MixtralConfig(max_seq_len=128, vocab_size=256, num_layers=2, num_heads=4, num_kv_heads=1, channels=32,
+                           num_experts=8, router_topk=2, moe_ffn_hidden_size=48)
+    ckpt_path, data = tmp_path / "mixtral.bin", tmp_path / "tokens.bin"
+    FAMILY.write(ckpt_path, config, init_tensors(config, FAMILY.init_rule(config), 42))
+    ids = np.random.default_rng(5).integers(0, 256, size=20_000)
+    write_token_stream(data, ids, kind="llama3", vocab_size=256)
+    out = tmp_path / "o"
+    rc = main(["run", "--matrix", "mixtral", "--cases", "mixtral_1,mixtral_accum2", "--frameworks", "pytorch",
+               "--llmc", str(ckpt_path), "--data", str(data), "--steps", "3", "--device", "cpu", "--out", str(out),
+               "--no-history", "--no-report"])
+    assert rc == 0
+    losses = {}
+    for case in ("mixtral_1", "mixtral_accum2"):
+        lines = [json.loads(line) for line in (out / "pytorch" / f"{case}.jsonl").read_text().splitlines()]
+        assert lines[0]["status"] == "ok" and lines[0]["model"]["family"] == "mixtral"
+        losses[case] = [r["loss"] for r in lines if r.get("type") == "step"]
+        assert len(losses[case]) == 3 and all(math.isfinite(v) for v in losses[case])
+    case = next(c for c in load_matrix("mixtral") if c.name == "mixtral_1")
+    x, y = TokenBatches(read_token_stream(data, vocab_size=256).tokens, case).micro_batch(0, 0)
+    model = reference.Mixtral.from_llmc(load_checkpoint(ckpt_path).tensors, config)
+    with torch.no_grad():
+        _, loss = model(x, y)
+    assert abs(losses["mixtral_1"][0] - float(loss)) <= LIMIT, (losses["mixtral_1"][0], float(loss))

@@ -69,7 +69,9 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(SwiGLU(cfg.channels, cfg.moe_ffn_hidden_size) for _ in range(cfg.num_experts))
         self.route = route  # the routing rule; a test swaps in a wrong one to see the comparison fail
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Routing]:
+    def forward(self, x: torch.Tensor, routings: list[Routing]) -> torch.Tensor:
+        """The block's output (a tensor, like every reference module's: the capture hooks read
+        it); its `Routing` is appended to `routings`."""
         B, T, C = x.shape
         h = x.reshape(B * T, C)
         logits = self.router(h)
@@ -79,7 +81,8 @@ class MoE(nn.Module):
             token, slot = torch.where(experts == e)  # its tokens, in token order
             if token.numel():
                 out = out.index_add(0, token, expert(h[token]) * weights[token, slot, None])
-        return out.view(B, T, C), Routing(logits, experts, weights)
+        routings.append(Routing(logits, experts, weights))
+        return out.view(B, T, C)
 
 
 class Block(nn.Module):
@@ -90,10 +93,9 @@ class Block(nn.Module):
         self.ln_2 = RMSNorm(cfg.channels, cfg.norm_eps)
         self.mlp = MoE(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, Routing]:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, routings: list[Routing]) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), cos, sin)
-        moe, routing = self.mlp(self.ln_2(x))
-        return x + moe, routing
+        return x + self.mlp(self.ln_2(x), routings)
 
 
 class Mixtral(nn.Module):
@@ -114,8 +116,7 @@ class Mixtral(nn.Module):
         layers: list[Routing] = [] if routings is None else routings
         x = self.wte(idx)
         for block in self.h:
-            x, routing = block(x, cos, sin)
-            layers.append(routing)
+            x = block(x, cos, sin, layers)
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None

@@ -30,18 +30,9 @@ from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
                                    launch_meta, oversubscribed_env)
 from lockstep.runners.launch import run_workers
+from lockstep.runners.megatron import INSTALL_HINT, megatron_core_installed  # noqa: F401 (also read from here)
 from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions
 from lockstep.runners.workers import WorkerGroup, WorkerGroupDied
-
-INSTALL_HINT = "pip install 'lockstep[megatron]'"
-
-
-def megatron_core_installed() -> bool:
-    try:
-        return importlib.util.find_spec("megatron.core") is not None
-    except (ImportError, ValueError):
-        return False
-
 
 def apex_installed() -> bool:
     try:

@@ -31,7 +31,7 @@ from lockstep.formats.run_record import RunRecord, StepRecord
 from lockstep.formats.tokens import read_token_stream
 from lockstep.fsutil import atomic_write, sha256_file, write_once
 from lockstep.models import CPU_SHAPES, family, model_shape, read_checkpoint_layout
-from lockstep.runners import get_runner
+from lockstep.runners import get_runner, reference_framework
 from lockstep.runners.base import FrameworkRunner, RunInputs, available_devices, device_shortage
 from lockstep.runners.nodes import NodeLayout
 from lockstep.step_contract import Stopwatch
@@ -53,8 +53,9 @@ class RunRequest:
     out: str | None = None
     seed: int = 42
     timeout_s: float | None = None
-    infinitrain_build: str | None = None
-    megatron_native_bf16: bool = False
+    # A runner spec's name -> its options (runners.framework_options_from: e.g. the infinitrain
+    # build, megatron's native bf16, the command runner's TOML trainers); absent: its defaults.
+    framework_options: dict = field(default_factory=dict)
     cache_dir: str | None = None
     oversubscribe: bool = False  # CPU: run cases with more ranks than cores (gloo, 1 torch thread per rank)
     nodes: NodeLayout = field(default_factory=NodeLayout)  # --nnodes/--node-rank/--rdzv-endpoint/--launcher
@@ -143,17 +144,10 @@ def start_cuda_beside() -> None:
     threading.Thread(target=start, name="lockstep-cuda-start", daemon=True).start()
 
 
-def default_frameworks(notes: list[str]) -> list[str]:
-    from lockstep.runners.megatron.runner import megatron_core_installed
+def default_frameworks(notes: list[str], framework_options: dict | None = None) -> list[str]:
+    from lockstep.runners import default_frameworks as registered_defaults
 
-    names = ["pytorch"]
-    if megatron_core_installed():  # found without importing it (seconds, and noisy warnings)
-        names.append("megatron")
-    else:
-        notes.append("megatron-core is not installed (pip install 'lockstep[megatron]'): running pytorch only")
-    if os.environ.get("LOCKSTEP_INFINITRAIN_BUILD"):
-        names.append("infinitrain")
-    return names
+    return registered_defaults(framework_options, notes)
 
 
 def resolve_case_models(cases: list[CaseSpec], req: RunRequest, device: str,
@@ -336,10 +330,10 @@ def plan_run(req: RunRequest) -> RunPlan:
             checkpoint_sha256=checkpoint_digest(m.checkpoint, cache) if m.checkpoint is not None else "",
             tokens_sha256=sha, corpus=corpus, timeout_s=req.timeout_s, oversubscribe=oversubscribe, nodes=nodes)
 
-    frameworks = req.frameworks or default_frameworks(notes)
+    frameworks = req.frameworks or default_frameworks(notes, req.framework_options)
     if len(set(frameworks)) != len(frameworks):
         raise LockstepError(f"--frameworks lists a framework twice: {','.join(frameworks)}")
-    runners = [get_runner(name, **runner_options(name, req)) for name in frameworks]
+    runners = [get_runner(name, req.framework_options) for name in frameworks]
 
     out_dir = Path(req.out) if req.out else Path("lockstep-out")
     for runner in runners:
@@ -393,14 +387,6 @@ def _cached_digest(path: Path) -> str:
     except LockstepError:
         pass  # a cache that cannot take it: hashed again next time
     return digest
-
-
-def runner_options(name: str, req: RunRequest) -> dict:
-    if name == "infinitrain":
-        return {"build_dir": req.infinitrain_build}
-    if name == "megatron" and req.megatron_native_bf16:
-        return {"native_bf16": True}
-    return {}
 
 
 def ensure_initial_checkpoint(cache: Path, model_name: str, fam, config, seed: int,
@@ -542,8 +528,8 @@ def start_first_group_early(req: RunRequest) -> dict:
     device = req.device or ("cuda" if _nvidia_driver_present() else "cpu")
     try:
         cases = select_cases(load_matrix(req.matrix), req.cases, source=f"matrix {req.matrix}")
-        frameworks = req.frameworks or default_frameworks([])
-        runners = [get_runner(name, **runner_options(name, req)) for name in frameworks]
+        frameworks = req.frameworks or default_frameworks([], req.framework_options)
+        runners = [get_runner(name, req.framework_options) for name in frameworks]
     except LockstepError:
         return {}  # the plan says what is wrong
     for case in cases:
@@ -617,7 +603,7 @@ def certify_outcomes(plan: RunPlan, outcomes: list[CaseOutcome], say=lambda text
                 eps = optimizer.eps if optimizer.kind == "adam" else 1e-8
                 try:
                     cert = certify(StepCapture.load(ref), StepCapture.load(other), case, adam_eps=eps)
-                    if cert.close_call and baseline == "pytorch":
+                    if cert.close_call and baseline == reference_framework():
                         say(f"step-1 certificate {runner.name} vs {baseline} on {case.name}: a close call; measuring "
                             "what FP32 moves the reference itself (its step 1 in FP64)")
                         if case.name not in fp64s:
@@ -634,9 +620,8 @@ def certify_outcomes(plan: RunPlan, outcomes: list[CaseOutcome], say=lambda text
 
 def fp64_capture(plan: RunPlan, case: CaseSpec):
     """The reference's step 1 of the case in FP64, sketched like the certificate's captures."""
-    from lockstep.runners.pytorch import PyTorchRunner
-
-    return PyTorchRunner().fp64_step1(case, plan.inputs[case.name], plan.capture_path("pytorch-fp64", case))
+    reference = reference_framework()
+    return get_runner(reference).fp64_step1(case, plan.inputs[case.name], plan.capture_path(f"{reference}-fp64", case))
 
 
 def _capture_of(outcome: CaseOutcome) -> tuple[str | None, str | None]:
@@ -651,8 +636,7 @@ def _capture_of(outcome: CaseOutcome) -> tuple[str | None, str | None]:
 def gather_evidence(plan: RunPlan, summary: dict, say=lambda text: None) -> bool:
     """Run what the policy asked for in `summary` (an FP64 reference run per case whose clean step 1
     may be Adam amplifying rounding); True when something new was written (compare again)."""
-    from lockstep.runners.pytorch import PyTorchRunner
-
+    reference = reference_framework()
     wanted = sorted({c["case"] for comp in summary.get("comparisons", []) for c in comp.get("cases", [])
                      if c.get("evidence_wanted") == "fp64-reference"})
     wrote = False
@@ -661,8 +645,8 @@ def gather_evidence(plan: RunPlan, summary: dict, say=lambda text: None) -> bool
         path = plan.out_dir / EVIDENCE_DIR / f"{name}.fp64.jsonl"
         if case is None or path.exists():
             continue
-        say(f"evidence: {name} in FP64 on the pytorch reference (is the FP32 difference Adam amplifying rounding?)")
-        record = PyTorchRunner().train_fp64(case, plan.inputs[name], path)
+        say(f"evidence: {name} in FP64 on the {reference} reference (is the FP32 difference Adam amplifying rounding?)")
+        record = get_runner(reference).train_fp64(case, plan.inputs[name], path)
         if not record.ok:
             say(f"evidence for {name} could not be made: {record.error}")
         wrote = True

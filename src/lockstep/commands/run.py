@@ -22,7 +22,7 @@ from lockstep.outdir import CASE_OUTPUT_SUFFIXES, STATUS_FINISHED, RunDir, check
 from lockstep.run_matrix import (CaseOutcome, RunPlan, RunRequest, RunTiming, certify_outcomes, close_early_groups,
                                  execute_plan, gather_evidence, plan_run, start_first_group_early)
 from lockstep.run_verdict import run_verdict
-from lockstep.runners import RUNNERS
+from lockstep.runners import add_runner_arguments, framework_names, framework_options_from
 from lockstep.runners.nodes import NodeLayout
 
 
@@ -34,9 +34,9 @@ def add_parser(sub) -> None:
     p.add_argument("--matrix", default="gpt2", help="built-in matrix name (gpt2, gpt2_parallel, llama3, qwen3, ...) "
                                                      "or a TOML file")
     p.add_argument("--cases", help="comma-separated case names (default: every case of the matrix)")
-    p.add_argument("--frameworks", help=f"comma-separated, baseline first: {', '.join(RUNNERS)} "
-                                        "(default: pytorch, megatron when installed, infinitrain when "
-                                        "LOCKSTEP_INFINITRAIN_BUILD is set)")
+    p.add_argument("--frameworks", help=f"comma-separated, baseline first: {', '.join(framework_names())}, or a "
+                                        "--command-runner trainer (default: pytorch, megatron when installed, "
+                                        "infinitrain when LOCKSTEP_INFINITRAIN_BUILD is set)")
     p.add_argument("--model", help="a registered model of the cases' family (e.g. gpt2-tiny, llama3-tiny, qwen3-1.7b) "
                                    "for every case (default: each case's own; on a CPU-only machine its family's "
                                    "tiny model)")
@@ -48,9 +48,7 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="lockstep-out", help="run directory (default: lockstep-out)")
     p.add_argument("--seed", type=seed_argument, default=42, help="seed of the llm.c init when no --llmc is given")
     p.add_argument("--timeout", type=float, default=None, help="seconds per case and framework before it fails")
-    p.add_argument("--infinitrain-build", help="InfiniTrain build dir holding gpt2 (or LOCKSTEP_INFINITRAIN_BUILD)")
-    p.add_argument("--megatron-native-bf16", action="store_true",
-                   help="diagnostic: Megatron's native bf16 parameters instead of autocast")
+    add_runner_arguments(p)  # each runner's own flags (--infinitrain-build, --megatron-native-bf16, --command-runner)
     p.add_argument("--peak-tflops", type=float, default=None, metavar="X",
                    help="per-device peak TFLOP/s for MFU (default: the known-device table; none on CPU)")
     p.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
@@ -85,7 +83,7 @@ def run(args) -> int:
     req = RunRequest(matrix=args.matrix, cases=split_list(args.cases), frameworks=split_list(args.frameworks),
                      model=args.model, llmc=args.llmc, data=args.data, text=args.text, steps=args.steps,
                      device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
-                     infinitrain_build=args.infinitrain_build, megatron_native_bf16=args.megatron_native_bf16,
+                     framework_options=framework_options_from(args),
                      oversubscribe=args.oversubscribe, nodes=node_layout(args),
                      persistent_workers=not getattr(args, "no_persistent_workers", False),
                      certify=not getattr(args, "no_certify", False), certify_bf16=getattr(args, "certify_bf16", False))
@@ -105,7 +103,8 @@ def planned_run(args, req: RunRequest, console: Console, timing: RunTiming, earl
     plan.early_groups = early_groups
     if not plan.nodes.writes_records:
         return run_as_follower(plan, console, repeat=args.repeat)
-    with open_run_dir(plan.out_dir, [*RUNNERS, REPEATS_DIR, STEP1_DIR, EVIDENCE_DIR], run_manifest(plan),
+    names = [*framework_names(), *(r.name for r in plan.runners)]
+    with open_run_dir(plan.out_dir, [*dict.fromkeys(names), REPEATS_DIR, STEP1_DIR, EVIDENCE_DIR], run_manifest(plan),
                       force=args.force) as run_dir:
         for note in plan.notes:
             console.print(f"[dim]{note}[/dim]")

@@ -188,7 +188,7 @@ def test_run_dir_plan_takes_the_case_inputs_the_failed_pair_and_the_build(inputs
                      RunRecord(framework="infinitrain", case="gpt2_2", meta={"infinitrain_build": str(build)}))
     plan = plan_diagnose(DiagnoseRequest(case="gpt2_2", run_dir=str(tmp_path)))
     assert plan.frameworks == ["pytorch", "infinitrain"]
-    assert plan.options["infinitrain"]["build_dir"] == str(build)  # the build the run used, from its record
+    assert plan.options["infinitrain"].build_dir == str(build)  # the build the run used, from its record
     assert plan.case.total_batch == 5120 and plan.inputs.checkpoint == ckpt and plan.inputs.device == "cpu"
     assert plan.out_dir == tmp_path / "diagnose"
 

@@ -124,6 +124,9 @@ class ModelFamily:
     # "module:attr" of a data.tokenizers.TokenizerSpec the family brings itself (e.g. in its folder),
     # for a tokenizer lockstep does not know by name yet; None: `tokenizer` names a known one.
     tokenizer_spec: str | None = None
+    # runner name -> why that runner cannot train the family (its cases there are skipped with the
+    # reason); a runner that needs a per-family adapter needs one or a line here (docs/contributing.md).
+    unsupported_runners: dict = field(default_factory=dict)
 
     def layout(self, config, bf16: bool = False) -> llmc.CheckpointLayout:
         if bf16 and self.bf16_version is None:

@@ -87,7 +87,12 @@ class RunnerSpec:
         return self.frameworks(self.options(options)) if self.frameworks else [self.name]
 
     def options(self, options: Any = None) -> Any:
-        return self.options_type() if options is None else options
+        """Its options object: the defaults for None, built from the fields for a dict."""
+        if options is None:
+            return self.options_type()
+        if isinstance(options, dict):
+            return self.options_type(**options)
+        return options
 
     def options_of(self, args: argparse.Namespace) -> Any:
         return self.options_from(args) if self.options_from else self.options_type()
@@ -115,8 +120,9 @@ class RunnerSpec:
         """Its per-family adapter (`<family_adapters>.<family>`'s ADAPTER), or a LockstepError saying
         why there is none."""
         caps = self.capabilities
-        if family in caps.unsupported_families:
-            raise LockstepError(f"{self.name} cannot train model family {family!r}: {caps.unsupported_families[family]}")
+        reason = unsupported_reason(self, family)
+        if reason is not None:
+            raise LockstepError(f"{self.name} cannot train model family {family!r}: {reason}")
         if caps.family_adapters is None:
             raise LockstepError(f"{self.name} has no per-family adapters")
         module = f"{caps.family_adapters}.{family}"
@@ -143,15 +149,36 @@ def load_specs(packages: Iterable[str]) -> dict[str, RunnerSpec]:
     return MappingProxyType(specs)
 
 
+def unsupported_reason(spec: RunnerSpec | str, family: str) -> str | None:
+    """Why the runner (a spec, or a registered name) cannot train the family, as the runner or the
+    family's folder declares it; None where neither does."""
+    from lockstep.models import FAMILIES
+
+    if isinstance(spec, str):
+        from lockstep.runners import specs
+
+        spec = specs().get(spec)
+        if spec is None:
+            return None  # e.g. a command runner's trainer: its TOML says what it trains
+    if family in spec.capabilities.unsupported_families:
+        return str(spec.capabilities.unsupported_families[family])
+    fam = FAMILIES.get(family)
+    if fam is not None and spec.name in fam.unsupported_runners:
+        return str(fam.unsupported_runners[spec.name])
+    return None
+
+
 def family_gaps(families: Iterable[str], specs: Iterable[RunnerSpec]) -> list[str]:
     """One sentence per (family, runner) where the runner needs a per-family adapter, has none for
-    the family, and does not say why it cannot train it; empty when every family is complete."""
+    the family, and neither it nor the family's folder says why it cannot train it; empty when
+    every family is complete."""
     gaps = []
     for spec in specs:
         caps = spec.capabilities
         for family in families:
-            if family in caps.unsupported_families:
-                if not str(caps.unsupported_families[family]).strip():
+            reason = unsupported_reason(spec, family)
+            if reason is not None:
+                if not reason.strip():
                     gaps.append(f"{spec.name} declares model family {family!r} unsupported without a reason")
                 continue
             if caps.family_adapters is None:
@@ -159,7 +186,7 @@ def family_gaps(families: Iterable[str], specs: Iterable[RunnerSpec]) -> list[st
             module = f"{caps.family_adapters}.{family}"
             if not module_exists(module):
                 gaps.append(f"{spec.name} has no adapter for model family {family!r}: add {module} (defining "
-                            f"ADAPTER) or list {family!r} in its unsupported_families with the reason")
+                            f"ADAPTER), or say why not in the family's unsupported_runners")
             elif not hasattr(importlib.import_module(module), "ADAPTER"):
                 gaps.append(f"{module} defines no ADAPTER")
     return gaps

@@ -15,9 +15,12 @@ from lockstep.runners.registry import CAPTURE_NONE, ALL_LAYOUTS, Capabilities, R
 class CommandOptions:
     files: tuple[str, ...] = ()  # the --command-runner TOML files
     trainers: tuple = ()  # their TrainerSpecs, in file order
+    # What a template's {build} names (--command-build; `lockstep bisect` sets each commit's build
+    # directory here); None: the TOML file's directory.
+    build_dir: str | None = None
 
 
-def command_options(files) -> CommandOptions:
+def command_options(files, build_dir: str | None = None) -> CommandOptions:
     """The trainers of the TOML files (FormatError naming a bad file or a name given twice)."""
     from lockstep.errors import LockstepError
     from lockstep.runners import specs
@@ -33,17 +36,20 @@ def command_options(files) -> CommandOptions:
                 raise LockstepError(f"{f}: framework {t.name!r} is also named in {seen[t.name]}")
             seen[t.name] = f
             trainers.append(t)
-    return CommandOptions(files=tuple(str(f) for f in files or ()), trainers=tuple(trainers))
+    return CommandOptions(files=tuple(str(f) for f in files or ()), trainers=tuple(trainers), build_dir=build_dir)
 
 
 def _add_arguments(parser) -> None:
     parser.add_argument("--command-runner", action="append", metavar="TOML", default=None,
                         help="a TOML file whose [frameworks.NAME] tables add trainers run as commands "
                              "(then --frameworks pytorch,NAME); repeatable (docs/reference/command-runner.md)")
+    parser.add_argument("--command-build", metavar="DIR", default=None,
+                        help="the directory a command runner template's {build} names (default: the TOML file's "
+                             "directory; lockstep bisect sets each commit's build directory)")
 
 
 def _options_from(args) -> CommandOptions:
-    return command_options(getattr(args, "command_runner", None))
+    return command_options(getattr(args, "command_runner", None), getattr(args, "command_build", None))
 
 
 def _frameworks(options: CommandOptions) -> list[str]:
@@ -56,7 +62,7 @@ def _make(framework: str, options: CommandOptions):
 
     for t in options.trainers:
         if t.name == framework:
-            return CommandRunner(t)
+            return CommandRunner(t, build_dir=options.build_dir)
     raise LockstepError(f"no --command-runner file names a trainer {framework!r}")
 
 
@@ -65,7 +71,7 @@ RUNNER = RunnerSpec(
     runner="lockstep.runners.command.runner:CommandRunner",
     summary="any trainer as a command line from a TOML entry, its log read by lockstep's parsers",
     # What each trainer runs (families, devices, layouts) its TOML entry says; the runner itself has no limits.
-    capabilities=Capabilities(step1_capture=CAPTURE_NONE, parallel=ALL_LAYOUTS),
+    capabilities=Capabilities(step1_capture=CAPTURE_NONE, parallel=ALL_LAYOUTS, build_option="build_dir"),
     options_type=CommandOptions,
     add_arguments=_add_arguments,
     options_from=_options_from,

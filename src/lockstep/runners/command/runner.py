@@ -31,8 +31,9 @@ LAYOUT_OF = {"dp": lambda c: c.dp > 1, "tp": lambda c: c.tp > 1, "pp": lambda c:
 class CommandRunner(FrameworkRunner):
     name = "command"
 
-    def __init__(self, trainer: TrainerSpec):
+    def __init__(self, trainer: TrainerSpec, build_dir: str | None = None):
         self.trainer = trainer
+        self.build_dir = build_dir
         self.name = trainer.name  # its records go to <out>/<trainer name>/
         self.logged_loss = trainer.logged_loss
 
@@ -70,7 +71,7 @@ class CommandRunner(FrameworkRunner):
         out_dir = log_path.with_name(f"{case.name}.out")
         shutil.rmtree(out_dir, ignore_errors=True)  # an earlier run's files are never read as this one's
         out_dir.mkdir(parents=True)
-        fields = template_fields(case, inputs, out_dir, t)
+        fields = template_fields(case, inputs, out_dir, t, self.build_dir)
         cmd = t.argv(fields)
         env = worker_env({k: v.format_map(fields) for k, v in t.env.items()})
         cwd = Path(t.cwd.format_map(fields)) if t.cwd else out_dir
@@ -95,7 +96,8 @@ class CommandRunner(FrameworkRunner):
             out_dir.rmdir()  # nothing written: no empty directory beside the records
         return ExecuteResult(steps=run.steps, meta={"worker_command": shlex.join(cmd), "launcher": "subprocess",
                                                     "command_runner": {"trainer": t.name, "source": t.source,
-                                                                       "log_format": t.log_format}})
+                                                                       "log_format": t.log_format,
+                                                                       "build": fields["build"]}})
 
     def _steps_from_file(self, path: Path, case: CaseSpec) -> list[StepRecord]:
         try:

@@ -46,6 +46,7 @@ FIELDS = {
     "family": "the model family (gpt2, llama3, qwen3)", "optimizer": "sgd or adam (the family's contract)",
     "device": "cpu or cuda", "python": "the Python interpreter running lockstep",
     "here": "the directory of the TOML file",
+    "build": "the build directory (--command-build, or each commit's under lockstep bisect; default {here})",
 }
 KEYS = ("command", "log_format", "steps_file", "version", "description", "families", "devices", "dtypes",
         "parallel", "env", "cwd", "timeout_s", "logged_loss", "megatron_step2_correction")
@@ -154,7 +155,7 @@ def _trainer(path: Path, name: str, t) -> TrainerSpec:
     return spec
 
 
-def template_fields(case, inputs, out_dir: Path, trainer: TrainerSpec) -> dict[str, str]:
+def template_fields(case, inputs, out_dir: Path, trainer: TrainerSpec, build_dir: str | None = None) -> dict[str, str]:
     """The case, its inputs and its directory as the strings a template fills in."""
     import os
 
@@ -167,7 +168,7 @@ def template_fields(case, inputs, out_dir: Path, trainer: TrainerSpec) -> dict[s
         "pp": case.pp, "vpp": case.vpp, "sp": "true" if case.sp else "false", "zero": case.zero,
         "world_size": case.world_size, "case": case.name, "model": inputs.model_name, "family": fam.name,
         "optimizer": fam.optimizer.kind, "device": inputs.device, "python": sys.executable,
-        "here": str(trainer.here),
+        "here": str(trainer.here), "build": os.path.abspath(build_dir) if build_dir else str(trainer.here),
     }
     return {k: str(v) for k, v in fields.items()}
 

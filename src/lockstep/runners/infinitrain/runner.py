@@ -77,6 +77,8 @@ class InfiniTrainRunner(FrameworkRunner):
         return self.build_dir / adapter_for(family).executable
 
     def preflight(self, inputs: RunInputs) -> None:
+        if self.unsupported_family(inputs):
+            return  # the family's cases are skipped with the reason (skip_reason)
         adapter = adapter_for(inputs.model.family)
         exe = self.executable(inputs.model.family)
         build = exe.parent
@@ -101,6 +103,9 @@ class InfiniTrainRunner(FrameworkRunner):
         return f"InfiniTrain {commit}" if commit else f"unknown build at {self.build_dir}"
 
     def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        unsupported = self.unsupported_family(inputs)
+        if unsupported:
+            return unsupported
         if inputs.device == "cpu" and case.is_bf16:
             return "InfiniTrain --dtype bfloat16 crashes on CPU (segfault; docs/reference/infinitrain.md)"
         if inputs.device == "cpu" and case.world_size > 1:

@@ -65,6 +65,9 @@ class MegatronRunner(FrameworkRunner):
     def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
         if not megatron_core_installed():
             return f"megatron-core is not installed ({INSTALL_HINT})"
+        unsupported = self.unsupported_family(inputs)
+        if unsupported:
+            return unsupported
         if case.is_bf16 and inputs.device != "cuda":
             if self.options.native_bf16:
                 return "megatron-core's native bf16 (Float16Module and its optimizer) needs CUDA"

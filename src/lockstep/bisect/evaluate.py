@@ -110,7 +110,8 @@ class CommitTester:
         """`lockstep run` of the commit's build into its own run directory, then the judge. A run
         that cannot even be planned here (say, the build made no executable) skips the commit."""
         request = dataclasses.replace(self.run_request, out=str(run_dir),
-                                      **{self.framework.request_field: str(build_dir)})
+                                      framework_options=self.framework.with_build(self.run_request.framework_options,
+                                                                                  build_dir))
         try:
             run_into(request)
         except LockstepError as e:
@@ -127,10 +128,11 @@ def run_into(request: RunRequest) -> None:
     from lockstep.outdir import STATUS_FINISHED, open_run_dir
     from lockstep.run_matrix import execute_plan, plan_run
     from lockstep.run_verdict import run_verdict
-    from lockstep.runners import RUNNERS
+    from lockstep.runners import framework_names
 
     plan = plan_run(request)
-    with open_run_dir(plan.out_dir, [*RUNNERS, REPEATS_DIR], run_manifest(plan)) as run_dir:
+    names = [*framework_names(request.framework_options), *(r.name for r in plan.runners)]
+    with open_run_dir(plan.out_dir, [*dict.fromkeys(names), REPEATS_DIR], run_manifest(plan)) as run_dir:
         outcomes = execute_plan(plan)
         names = [r.name for r in plan.runners]
         summary = compare_run_dir(plan.out_dir, baseline_framework=names[0])

@@ -55,7 +55,8 @@ def spec_for(framework: str, framework_options: FrameworkOptions | None = None) 
     for spec in all_specs.values():
         if spec.frameworks is not None and framework in spec.names(options_for(spec, framework_options)):
             return spec
-    raise LockstepError(f"unknown framework {framework!r}; known: {', '.join(framework_names(framework_options))}")
+    raise LockstepError(f"unknown framework {framework!r}; known: {', '.join(framework_names(framework_options))} "
+                        "(a trainer of a --command-runner TOML file is known once the file is given)")
 
 
 def framework_names(framework_options: FrameworkOptions | None = None) -> list[str]:

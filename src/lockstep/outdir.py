@@ -34,10 +34,9 @@ from typing import Iterator
 
 from lockstep.compare.pairing import EVIDENCE_DIR, STEP1_DIR, is_case_file_name
 from lockstep.errors import LockstepError
-from lockstep.fsutil import atomic_write, move_aside, os_problem, read_text
+from lockstep.formats.run_manifest import RUN_MANIFEST, RUN_SCHEMA, lockstep_manifest, read_manifest, write_manifest
+from lockstep.fsutil import move_aside, os_problem
 
-RUN_MANIFEST = "run.json"
-RUN_SCHEMA = "lockstep.run/1"  # in every run.json lockstep writes: how it knows its own directories
 LOCK_NAME = ".lockstep.lock"
 # What a run writes besides the framework directories (which are named after the runners);
 # only these are cleared when a lockstep run directory is reused.
@@ -85,25 +84,6 @@ def check_out_dir(out: Path, force: bool = False) -> None:
             raise OutDirError(f"{out}: cannot create the output directory ({parent} is a file)")
         if not os.access(parent, os.W_OK | os.X_OK):
             raise OutDirError(f"{out}: cannot create the output directory ({parent} is not writable)")
-
-
-def lockstep_manifest(out: Path) -> tuple[dict | None, str]:
-    """(run.json's content, "") when `out` holds a run.json lockstep wrote; (None, why not) otherwise."""
-    path = Path(out) / RUN_MANIFEST
-    if not path.exists():
-        return None, "no run.json"
-    try:
-        doc = json.loads(read_text(path, "run manifest"))
-    except LockstepError as e:
-        return None, f"its run.json cannot be read ({e})"
-    except ValueError:
-        return None, f"its run.json is not JSON, so lockstep did not write it (lockstep's has \"schema\": \"{RUN_SCHEMA}\")"
-    schema = doc.get("schema") if isinstance(doc, dict) else None
-    if schema == RUN_SCHEMA:
-        return doc, ""
-    if isinstance(schema, str) and schema.startswith("lockstep.run/"):
-        return None, f"its run.json is of another lockstep version ({schema}; this one reads {RUN_SCHEMA})"
-    return None, f"its run.json was not written by lockstep (it has no \"schema\": \"{RUN_SCHEMA}\")"
 
 
 def _existing_parent(path: Path) -> Path:
@@ -180,17 +160,10 @@ class RunDir:
         return self.path / RUN_MANIFEST
 
     def write_manifest(self, manifest: dict) -> None:
-        """Write run.json (atomically), always marked as lockstep's; a failure is one sentence
-        naming the file and the reason."""
-        with atomic_write(self.manifest_path, "w", what="run manifest") as f:
-            json.dump({"schema": RUN_SCHEMA, **manifest}, f, indent=2)
-            f.write("\n")
+        write_manifest(self.path, manifest)
 
     def read_manifest(self) -> dict:
-        try:
-            return json.loads(self.manifest_path.read_text())
-        except (OSError, ValueError):
-            return {}
+        return read_manifest(self.path)
 
     def update_manifest(self, **fields) -> None:
         self.write_manifest({**self.read_manifest(), **fields})

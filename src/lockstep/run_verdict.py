@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.compare.policy import VerdictClass, class_of, count_classes, run_passes
-from lockstep.run_matrix import CaseOutcome
+from lockstep.execute import CaseOutcome
 
 MAX_NAMES = 6  # per line; the rest is counted, the full list is in run.json and summary.json
 

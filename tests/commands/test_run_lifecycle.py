@@ -10,7 +10,7 @@ import pytest
 from lockstep.cases.spec import CaseSpec
 from lockstep.cli import main
 from lockstep.formats.run_record import RunRecord, StepRecord
-from lockstep.run_matrix import CaseOutcome
+from lockstep.execute import CaseOutcome
 from lockstep.run_verdict import run_verdict
 
 

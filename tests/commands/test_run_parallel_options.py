@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lockstep.cli import main
-from lockstep.run_matrix import RunRequest, plan_run
+from lockstep.plan import RunRequest, plan_run
 from lockstep.runners import base
 from lockstep.runners.nodes import NodeLayout
 

@@ -1,4 +1,4 @@
-"""How a worker group starts (runners/workers.py, run_matrix.start_first_group_early): a single rank
+"""How a worker group starts (runners/workers.py, execute.start_first_group_early): a single rank
 needs no torchrun, and a group started before the plan is stopped, leaving no process, when the
 run does not take it."""
 
@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from lockstep.run_matrix import RunRequest, close_early_groups, start_first_group_early
+from lockstep.execute import close_early_groups, start_first_group_early
+from lockstep.plan import RunRequest
 from lockstep.runners.launch import one_rank_env
 from lockstep.runners.workers import WorkerGroup
 

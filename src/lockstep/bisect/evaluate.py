@@ -17,10 +17,11 @@ from typing import Callable
 
 from lockstep.bisect.build import BUILD_FAILED, BuiltFramework, build_commit
 from lockstep.bisect.git import Commit, Worktree
-from lockstep.bisect.judge import SKIP, Judgement, judge_run
+from lockstep.bisect.judge import SKIP, Judgement, judge_summary
+from lockstep.compare.run_dir import SUMMARY_NAME
 from lockstep.errors import LockstepError
 from lockstep.fsutil import atomic_write
-from lockstep.run_matrix import RunRequest
+from lockstep.plan import RunRequest
 
 BUILDS_DIR, RUNS_DIR, TESTED_DIR = "builds", "runs", "tested"
 
@@ -50,14 +51,14 @@ class TestedCommit:
                 "verdict": self.judgement.verdict, "cause": self.judgement.cause,
                 "max_abs_diff": self.judgement.max_abs_diff, "reason": self.judgement.reason,
                 "failing_case": self.judgement.failing_case, "baseline": self.judgement.baseline,
-                "test": self.judgement.test, "build_seconds": round(self.build_seconds, 2),
+                "test": self.judgement.test, "certificate": self.judgement.certificate, "build_seconds": round(self.build_seconds, 2),
                 "run_seconds": round(self.run_seconds, 2), "run_dir": self.run_dir, "earlier": self.earlier}
 
     @classmethod
     def from_json(cls, d: dict) -> "TestedCommit":
         judgement = Judgement(state=d["state"], verdict=d["verdict"], reason=d["reason"], cause=d.get("cause"),
                               max_abs_diff=d.get("max_abs_diff"), failing_case=d.get("failing_case"),
-                              baseline=d.get("baseline"), test=d.get("test"))
+                              baseline=d.get("baseline"), test=d.get("test"), certificate=d.get("certificate"))
         return cls(Commit(d["sha"], d["subject"], d["author_date"]), d["build"], judgement, d["build_seconds"],
                    d["run_seconds"], d.get("run_dir"), d.get("earlier", False))
 
@@ -107,33 +108,17 @@ class CommitTester:
         return tested
 
     def run_and_judge(self, build_dir: Path, run_dir: Path) -> Judgement:
-        """`lockstep run` of the commit's build into its own run directory, then the judge. A run
-        that cannot even be planned here (say, the build made no executable) skips the commit."""
+        """`lockstep run` of the commit's build into its own run directory (the same pipeline, step-1
+        certificate included; no report, no history: the bisect's report is its table, and its runs
+        are not the framework's history), then the judge. A run that cannot even be planned here
+        (say, the build made no executable) skips the commit."""
+        from lockstep.pipeline import RunOutputs, run_pipeline
+
         request = dataclasses.replace(self.run_request, out=str(run_dir),
                                       framework_options=self.framework.with_build(self.run_request.framework_options,
                                                                                   build_dir))
         try:
-            run_into(request)
+            result = run_pipeline(request, outputs=RunOutputs(report=False))
         except LockstepError as e:
             return Judgement(SKIP, "NOT RUN", f"lockstep run could not start: {e}")
-        return judge_run(run_dir)
-
-
-def run_into(request: RunRequest) -> None:
-    """What `lockstep run` does up to summary.json (no report, no history: the bisect's report is
-    its table, and its runs are not the framework's history), into `request.out`."""
-    from lockstep.commands.run import run_manifest
-    from lockstep.compare.run_dir import compare_run_dir
-    from lockstep.determinism import REPEATS_DIR
-    from lockstep.outdir import STATUS_FINISHED, open_run_dir
-    from lockstep.run_matrix import execute_plan, plan_run
-    from lockstep.run_verdict import run_verdict
-    from lockstep.runners import framework_names
-
-    plan = plan_run(request)
-    names = [*framework_names(request.framework_options), *(r.name for r in plan.runners)]
-    with open_run_dir(plan.out_dir, [*dict.fromkeys(names), REPEATS_DIR], run_manifest(plan)) as run_dir:
-        outcomes = execute_plan(plan)
-        names = [r.name for r in plan.runners]
-        summary = compare_run_dir(plan.out_dir, baseline_framework=names[0])
-        run_dir.mark(STATUS_FINISHED, verdict=run_verdict(outcomes, summary, names, plan.out_dir).word)
+        return judge_summary(result.summary, run_dir / SUMMARY_NAME)

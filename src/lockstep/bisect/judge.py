@@ -1,6 +1,7 @@
 """The one place that turns a commit's `lockstep run` into good, bad or skip for git's bisection.
 
-It reads only the run's summary.json, as `lockstep run` wrote it: a commit is good when every
+It reads only the run's summary (the RunResult's, or summary.json as `lockstep run` wrote it),
+whose every case verdict already holds the pair's step-1 certificate: a commit is good when every
 compared (case, framework) pair passes (`passed`), bad when any compared pair fails or could not
 be compared (a crashed run, a missing case: lockstep's own run verdict fails those too), and
 untestable (skipped) when nothing was compared at all. A case entry's class and cause (compare/policy.py,
@@ -29,14 +30,32 @@ class Judgement:
     failing_case: str | None = None  # the worst failing case (for `lockstep diagnose`)
     baseline: str | None = None  # its comparison's frameworks
     test: str | None = None
+    certificate: str | None = None  # the deciding pair's step-1 certificate (certificate_word)
 
 
 def judge_run(run_dir: Path) -> Judgement:
+    """The judgement of a run directory's summary.json."""
     path = Path(run_dir) / SUMMARY_NAME
     try:
         summary = json.loads(path.read_text())
     except (OSError, ValueError):
         return Judgement(SKIP, "NO SUMMARY", f"{path} is missing or unreadable: the run did not reach its comparison")
+    return judge_summary(summary, path)
+
+
+def certificate_word(case: dict) -> str | None:
+    """What the pair's step-1 certificate said: "agrees", "differs", "not made" (why is in
+    the certificate), or None (the case had no certificate, e.g. BF16 or --no-certify)."""
+    cert = case.get("certificate")
+    if not isinstance(cert, dict):
+        return None
+    if not cert.get("available", True):
+        return "not made"
+    return "agrees" if cert.get("holds") else "differs"
+
+
+def judge_summary(summary: dict, path: Path) -> Judgement:
+    """good / bad / skip from a run's summary (`path`: where it is, for the sentences)."""
     compared: list[tuple[dict, dict]] = [(comp, case) for comp in summary.get("comparisons", [])
                                          for case in comp.get("cases", [])]
     diffs = [c["max_abs_diff"] for _, c in compared if isinstance(c.get("max_abs_diff"), (int, float))]
@@ -56,7 +75,8 @@ def judge_run(run_dir: Path) -> Judgement:
         more = f" ({len(failing) - 1} more failing)" if len(failing) > 1 else ""
         return Judgement(BAD, verdict, f"{where}: {verdict}, {detail}{more}", cause=worst.get("cause"),
                          max_abs_diff=max_diff, failing_case=worst["case"],
-                         baseline=comp.get("baseline_framework"), test=comp.get("test_framework"))
+                         baseline=comp.get("baseline_framework"), test=comp.get("test_framework"),
+                         certificate=certificate_word(worst))
     if problems:
         comp, problem = problems[0]
         message = problem.get("message", str(problem)) if isinstance(problem, dict) else str(problem)
@@ -69,5 +89,7 @@ def judge_run(run_dir: Path) -> Judgement:
     verdicts = [class_of(c).value for _, c in compared]
     verdict = next((v for v in verdicts if v != "PASS"), "PASS")
     causes = [c.get("cause") for _, c in compared if c.get("cause")]
+    words = {certificate_word(c) for _, c in compared} - {None}
+    certificate = "agrees" if words == {"agrees"} else ("/".join(sorted(words)) if words else None)
     return Judgement(GOOD, verdict, f"{len(compared)} compared pair(s) passed", cause=causes[0] if causes else None,
-                     max_abs_diff=max_diff)
+                     max_abs_diff=max_diff, certificate=certificate)

@@ -4,14 +4,40 @@ first bad commit, its verdict, its diagnose, and a table of every tested commit.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.bisect.build import BUILD_FAILED
 from lockstep.bisect.evaluate import BUILDS_DIR, TestedCommit
-from lockstep.bisect.run import RESULT_JSON, RESULT_MD, BisectResult
+from lockstep.bisect.git import Commit
 from lockstep.fsutil import atomic_write
 
+RESULT_JSON, RESULT_MD = "bisect.json", "bisect.md"
+
 TABLE_COLUMNS = ("#", "commit", "subject", "build", "verdict", "max |Δloss|", "seconds", "git told")
+# Said under every table: a commit's verdict is `lockstep run`'s, not the loss alone.
+JUDGED_AS = ("each commit is judged as `lockstep run` judges it: the loss curves and, for FP32 cases, the step-1 "
+             "certificate (module outputs and gradients compared from inside); the verdict's cause names what decided it")
+
+
+@dataclass
+class BisectResult:
+    plan: "BisectPlan"  # lockstep.bisect.run
+    tested: list[TestedCommit]
+    first_bad: TestedCommit | None = None
+    reason: str = ""  # why there is no first bad commit
+    candidates: list[Commit] = field(default_factory=list)  # only skipped commits left: any of these
+    diagnose: dict | None = None
+    seconds: float = 0.0
+
+    @property
+    def found(self) -> bool:
+        return self.first_bad is not None
+
+    @property
+    def builds(self) -> int:
+        """Builds this invocation made (reused and earlier ones not counted)."""
+        return sum(t.build in ("ok", "failed") and not t.earlier for t in self.tested)
 
 
 def build_label(t: TestedCommit) -> str:
@@ -20,8 +46,10 @@ def build_label(t: TestedCommit) -> str:
 
 
 def verdict_label(t: TestedCommit) -> str:
+    """The verdict, its cause, and what the step-1 certificate said (the verdict includes it)."""
     j = t.judgement
-    return j.verdict + (f" ({j.cause})" if j.cause else "")
+    return (j.verdict + (f" ({j.cause})" if j.cause else "")
+            + (f"; step-1 certificate {j.certificate}" if j.certificate else ""))
 
 
 def format_diff(value: float | None) -> str:
@@ -54,7 +82,7 @@ def result_json(result: BisectResult) -> dict:
         "repo": str(plan.repo), "good": plan.good.to_json(), "bad": plan.bad.to_json(),
         "build_command": plan.build_command, "frameworks": plan.run.frameworks,
         "framework_under_test": plan.framework.name, "commits_between": plan.commits,
-        "bisect_steps_without_skips": plan.max_steps, "builds": result.builds,
+        "bisect_steps_without_skips": plan.max_steps, "judged_as": JUDGED_AS, "builds": result.builds,
         "seconds": round(result.seconds, 1), "tested": [t.to_json() for t in result.tested],
     }
 
@@ -81,6 +109,7 @@ def result_markdown(result: BisectResult) -> str:
                   f"{result.seconds:.0f} s)", "",
               markdown_row(TABLE_COLUMNS), "|" + "---|" * len(TABLE_COLUMNS)]
     lines += [markdown_row(row) for row in table_rows(result)]
+    lines += ["", JUDGED_AS[0].upper() + JUDGED_AS[1:] + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -23,20 +23,20 @@ from pathlib import Path
 from typing import Callable
 
 from lockstep.bisect.build import BuiltFramework, built_framework
-from lockstep.bisect.evaluate import CommitTester, TestedCommit
+from lockstep.bisect.evaluate import BUILDS_DIR, CommitTester, TestedCommit
 from lockstep.bisect.git import (BisectError, Commit, Worktree, check_repository, commit_info, commits_between,
                                  is_ancestor, resolve_commit)
 from lockstep.bisect.judge import BAD, GOOD
+from lockstep.bisect.report import BisectResult, write_result
 from lockstep.errors import LockstepError
 from lockstep.fsutil import atomic_write
 from lockstep.outdir import LOCK_NAME, locked_dir
-from lockstep.run_matrix import RunRequest, plan_run
+from lockstep.plan import RunRequest, plan_run
 from lockstep.runners import built_frameworks
 
 DEFAULT_FRAMEWORKS = ["pytorch", "infinitrain"]
 REQUEST_NAME = "bisect-request.json"
 WORKTREE_DIR = "src"
-RESULT_JSON, RESULT_MD = "bisect.json", "bisect.md"
 # RunRequest fields that change a commit's verdict: a re-run into the same OUT must keep them.
 VERDICT_FIELDS = ("matrix", "cases", "frameworks", "model", "llmc", "data", "text", "steps", "device", "seed")
 
@@ -77,26 +77,6 @@ class BisectPlan:
         run = asdict(self.run)
         return {"repo": str(self.repo), "build": self.build_command, "framework": self.framework.name,
                 **{k: run[k] for k in VERDICT_FIELDS}}
-
-
-@dataclass
-class BisectResult:
-    plan: BisectPlan
-    tested: list[TestedCommit]
-    first_bad: TestedCommit | None = None
-    reason: str = ""  # why there is no first bad commit
-    candidates: list[Commit] = field(default_factory=list)  # only skipped commits left: any of these
-    diagnose: dict | None = None
-    seconds: float = 0.0
-
-    @property
-    def found(self) -> bool:
-        return self.first_bad is not None
-
-    @property
-    def builds(self) -> int:
-        """Builds this invocation made (reused and earlier ones not counted)."""
-        return sum(t.build in ("ok", "failed") and not t.earlier for t in self.tested)
 
 
 def plan_bisect(req: BisectRequest) -> BisectPlan:
@@ -191,8 +171,6 @@ def run_bisect(plan: BisectPlan, say: Callable[[str], None] = lambda text: None)
         if result.found and plan.diagnose:
             result.diagnose = diagnose_first_bad(result.first_bad, plan, say)
         result.seconds = time.monotonic() - start
-        from lockstep.bisect.report import write_result
-
         write_result(result)
     return result
 

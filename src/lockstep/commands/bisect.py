@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lockstep.commands.run import seed_argument, split_list
+from lockstep.commands.arguments import seed_argument, split_list
 from lockstep.runners import add_runner_arguments, framework_options_from
 
 
@@ -43,9 +43,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from lockstep.bisect.report import TABLE_COLUMNS, headline, table_rows
-    from lockstep.bisect.run import RESULT_JSON, RESULT_MD, BisectRequest, plan_bisect, run_bisect
-    from lockstep.run_matrix import RunRequest
+    from lockstep.bisect.report import JUDGED_AS, RESULT_JSON, RESULT_MD, TABLE_COLUMNS, headline, table_rows
+    from lockstep.bisect.run import BisectRequest, plan_bisect, run_bisect
+    from lockstep.plan import RunRequest
 
     console = Console(width=None if Console().is_terminal else 140)
     run_request = RunRequest(matrix=args.matrix, cases=split_list(args.cases), frameworks=split_list(args.frameworks),
@@ -60,7 +60,7 @@ def run(args) -> int:
                   highlight=False)
     # Commit subjects may hold brackets ("[skip ci]") that rich would read as markup: escaped.
     result = run_bisect(plan, say=lambda text: console.print(f"[dim]{escape(text)}[/dim]", highlight=False))
-    table = Table(title="tested commits")
+    table = Table(title="tested commits", caption=JUDGED_AS)
     for col in TABLE_COLUMNS:
         table.add_column(col, justify="right" if col in ("#", "max |Δloss|", "seconds") else "left")
     for row in table_rows(result):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from lockstep.commands.arguments import split_list
+from lockstep.formats.run_manifest import manifest_path as run_manifest_path
 from lockstep.runners import add_runner_arguments, framework_names, framework_options_from
 
 
@@ -53,7 +54,7 @@ def run(args) -> int:
     for v in verdicts:
         print_verdict(console, v.to_json())
         console.print(f"verdict: {verdict_path(plan.out_dir, v)}")
-    if plan.run_dir is not None and (plan.run_dir / "run.json").is_file():
+    if plan.run_dir is not None and run_manifest_path(plan.run_dir).is_file():
         from lockstep.report import write_report
 
         html, _ = write_report(plan.run_dir, baseline_framework=plan.frameworks[0])

@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import threading
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from lockstep.commands.arguments import seed_argument, split_list
-from lockstep.commands.ci_options import add_history_arguments, add_junit_argument, append_history, history_path
-from lockstep.determinism import REPEATS_DIR
+from lockstep.commands.ci_options import add_history_arguments, add_junit_argument, history_path
 from lockstep.compare.options import CompareOptions
 from lockstep.compare.policy import class_of
 from lockstep.compare.throughput import (NOISY_CV, Throughput, format_memory, format_mfu,
                                          format_repeated_tokens_per_s, format_tokens_per_s, throughput_of)
 from lockstep.errors import LockstepError
-from lockstep.compare.pairing import EVIDENCE_DIR, STEP1_DIR
-from lockstep.fsutil import os_problem
-from lockstep.outdir import CASE_OUTPUT_SUFFIXES, STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
-from lockstep.run_matrix import (CaseOutcome, RunPlan, RunRequest, RunTiming, certify_outcomes, close_early_groups,
-                                 execute_plan, gather_evidence, plan_run, start_first_group_early)
-from lockstep.run_verdict import run_verdict
+from lockstep.execute import CaseOutcome, close_early_groups, start_first_group_early
+from lockstep.outdir import RunDir
+from lockstep.pipeline import RunObserver, RunOutputs, RunResult, RunTiming, check_before_run, run_pipeline
+from lockstep.plan import RunPlan, RunRequest, plan_run
 from lockstep.runners import add_runner_arguments, framework_names, framework_options_from
 from lockstep.runners.nodes import NodeLayout
 
@@ -52,6 +49,9 @@ def add_parser(sub) -> None:
     p.add_argument("--peak-tflops", type=float, default=None, metavar="X",
                    help="per-device peak TFLOP/s for MFU (default: the known-device table; none on CPU)")
     p.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (every case, the frameworks that run it, each skip with its reason) and "
+                        "exit, training nothing and writing no --out")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run each (case, framework) N times and report whether the losses are bitwise identical")
     add_junit_argument(p)
@@ -80,32 +80,59 @@ def run(args) -> int:
     # Wide enough for the tables when the output is a file or a CI log (rich assumes 80 there).
     console = Console(width=None if Console().is_terminal else 140)
     timing = RunTiming()
-    req = RunRequest(matrix=args.matrix, cases=split_list(args.cases), frameworks=split_list(args.frameworks),
-                     model=args.model, llmc=args.llmc, data=args.data, text=args.text, steps=args.steps,
-                     device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
-                     framework_options=framework_options_from(args),
-                     oversubscribe=args.oversubscribe, nodes=node_layout(args),
-                     persistent_workers=not getattr(args, "no_persistent_workers", False),
-                     certify=not getattr(args, "no_certify", False), certify_bf16=getattr(args, "certify_bf16", False))
+    req = request_from_args(args)
     if args.repeat < 1:
         raise LockstepError(f"--repeat must be at least 1, not {args.repeat}")
-    check_out_dir(Path(args.out), force=args.force)  # a bad --out is refused before any work
+    if getattr(args, "dry_run", False):
+        print_plan(console, plan_run(req, repeat=args.repeat, make_files=False))
+        return 0
+    outputs = RunOutputs(report=not args.no_report, junit=args.junit, history=history_path(args))
+    check_before_run(req, outputs, force=args.force)  # a bad --out, --junit or history: before any work
+    options = CompareOptions(peak_tflops=getattr(args, "peak_tflops", None))
+    observer = TerminalObserver(console, options, report=outputs.report)
     early = start_first_group_early(req)
     try:
-        return planned_run(args, req, console, timing, early)
+        result = run_pipeline(req, options=options, repeat=args.repeat, force=args.force, outputs=outputs,
+                              observer=observer, early_groups=early, timing=timing)
     finally:
         close_early_groups(early)  # started early, and not taken by the run (or the run never got there)
+        observer.close()
+    if result.comparison is None:
+        return print_follower(console, result)
+    print_end(console, result)
+    return result.exit_code
 
 
-def planned_run(args, req: RunRequest, console: Console, timing: RunTiming, early_groups: dict) -> int:
-    with timing.stage("plan"):
-        plan = plan_run(req)
-    plan.early_groups = early_groups
-    if not plan.nodes.writes_records:
-        return run_as_follower(plan, console, repeat=args.repeat)
-    names = [*framework_names(), *(r.name for r in plan.runners)]
-    with open_run_dir(plan.out_dir, [*dict.fromkeys(names), REPEATS_DIR, STEP1_DIR, EVIDENCE_DIR], run_manifest(plan),
-                      force=args.force) as run_dir:
+def request_from_args(args) -> RunRequest:
+    return RunRequest(matrix=args.matrix, cases=split_list(args.cases), frameworks=split_list(args.frameworks),
+                      model=args.model, llmc=args.llmc, data=args.data, text=args.text, steps=args.steps,
+                      device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
+                      framework_options=framework_options_from(args),
+                      oversubscribe=args.oversubscribe, nodes=node_layout(args),
+                      persistent_workers=not getattr(args, "no_persistent_workers", False),
+                      certify=not getattr(args, "no_certify", False), certify_bf16=getattr(args, "certify_bf16", False))
+
+
+class TerminalObserver(RunObserver):
+    """The run as the terminal shows it: notes, the header, live bars on a terminal (one line per
+    pair in CI logs and files), the runs' table and the comparison's."""
+
+    def __init__(self, console: Console, options: CompareOptions | None = None, report: bool = True):
+        self.console = console
+        self.report = report
+        self.report_import = None  # the thread importing the report's plotting, joined by `close`
+        # Live bars only on a terminal; in CI logs and files each case gets one line when it ends.
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[loss]}"), TimeElapsedColumn(), console=console,
+                                 transient=False, disable=not console.is_terminal)
+        self.task = None
+        self.options = options or CompareOptions()
+
+    def say(self, text: str) -> None:
+        self.console.print(f"[dim]{text}[/dim]", highlight=False)
+
+    def opened(self, plan: RunPlan, run_dir: RunDir) -> None:
+        console = self.console
         for note in plan.notes:
             console.print(f"[dim]{note}[/dim]")
         for m in run_dir.moved_aside:
@@ -114,56 +141,105 @@ def planned_run(args, req: RunRequest, console: Console, timing: RunTiming, earl
         models = "; ".join(f"{m.model_name} ({m.model.describe()}, {m.family.optimizer.kind})" for m in plan.models())
         console.print(f"device {plan.device} | model {models} | frameworks {', '.join(r.name for r in plan.runners)} "
                       f"(baseline {plan.runners[0].name}) | out {plan.out_dir}", highlight=False)
-        with timing.stage("runs"):
-            outcomes = run_with_progress(plan, console, run_dir, repeat=args.repeat)
-        options = CompareOptions(peak_tflops=getattr(args, "peak_tflops", None))
-        console.print(outcome_table(outcomes, options))
+
+    def running(self):
+        return self.progress
+
+    def started(self, case, framework):
+        self.task = self.progress.add_task(f"{framework:>11} {case.name:<18}", total=case.steps, loss="")
+
+    def step(self, rec):
+        self.progress.update(self.task, completed=rec.step, loss=f"loss {rec.loss:.6f}")
+
+    def ended(self, outcome: CaseOutcome):
+        console = self.console
+        if outcome.skipped:
+            console.print(f"[yellow]skipped[/yellow] {outcome.framework}/{outcome.case.name}: {outcome.skipped}")
+        elif outcome.record is not None and not outcome.record.ok and self.task is not None:
+            self.progress.update(self.task, loss="[red]FAILED[/red]")
+        if not console.is_terminal and outcome.record is not None:
+            r = outcome.record
+            tps = format_tokens_per_s(throughput_of(r))
+            console.print(f"{outcome.framework}/{outcome.case.name}: {r.status}, {len(r.steps)} steps"
+                          + (f", last loss {r.steps[-1].loss:.6f}" if r.steps else "")
+                          + (f", {tps} tok/s" if tps != "-" else ""), highlight=False)
+
+    def waiting_on_groups(self) -> None:
+        if self.report:
+            self.report_import = import_report_beside()
+
+    def close(self) -> None:
+        """Wait for what this observer started: a thread still importing at interpreter shutdown
+        is a fatal error ("PyThreadState_Get ... finalizing", exit 134)."""
+        if self.report_import is not None:
+            self.report_import.join()
+            self.report_import = None
+
+    def ran(self, outcomes: list[CaseOutcome]) -> None:
+        self.console.print(outcome_table(outcomes, self.options))
         for o in outcomes:
             if o.record is not None and not o.record.ok:
-                console.print(f"[red]{o.framework}/{o.case.name} failed:[/red] {o.record.error}", markup=True,
-                              highlight=False)
+                self.console.print(f"[red]{o.framework}/{o.case.name} failed:[/red] {o.record.error}", markup=True,
+                                   highlight=False)
 
-        from lockstep.compare.run_dir import compare_run_dir
+    def compared(self, result: RunResult) -> None:
+        print_comparison(self.console, result.summary)
+        print_diagnose_hints(self.console, result.summary, str(result.plan.out_dir))
+        if result.determinism is not None:
+            print_determinism(self.console, result.determinism)
 
-        dim = lambda text: console.print(f"[dim]{text}[/dim]", highlight=False)  # noqa: E731
-        with timing.stage("certificates"):
-            certify_outcomes(plan, outcomes, say=dim)
-        with timing.stage("comparison"):
-            summary = compare_run_dir(plan.out_dir, baseline_framework=plan.runners[0].name, options=options)
-        with timing.stage("evidence"):
-            more = gather_evidence(plan, summary, say=dim)
-        if more:
-            with timing.stage("comparison"):
-                summary = compare_run_dir(plan.out_dir, baseline_framework=plan.runners[0].name, options=options)
-        print_comparison(console, summary)
-        print_diagnose_hints(console, summary, str(plan.out_dir))
-        if args.repeat > 1:
-            summary = report_determinism(console, plan, outcomes, args.repeat)
-        with timing.stage("history"):
-            history_error = record_in_history(console, args, summary, plan)
-        if args.junit is not None:
-            from lockstep.report.junit import cases_from_comparisons, write_junit
 
-            write_junit(args.junit, cases_from_comparisons(summary.get("comparisons", [])))
-            console.print(f"junit: {args.junit}")
-        report_paths = []
-        if not args.no_report and any(o.record is not None for o in outcomes):
-            from lockstep.report import write_report
-
-            run_dir.update_manifest(timing=timing.to_json(outcomes))  # the report shows where the time went
-            with timing.stage("report"):
-                report_paths = list(write_report(plan.out_dir, baseline_framework=plan.runners[0].name,
-                                                 options=options,
-                                                 history_path=None if history_error else history_path(args)))
-        verdict = run_verdict(outcomes, summary, [r.name for r in plan.runners], plan.out_dir, report_paths)
-        run_dir.mark(STATUS_FINISHED, verdict=verdict.word, timing=timing.to_json(outcomes))
-        console.print(timing_line(timing.to_json(outcomes)), highlight=False, soft_wrap=True)
+def print_end(console: Console, result: RunResult) -> None:
+    """After the run: where its outputs went, its time, its verdict (all from the RunResult)."""
+    if result.junit_path is not None:
+        console.print(f"junit: {result.junit_path}")
+    if result.history_path is not None:
+        console.print(f"history: {result.history_path}")
+    console.print(timing_line(result.timing), highlight=False, soft_wrap=True)
+    verdict = result.verdict
     for i, line in enumerate(verdict.lines):
         style = {"PASS": "bold green", "OK": "bold green"}.get(verdict.word, "bold red") if i == 0 else None
         console.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
-    if history_error:
-        console.print(f"[red]history not written:[/red] {history_error}", highlight=False)
-    return 1 if history_error else verdict.exit_code
+    if result.history_error:
+        console.print(f"[red]history not written:[/red] {result.history_error}", highlight=False)
+
+
+def print_follower(console: Console, result: RunResult) -> int:
+    plan = result.plan
+    console.print(f"node {plan.nodes.node_rank} of {plan.nodes.nnodes}: trained this node's ranks of each case; "
+                  f"node 0 writes the records and the report (logs here: {plan.out_dir / f'node{plan.nodes.node_rank}'})",
+                  highlight=False)
+    for o in result.outcomes:
+        state = f"skipped ({o.skipped})" if o.skipped else ("ok" if o.record.ok else f"failed: {o.record.error}")
+        console.print(f"{o.framework}/{o.case.name}: {state}", highlight=False)
+    return result.exit_code
+
+
+def print_plan(console: Console, plan: RunPlan) -> None:
+    """`--dry-run`: every case, the frameworks that run it, and each skip with its reason."""
+    for note in plan.notes:
+        console.print(f"[dim]{note}[/dim]", highlight=False)
+    names = [r.name for r in plan.runners]
+    console.print(f"plan: {len(plan.cases)} case(s) x {', '.join(names)} (baseline {names[0]}) on {plan.device} | "
+                  f"out {plan.out_dir} (nothing is written by --dry-run)", highlight=False, soft_wrap=True)
+    t = Table(title="plan")
+    for col in ("case", "model", "config", "steps", "runs on", "skipped"):
+        t.add_column(col)
+    runs = skips = 0
+    for case in plan.cases:
+        on = [r.name for r in plan.runners if plan.runs(case, r)]
+        skipped = [f"{r.name}: {plan.skip_reason(case, r)}" for r in plan.runners if not plan.runs(case, r)]
+        runs += len(on)
+        skips += len(skipped)
+        t.add_row(case.name, case.model, f"{case.dtype} {case.parallel_label} B={case.micro_batch} T={case.seq_len}",
+                  str(case.steps), ", ".join(on) or "-", "\n".join(skipped) or "-")
+    console.print(t)
+    for case in plan.cases:
+        for r in plan.runners:
+            if not plan.runs(case, r):
+                console.print(f"skip {r.name}/{case.name}: {plan.skip_reason(case, r)}", highlight=False,
+                              markup=False, soft_wrap=True)
+    console.print(f"dry run: {runs} (case, framework) pair(s) would run, {skips} skipped", highlight=False)
 
 
 def timing_line(timing: dict) -> str:
@@ -181,14 +257,9 @@ def timing_line(timing: dict) -> str:
 
 
 
-def report_determinism(console: Console, plan: RunPlan, outcomes: list[CaseOutcome], repeat: int) -> dict:
-    """Bitwise identical repeats per framework and case, into summary.json and the terminal."""
-    from lockstep.compare.run_dir import SUMMARY_NAME
-    from lockstep.determinism import add_to_summary, analyse_repeats
-
-    report = analyse_repeats(plan.out_dir, [(o.framework, o.case.name) for o in outcomes if not o.skipped],
-                             repeat, baseline=plan.runners[0].name)
-    t = Table(title=f"determinism over {repeat} repeats")
+def print_determinism(console: Console, report) -> None:
+    """Bitwise identical repeats per framework and case."""
+    t = Table(title=f"determinism over {report.repeats} repeats")
     for col in ("framework", "case", "repeats", "bitwise identical", "max |Δloss| between repeats", "at step",
                 "tok/s over repeats (median; per-repeat medians min-max ±CV)"):
         t.add_column(col)
@@ -202,21 +273,6 @@ def report_determinism(console: Console, plan: RunPlan, outcomes: list[CaseOutco
             console.print(f"[yellow]{p.framework}/{p.case}:[/yellow] {problem}", highlight=False)
     for w in report.warnings():
         console.print(f"[bold yellow]warning:[/bold yellow] {w}", highlight=False)
-    return add_to_summary(plan.out_dir / SUMMARY_NAME, report)
-
-
-def record_in_history(console: Console, args, summary: dict, plan: RunPlan) -> str | None:
-    """Append the run to the history; a history that cannot be written is said once, at the end,
-    and fails the exit code, but never loses the run's own outputs."""
-    from lockstep.history import run_from_summary
-
-    try:
-        path = append_history(args, run_from_summary(summary, plan.out_dir))
-    except LockstepError as e:
-        return str(e)
-    if path is not None:
-        console.print(f"history: {path}")
-    return None
 
 
 def node_layout(args) -> NodeLayout:
@@ -225,88 +281,11 @@ def node_layout(args) -> NodeLayout:
     return NodeLayout(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint).check()
 
 
-def run_as_follower(plan: RunPlan, console: Console, repeat: int = 1) -> int:
-    """A node other than 0: start this node's ranks of every case in the plan's order; node 0
-    writes the records, compares and reports. Its logs go to `<out>/node<R>/`."""
-    here = plan.out_dir / f"node{plan.nodes.node_rank}"
-    clear_node_logs(here, plan)
-    console.print(f"node {plan.nodes.node_rank} of {plan.nodes.nnodes}: training this node's ranks of each case; "
-                  f"node 0 writes the records and the report (logs here: {here})", highlight=False)
-    outcomes = execute_plan(plan, repeat=repeat)  # the same runs, in the same order, as node 0
-    failed = [o for o in outcomes if o.record is not None and not o.record.ok]
-    for o in outcomes:
-        state = f"skipped ({o.skipped})" if o.skipped else ("ok" if o.record.ok else f"failed: {o.record.error}")
-        console.print(f"{o.framework}/{o.case.name}: {state}", highlight=False)
-    return 1 if failed else 0
-
-
-def clear_node_logs(node_dir: Path, plan: RunPlan) -> None:
-    """Remove this node's logs of the cases it is about to run (an earlier run's, which a crash
-    before the new log would leave looking current), and nothing else: the directory may be on a
-    shared filesystem, and a file lockstep did not write there is not its to delete."""
-    for runner in plan.runners:
-        for case in plan.cases:
-            for suffix in CASE_OUTPUT_SUFFIXES:
-                path = node_dir / runner.name / f"{case.name}{suffix}"
-                try:
-                    if path.is_file():
-                        path.unlink()
-                except OSError as e:
-                    raise LockstepError(f"{path}: cannot remove the earlier run's log ({os_problem(e)})") from None
-
-
-def run_manifest(plan: RunPlan) -> dict:
-    """What was asked, for run.json (written before the first case starts)."""
-    models = [{"name": m.model_name, **m.model.to_dict(), "optimizer": m.family.optimizer.to_dict(),
-               "checkpoint": str(m.checkpoint), "checkpoint_sha256": m.checkpoint_sha256, "data": str(m.tokens),
-               "data_sha256": m.tokens_sha256, "corpus": m.corpus} for m in plan.models()]
-    first = plan.models()[0]
-    return {"cases": [c.to_dict() for c in plan.cases], "frameworks": [r.name for r in plan.runners],
-            "baseline": plan.runners[0].name, "device": plan.device, "model": models[0], "models": models,
-            "checkpoint": str(first.checkpoint), "checkpoint_sha256": first.checkpoint_sha256,
-            "data": str(first.tokens), "data_sha256": first.tokens_sha256, "corpus": first.corpus, "skipped": [],
-            "nodes": plan.nodes.label, "oversubscribe": any(i.oversubscribe for i in plan.inputs.values())}
-
-
-def run_with_progress(plan: RunPlan, console: Console, run_dir: RunDir, repeat: int = 1) -> list[CaseOutcome]:
-    # Live bars only on a terminal; in CI logs and files each case gets one line when it ends.
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
-                        TimeElapsedColumn(), console=console, transient=False, disable=not console.is_terminal)
-    state = {"task": None}
-    skipped: list[dict] = []
-
-    def on_start(case, framework):
-        state["task"] = progress.add_task(f"{framework:>11} {case.name:<18}", total=case.steps, loss="")
-
-    def on_step(rec):
-        progress.update(state["task"], completed=rec.step, loss=f"loss {rec.loss:.6f}")
-
-    def on_end(outcome: CaseOutcome):
-        if outcome.skipped:
-            # In run.json at once, so that even an interrupted run's manifest lists its skips.
-            skipped.append({"case": outcome.case.name, "framework": outcome.framework, "reason": outcome.skipped})
-            run_dir.update_manifest(skipped=skipped)
-            console.print(f"[yellow]skipped[/yellow] {outcome.framework}/{outcome.case.name}: {outcome.skipped}")
-        elif outcome.record is not None and not outcome.record.ok and state["task"] is not None:
-            progress.update(state["task"], loss="[red]FAILED[/red]")
-        if not console.is_terminal and outcome.record is not None:
-            r = outcome.record
-            tps = format_tokens_per_s(throughput_of(r))
-            console.print(f"{outcome.framework}/{outcome.case.name}: {r.status}, {len(r.steps)} steps"
-                          + (f", last loss {r.steps[-1].loss:.6f}" if r.steps else "")
-                          + (f", {tps} tok/s" if tps != "-" else ""), highlight=False)
-
-    with progress:
-        return execute_plan(plan, on_start=on_start, on_step=on_step, on_end=on_end, repeat=repeat,
-                            on_groups=import_report_beside)
-
-
-def import_report_beside() -> None:
+def import_report_beside() -> threading.Thread:
     """While this process only waits on worker groups, import the report's plotting (matplotlib,
     a second or more) in a background thread; never while a case trains in this process, where
     the imports would take the GIL from its training loop."""
     import importlib
-    import threading
 
     def load() -> None:
         try:
@@ -314,7 +293,9 @@ def import_report_beside() -> None:
         except Exception:  # the report itself meets it again and says what is wrong
             pass
 
-    threading.Thread(target=load, name="lockstep-report-import", daemon=True).start()
+    thread = threading.Thread(target=load, name="lockstep-report-import", daemon=True)
+    thread.start()
+    return thread
 
 
 def outcome_table(outcomes: list[CaseOutcome], options: CompareOptions | None = None) -> Table:

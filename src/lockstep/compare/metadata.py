@@ -9,10 +9,11 @@ import os
 from pathlib import Path
 
 from lockstep.compare.pairing import DIAGNOSE_DIR, EVIDENCE_DIR, STEP1_DIR
-from lockstep.compare.pairing import RUN_MANIFEST, collect_cases
+from lockstep.compare.pairing import collect_cases
+from lockstep.formats.run_manifest import read_manifest as run_manifest
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import read_run_record
-from lockstep.fsutil import MOVED_ASIDE_MARK, read_text
+from lockstep.fsutil import MOVED_ASIDE_MARK
 
 # Keys of a record's meta that describe the run rather than the case.
 RUN_KEYS = ("lockstep_version", "lockstep_commit", "device", "device_name", "host", "torch_version",
@@ -55,18 +56,6 @@ def _span(times: dict[str, list[str]], key: str, value) -> None:
 
 def _pick(key: str, texts: list[str]) -> str:
     return TIME_KEYS[key](texts, key=_instant)
-
-
-def run_manifest(run_dir: str | os.PathLike) -> dict:
-    """run.json as `lockstep run` wrote it; {} when absent or unreadable (compare says why)."""
-    path = Path(run_dir) / RUN_MANIFEST
-    if not path.is_file():
-        return {}
-    try:
-        doc = json.loads(read_text(path, "run manifest"))
-    except (LockstepError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def collect_run_metadata(run_dir: str | os.PathLike) -> dict:

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.errors import FormatError
-from lockstep.fsutil import MOVED_ASIDE_MARK, os_problem, read_text
+from lockstep.formats.run_manifest import RUN_MANIFEST, skipped_pairs
+from lockstep.fsutil import MOVED_ASIDE_MARK, os_problem
 
 CASE_SUFFIXES = (".jsonl", ".log")
-RUN_MANIFEST = "run.json"  # what `lockstep run` writes at the top of its output directory
 # Names that are never case files (build logs, CTest logs, profiler output, run metadata, our own
 # output, and what `lockstep run --force` moved out of its way: someone else's, never this run's).
 IGNORED_FILE_PATTERNS = ("build*", "ctest_*", "*_profile.log", "run_metadata.*", ".*", f"*{MOVED_ASIDE_MARK}*")
@@ -116,25 +116,6 @@ def _walk(root: Path, tree: CaseTree) -> CaseTree:
         else:
             tree.conflicts[case] = paths
     return tree
-
-
-def skipped_pairs(run_dir: str | os.PathLike) -> dict[str, dict[str, str]]:
-    """framework -> {case: reason} for the pairs `lockstep run` skipped (from run.json's `skipped`;
-    empty when there is no run.json). Raises FormatError naming run.json when it is unreadable."""
-    manifest = Path(run_dir) / RUN_MANIFEST
-    if not manifest.is_file():
-        return {}
-    try:
-        doc = json.loads(read_text(manifest, "run manifest"))
-    except ValueError as e:
-        raise FormatError(manifest, f"is not valid JSON ({e})") from None
-    entries = doc.get("skipped", []) if isinstance(doc, dict) else None
-    out: dict[str, dict[str, str]] = {}
-    for e in entries if isinstance(entries, list) else [None]:
-        if not (isinstance(e, dict) and all(isinstance(e.get(k), str) for k in ("framework", "case", "reason"))):
-            raise FormatError(manifest, "`skipped` must be a list of {framework, case, reason} strings")
-        out.setdefault(e["framework"], {})[e["case"]] = e["reason"]
-    return out
 
 
 def skipped_cases(tree: CaseTree) -> dict[str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.compare.comparison import ComparisonReport, compare_paths
@@ -15,10 +16,25 @@ from lockstep.fsutil import atomic_write
 SUMMARY_NAME = "summary.json"
 
 
+@dataclass
+class RunComparison:
+    """A run directory compared: the summary (as summary.json holds it) and each test framework's
+    ComparisonReport (what the report renders), made by one pass over the records."""
+
+    summary: dict
+    reports: dict[str, ComparisonReport] = field(default_factory=dict)
+
+
 def compare_run_dir(run_dir: str | os.PathLike, baseline_framework: str = "pytorch",
                     options: CompareOptions | None = None) -> dict:
     """Compare every framework dir of `run_dir` with `<run_dir>/<baseline_framework>`; write and
     return the summary. `passed` is None when there was nothing to compare (one framework)."""
+    return compare_run(run_dir, baseline_framework, options).summary
+
+
+def compare_run(run_dir: str | os.PathLike, baseline_framework: str = "pytorch",
+                options: CompareOptions | None = None) -> RunComparison:
+    """`compare_run_dir`, keeping each framework's ComparisonReport beside the summary."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FormatError(run_dir, "is not a run directory")
@@ -27,6 +43,7 @@ def compare_run_dir(run_dir: str | os.PathLike, baseline_framework: str = "pytor
     summary: dict = {"run_dir": str(run_dir), "baseline": baseline_framework, "frameworks": present,
                      "passed": None, "comparisons": [], "errors": [],
                      "metadata": collect_run_metadata(run_dir)}
+    reports: dict[str, ComparisonReport] = {}
     baseline_dir = run_dir / baseline_framework
     others = [name for name in present if name != baseline_framework]
     if baseline_framework not in present:
@@ -35,7 +52,7 @@ def compare_run_dir(run_dir: str | os.PathLike, baseline_framework: str = "pytor
             summary["passed"] = False
     else:
         for name in others:
-            report = compare_frameworks_in_run(run_dir, baseline_framework, name, options)
+            report = reports[name] = compare_frameworks_in_run(run_dir, baseline_framework, name, options)
             entry = {"baseline_framework": baseline_framework, "test_framework": name, **report.to_json()}
             if not report.judged:
                 entry["passed"] = None  # nothing ran on both sides: no verdict either way
@@ -46,7 +63,7 @@ def compare_run_dir(run_dir: str | os.PathLike, baseline_framework: str = "pytor
     with atomic_write(run_dir / SUMMARY_NAME, "w", what="run summary") as f:
         json.dump(summary, f, indent=2, allow_nan=True)
         f.write("\n")
-    return summary
+    return RunComparison(summary, reports)
 
 
 def compare_frameworks_in_run(run_dir: str | os.PathLike, baseline_framework: str, test_framework: str,

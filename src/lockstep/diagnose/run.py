@@ -22,10 +22,11 @@ from lockstep.diagnose.verdict import DriftRun, DriftStep, Verdict, diagnose_cap
 from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, GRAD_EXACT, StepCapture
 from lockstep.step_contract import LOGGED_LOSS_WORDS
 from lockstep.errors import LockstepError
+from lockstep.formats import run_manifest
 from lockstep.formats.run_record import read_run_record
 from lockstep.fsutil import atomic_write, check_free_space
 from lockstep.models import read_checkpoint_layout
-from lockstep.run_matrix import RunRequest, plan_run
+from lockstep.plan import RunRequest, plan_run
 from lockstep.runners import get_runner, reference_framework, spec_for
 from lockstep.runners.base import Background, RunInputs
 
@@ -91,10 +92,8 @@ def _check_pair(frameworks: list[str]) -> None:
 
 def _plan_from_run_dir(req: DiagnoseRequest) -> DiagnosePlan:
     run_dir = Path(req.run_dir)
-    manifest_path = run_dir / "run.json"
-    if not manifest_path.is_file():
-        raise LockstepError(f"{run_dir}: no run.json, so not a directory `lockstep run` wrote")
-    manifest = json.loads(manifest_path.read_text())
+    manifest_path = run_manifest.manifest_path(run_dir)
+    manifest = run_manifest.require_manifest(run_dir)
     cases = {c["name"]: CaseSpec.from_dict(c) for c in manifest.get("cases", [])}
     if req.case not in cases:
         raise LockstepError(f"{manifest_path}: has no case {req.case!r} (cases: {', '.join(cases)})")
@@ -342,7 +341,7 @@ def beside_fits(plan: DiagnosePlan, extra: int = 0) -> bool:
     """Whether the reference can train beside the other frameworks: a GPU that holds every framework's
     weights, gradients and optimizer state at once (on a CPU they would only share its cores), and
     `extra` more of them (the reference's FP64 step 1 is about one)."""
-    from lockstep.run_matrix import device_memory_bytes, estimated_bytes_per_device
+    from lockstep.plan import device_memory_bytes, estimated_bytes_per_device
 
     if plan.inputs.device != "cuda" or reference_framework() not in plan.frameworks:
         return False

@@ -29,22 +29,13 @@ from pathlib import Path
 from lockstep.cases.spec import dtype_of_case_name
 from lockstep.compare.policy import THRESHOLDS
 from lockstep.errors import FormatError, LockstepError
+from lockstep.formats.run_manifest import baseline_of
 from lockstep.formats.run_record import RunRecord, read_run_record
 from lockstep.fsutil import atomic_write
 
 GOLDEN_K = 3.0
 GOLDEN_SCHEMA = 1
 GOLDEN_KIND = "lockstep-golden"
-
-
-def _run_baseline(run_dir: Path) -> str | None:
-    manifest = run_dir / "run.json"
-    if manifest.is_file():
-        try:
-            return json.loads(manifest.read_text()).get("baseline")
-        except (OSError, ValueError):
-            return None
-    return None
 
 
 def reference_records(run_dir: str | os.PathLike, framework: str | None) -> tuple[str, list[RunRecord]]:
@@ -54,7 +45,7 @@ def reference_records(run_dir: str | os.PathLike, framework: str | None) -> tupl
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FormatError(run_dir, "is not a run directory")
-    framework = framework or _run_baseline(run_dir) or "pytorch"
+    framework = framework or baseline_of(run_dir) or "pytorch"
     dirs = [run_dir / framework]
     repeats = run_dir / REPEATS_DIR
     if repeats.is_dir():
@@ -181,7 +172,7 @@ def check_run_dir(golden: dict, run_dir: str | os.PathLike) -> list[GoldenVerdic
     golden file has; pairs the run skipped (run.json) are reported as skipped."""
     from lockstep.compare import framework_dirs
     from lockstep.compare.pairing import collect_cases
-    from lockstep.compare.pairing import skipped_pairs
+    from lockstep.formats.run_manifest import skipped_pairs
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

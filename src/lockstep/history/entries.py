@@ -124,7 +124,7 @@ def run_from_summary(summary: dict, run_dir: str | os.PathLike) -> RunRow:
     (a one-framework run, a failed baseline) and the pairs run.json lists as skipped."""
     from lockstep.compare import framework_dirs
     from lockstep.compare.pairing import collect_cases
-    from lockstep.compare.pairing import skipped_pairs
+    from lockstep.formats.run_manifest import skipped_pairs
 
     run_dir = Path(run_dir)
     baseline = summary.get("baseline")

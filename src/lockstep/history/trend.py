@@ -33,13 +33,14 @@ def short_commit(commit: str | None) -> str:
 
 
 def trend(store: HistoryStore, case: str, framework: str) -> list[TrendPoint]:
-    points = []
-    for run, r in store.results_for(case, framework):
-        points.append(TrendPoint(
-            run_id=run.run_id, recorded_at=run.recorded_at, commit=short_commit(r.framework_commit or run.lockstep_commit),
-            identity=r.framework_version or "-", verdict=r.verdict, max_abs_diff=r.max_abs_diff, threshold=r.threshold,
-            tps_median=r.tps_median, tps_min=r.tps_min, tps_max=r.tps_max, tps_cv=r.tps_cv))
-    return points
+    return [trend_point(run, r) for run, r in store.results_for(case, framework)]
+
+
+def trend_point(run: RunRow, r: ResultRow) -> TrendPoint:
+    return TrendPoint(
+        run_id=run.run_id, recorded_at=run.recorded_at, commit=short_commit(r.framework_commit or run.lockstep_commit),
+        identity=r.framework_version or "-", verdict=r.verdict, max_abs_diff=r.max_abs_diff, threshold=r.threshold,
+        tps_median=r.tps_median, tps_min=r.tps_min, tps_max=r.tps_max, tps_cv=r.tps_cv)
 
 
 def trend_png(points: list[TrendPoint], title: str) -> bytes:

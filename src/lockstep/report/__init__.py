@@ -41,10 +41,12 @@ def refuse_to_overwrite_foreign(path: Path, mark: str) -> None:
 
 def write_report(run_dir: str | os.PathLike, baseline_framework: str = "pytorch",
                  options: CompareOptions | None = None,
-                 history_path: str | os.PathLike | None = None, data: ReportData | None = None) -> tuple[Path, Path]:
+                 history_path: str | os.PathLike | None = None, data: ReportData | None = None,
+                 pending_history=None) -> tuple[Path, Path]:
     """Write `<run_dir>/report.html` and `<run_dir>/report.md`; return their paths. With a history
     database that holds earlier runs of the run's cases, report.html also shows their trend.
-    `data`: what `gather` found, when the caller needs it too (e.g. to say what was unreadable)."""
+    `data`: what `gather` found, when the caller needs it too (e.g. to say what was unreadable).
+    `pending_history`: the run (a history RunRow) about to be appended, shown in the trends."""
     if data is None:
         data = gather(run_dir, baseline_framework, options)
     run_dir = Path(run_dir)
@@ -61,7 +63,7 @@ def write_report(run_dir: str | os.PathLike, baseline_framework: str = "pytorch"
             f.write(png)
         image_paths[case] = rel
     with atomic_write(html_path, "w", what="HTML report") as f:
-        f.write(render_html(data, images, history_trends(data, history_path)))
+        f.write(render_html(data, images, history_trends(data, history_path, pending_history)))
     with atomic_write(md_path, "w", what="Markdown report") as f:
         f.write(render_markdown(data, image_paths))
     return html_path, md_path

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from lockstep.compare import CompareOptions, ComparisonReport, collect_run_metadata, framework_dirs
 from lockstep.compare.loading import load_side
-from lockstep.compare.pairing import collect_cases, skipped_pairs
+from lockstep.compare.pairing import collect_cases
+from lockstep.formats.run_manifest import read_manifest, skipped_pairs, timing_of
 from lockstep.compare.run_dir import compare_frameworks_in_run
 from lockstep.compare.verdict import CaseVerdict
 from lockstep.errors import FormatError, LockstepError
@@ -28,6 +29,9 @@ class ReportData:
     skipped: dict[str, dict[str, str]] = field(default_factory=dict)  # framework -> case -> reason (run.json)
     problems: list[str] = field(default_factory=list)  # run-level problems (e.g. an unreadable run.json)
     timing: dict | None = None  # run.json's "timing": where the run's wall time went
+    # The run's own verdict lines (lockstep run's last lines; run.json's "verdict_lines"): the
+    # report's overall line is their first, so the report and the terminal count alike.
+    run_lines: list[str] | None = None
 
     @property
     def cases(self) -> list[str]:
@@ -73,19 +77,11 @@ class ReportData:
         return all(r.passed for r in judged)
 
 
-def run_timing(run_dir: Path) -> dict | None:
-    """run.json's "timing", or None (an older run, another tool's files, or no run.json)."""
-    import json
-
-    try:
-        timing = json.loads((run_dir / "run.json").read_text()).get("timing")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return timing if isinstance(timing, dict) and isinstance(timing.get("pairs"), list) else None
-
-
 def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
-           options: CompareOptions | None = None) -> ReportData:
+           options: CompareOptions | None = None,
+           comparisons: dict[str, ComparisonReport] | None = None) -> ReportData:
+    """What the report shows. `comparisons`: each test framework's comparison as the run already
+    made it (lockstep run compares once); without it, the records are compared here."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FormatError(run_dir, "is not a run directory")
@@ -103,7 +99,10 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
         data.skipped = skipped_pairs(run_dir)
     except LockstepError as e:
         data.problems.append(str(e))
-    data.timing = run_timing(run_dir)
+    data.timing = timing_of(run_dir)
+    lines = read_manifest(run_dir).get("verdict_lines")
+    if isinstance(lines, list) and lines and all(isinstance(line, str) for line in lines):
+        data.run_lines = lines
     for fw in frameworks:
         tree = collect_cases(run_dir / fw)
         data.problems += tree.unreadable
@@ -117,5 +116,6 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
             data.unreadable.setdefault(case, {})[fw] = (f"{run_dir / fw}: {len(paths)} files for the case {case}: "
                                                         f"{', '.join(map(str, paths))}")
         if fw != baseline_framework:
-            data.comparisons[fw] = compare_frameworks_in_run(run_dir, baseline_framework, fw, options)
+            data.comparisons[fw] = (comparisons[fw] if comparisons is not None and fw in comparisons else
+                                    compare_frameworks_in_run(run_dir, baseline_framework, fw, options))
     return data

@@ -12,19 +12,22 @@ from lockstep.report.data import ReportData
 MIN_POINTS = 2  # one run is not a trend
 
 
-def history_trends(data: ReportData, history_path: str | os.PathLike | None) -> dict[str, bytes]:
+def history_trends(data: ReportData, history_path: str | os.PathLike | None, pending=None) -> dict[str, bytes]:
     """label -> PNG; empty without a history file. A history that cannot be read leaves the report
-    as it would be without one (the run itself said so when it tried to append)."""
+    as it would be without one (the run itself said so when it tried to append). `pending`: the
+    run (a RunRow) that `lockstep run` appends once it has finished, the trend's last point."""
     if history_path is None or not Path(history_path).is_file():
         return {}
     from lockstep.history import HistoryStore, trend, trend_png
+    from lockstep.history.trend import trend_point
 
     store = HistoryStore(history_path)
     out = {}
     try:
         for case in data.cases:
             for fw in data.frameworks:
-                points = trend(store, case, fw)
+                points = trend(store, case, fw) + [trend_point(pending, r) for r in (pending.results if pending else [])
+                                                   if r.case == case and r.framework == fw]
                 if len(points) >= MIN_POINTS:
                     label = f"{case} on {fw}: {len(points)} runs"
                     out[label] = trend_png(points, label)

@@ -142,6 +142,8 @@ def incomplete_line(data: ReportData) -> str | None:
 
 
 def overall_line(data: ReportData) -> str:
+    if data.run_lines:
+        return data.run_lines[0]  # the run's own verdict, as the terminal said it
     if data.passed is None:
         return f"Nothing ran on both {data.baseline} and another framework: nothing to compare."
     counts: dict[str, int] = {}

@@ -36,6 +36,12 @@ from lockstep.models.family import split_canonical
 HEADROOM = 2.0 ** 10  # lr·|g| at least this many times |w|, for most tensors' typical elements
 DEFAULT_SGD_RECOVERY_LR = 2.0 ** 24  # without a reference's gradient norms (GPT-2 124M needs 2^22)
 ADAM_RECOVERY_LR = 1.0  # Adam moves each weight by ~lr·sign(g): 1.0 dominates every initial weight
+# What a capture asks of the runner's launch, as RunInputs.extra keys (runner.py reads them):
+# a directory for InfiniTrain's module-output dumps (`--precision_check`; also `lockstep diagnose`),
+PRECISION_CHECK_DIR = "infinitrain_precision_check_dir"
+# and to leave the weights InfiniTrain saved after the last step as its model.ckpt (meta
+# "infinitrain_save") instead of a second copy as `<case>.final.npz` (a capture reads it once).
+KEEP_SAVE = "infinitrain_keep_save"
 
 
 def sgd_recovery_lr(weight_rms: dict[str, float], grad_rms: dict[str, float]) -> float:
@@ -101,7 +107,6 @@ def launch_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Capture
     next launch); returns what finishes the capture from its saved weights, which starts no process
     (a diagnose runs it beside InfiniTrain's drift launches)."""
     from lockstep.runners.infinitrain.precision_check import UNSUPPORTED_MARK, read_module_outputs
-    from lockstep.runners.infinitrain.runner import KEEP_SAVE, PRECISION_CHECK_DIR
 
     work_dir = Path(work_dir)
     family = inputs.family

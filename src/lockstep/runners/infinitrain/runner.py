@@ -41,6 +41,7 @@ from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
                                    write_final_params)
 from lockstep.runners.infinitrain import BUILD_ENV_VAR, COMMIT_FILE
+from lockstep.runners.infinitrain.capture import KEEP_SAVE, PRECISION_CHECK_DIR
 from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.infinitrain.precision_check import precision_check_flag
 from lockstep.runners.launch import worker_env
@@ -53,11 +54,6 @@ DEFAULT_TIMEOUT_S = 1800.0
 # InfiniTrain reads its multi-process layout from these; a stray value inherited from the
 # user's shell would silently change the world size, so the runner never passes them on.
 INFINITRAIN_PROCESS_ENV = ("NNODES", "NPROC_PER_NODE", "PROC_WORLD_SIZE", "GLOBAL_PROC_RANK", "LOCAL_PROC_RANK")
-# RunInputs.extra key: a directory for InfiniTrain's module-output dumps (`lockstep diagnose`).
-PRECISION_CHECK_DIR = "infinitrain_precision_check_dir"
-# RunInputs.extra key: leave the weights InfiniTrain saved after the last step as its model.ckpt
-# (meta "infinitrain_save") instead of a second copy as `<case>.final.npz` (a capture reads it once).
-KEEP_SAVE = "infinitrain_keep_save"
 
 
 class InfiniTrainRunner(FrameworkRunner):

@@ -37,6 +37,13 @@ TP_SPLIT_OUTPUTS = ("attn", "logits")
 FORWARD_ORDER = ["embedding", "ln1", "attn", "attproj", "ln2", "mlp", "block", "lnf", "logits", "loss"]
 
 
+def logged_micro_loss(reported: dict) -> float:
+    """The micro batch's mean token loss in FP64, from what the worker's `loss_func` reported."""
+    per_token, loss_mask = reported["lm loss tokens"]
+    mask = loss_mask.double()
+    return float((per_token.double() * mask).sum() / mask.sum())
+
+
 def _tensor(out):
     """A module output as one tensor: megatron's (output, bias) pairs are added back together."""
     if isinstance(out, tuple):
@@ -158,7 +165,6 @@ class StepRecorder:
 
         from lockstep.runners.megatron import model as mmodel
         from lockstep.runners.megatron import weights as mweights
-        from lockstep.runners.megatron.worker import logged_micro_loss
 
         for h in self.handles:
             h.remove()

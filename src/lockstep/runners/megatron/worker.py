@@ -42,7 +42,7 @@ from lockstep.runners.base import write_final_params
 from lockstep.runners.launch import ResultsWriter
 from lockstep.runners.memory import peak_memory_info
 from lockstep.runners.megatron.job import DATA_SEED, LOG_MARKER, MODEL_SEED, MegatronJob
-from lockstep.runners.megatron.capture import StepRecorder
+from lockstep.runners.megatron.capture import StepRecorder, logged_micro_loss
 from lockstep.runners.megatron.parallel import ParallelLayout
 from lockstep.runners.nodes import reports_results
 from lockstep.step_contract import Phases, StepClock, fp32_sequential_of_tensors, slowest_rank
@@ -106,13 +106,6 @@ def loss_func(labels: torch.Tensor, loss_mask: torch.Tensor, vocab_mask: torch.T
     # The logged FP64 mean is lockstep's bookkeeping, not training: the schedule only stores these
     # references, and the worker takes the mean after the step's clock has stopped.
     return loss_sum, num_tokens, {"lm loss tokens": (per_token.detach(), loss_mask)}
-
-
-def logged_micro_loss(reported: dict) -> float:
-    """The micro batch's mean token loss in FP64, from what `loss_func` reported."""
-    per_token, loss_mask = reported["lm loss tokens"]
-    mask = loss_mask.double()
-    return float((per_token.double() * mask).sum() / mask.sum())
 
 
 def optimizer_step(optimizer) -> tuple[bool, float | None]:

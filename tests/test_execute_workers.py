@@ -15,7 +15,8 @@ from pathlib import Path
 from lockstep.cases.spec import CaseSpec
 from lockstep.formats.run_record import RunRecord, StepRecord
 from lockstep.models import SHAPES
-from lockstep.run_matrix import RunPlan, execute_plan
+from lockstep.execute import execute_plan
+from lockstep.plan import RunPlan
 from lockstep.runners.base import FrameworkRunner, RunInputs
 
 
@@ -144,7 +145,8 @@ def test_a_group_started_before_the_plan_is_used_or_stopped(tmp_path):
 
 
 def test_early_groups_are_guessed_only_where_cheap_and_safe(tmp_path):
-    from lockstep.run_matrix import RunRequest, start_first_group_early
+    from lockstep.execute import start_first_group_early
+    from lockstep.plan import RunRequest
     from lockstep.runners.nodes import NodeLayout
 
     # Without --model a CPU run trains the CPU shapes the plan swaps in: no guess; nor without

@@ -36,7 +36,7 @@ def test_nan_in_a_weight_is_refused_naming_the_tensor(tmp_path, capsys):
 
 
 def test_inf_in_padding_rows_is_said_not_refused():
-    from lockstep.run_matrix import check_finite_weights
+    from lockstep.plan import check_finite_weights
 
     def inf_in_padding(t, cfg):
         t["wte"][cfg.vocab_size + 3, 0] = np.inf

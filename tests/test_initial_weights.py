@@ -1,4 +1,4 @@
-"""The cached llm.c init that `lockstep run` makes (run_matrix.ensure_initial_checkpoint): written
+"""The cached llm.c init that `lockstep run` makes (initial_weights.ensure_initial_checkpoint): written
 once, by one process, when several need it at once (the others wait on its lock and reuse it);
 never torn; refused before any drawing when the disk has no room for it."""
 
@@ -20,7 +20,7 @@ import lockstep.models.init as init
 from lockstep.errors import WriteError
 from lockstep.fsutil import exclusive_lock, lock_path_for
 from lockstep.models import FAMILIES, SHAPES
-from lockstep.run_matrix import ensure_initial_checkpoint
+from lockstep.initial_weights import ensure_initial_checkpoint
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TINY = SHAPES["gpt2-tiny"].config
@@ -32,7 +32,7 @@ import json, os, sys
 from pathlib import Path
 import lockstep.models.init as init
 from lockstep.models import FAMILIES, SHAPES
-from lockstep.run_matrix import ensure_initial_checkpoint
+from lockstep.initial_weights import ensure_initial_checkpoint
 writes, real = [], init.write_initial_checkpoint
 def counting(*args, **kwargs):
     writes.append(1)
@@ -116,22 +116,22 @@ def test_a_cached_inits_digest_is_kept_beside_it_and_taken_again_when_the_file_c
     """A 1B init takes seconds to hash on every plan: lockstep keeps the digest of its own cached
     init beside it, keyed by size and modification time; a changed file is hashed again, and a
     user's checkpoint outside the cache gets no file beside it."""
-    import lockstep.run_matrix as run_matrix
+    import lockstep.initial_weights as initial_weights
 
     path = ensure_initial_checkpoint(tmp_path, "gpt2-tiny", FAMILIES["gpt2"], TINY, 42)
     side = Path(f"{path}.sha256.json")
-    assert run_matrix._cached_digest(path) == sha256(path) and json.loads(side.read_text())["sha256"] == sha256(path)
+    assert initial_weights._cached_digest(path) == sha256(path) and json.loads(side.read_text())["sha256"] == sha256(path)
     hashed = []
-    monkeypatch.setattr(run_matrix, "sha256_file", lambda p: (hashed.append(p), fsutil.sha256_file(p))[1])
-    assert run_matrix._cached_digest(path) == sha256(path) and hashed == []
+    monkeypatch.setattr(initial_weights, "sha256_file", lambda p: (hashed.append(p), fsutil.sha256_file(p))[1])
+    assert initial_weights._cached_digest(path) == sha256(path) and hashed == []
     with open(path, "r+b") as f:  # the same size, other bytes, a later mtime
         f.seek(-4, os.SEEK_END)
         f.write(b"\x01\x02\x03\x04")
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
-    assert run_matrix._cached_digest(path) == sha256(path) and hashed == [path]
+    assert initial_weights._cached_digest(path) == sha256(path) and hashed == [path]
     theirs = tmp_path / "user" / "model.bin"
     theirs.parent.mkdir()
     theirs.write_bytes(path.read_bytes())
-    monkeypatch.setattr(run_matrix, "_digests", {})
-    assert run_matrix.checkpoint_digest(theirs, cache=tmp_path / "checkpoints") == sha256(theirs)
+    monkeypatch.setattr(initial_weights, "_digests", {})
+    assert initial_weights.checkpoint_digest(theirs, cache=tmp_path / "checkpoints") == sha256(theirs)
     assert [p.name for p in theirs.parent.iterdir()] == ["model.bin"]

@@ -1,0 +1,192 @@
+"""Running a plan: every (case, framework) pair that the plan runs, in worker groups where a
+runner has them (started once, running every case that fits), the first group started early
+beside the pairs that run on their own; skipped pairs come back as outcomes with their reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from lockstep.cases.matrix import load_matrix, select_cases
+from lockstep.cases.spec import CaseSpec
+from lockstep.errors import LockstepError
+from lockstep.formats.run_record import RunRecord, StepRecord
+from lockstep.models import model_shape
+from lockstep.plan import RunPlan, RunRequest, default_frameworks
+from lockstep.runners import get_runner
+from lockstep.runners.base import FrameworkRunner, RunInputs
+
+
+@dataclass
+class CaseOutcome:
+    case: CaseSpec
+    framework: str
+    record: RunRecord | None = None
+    skipped: str | None = None  # reason
+
+
+
+
+def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None = None,
+                 on_step: Callable[[StepRecord], None] | None = None,
+                 on_end: Callable[[CaseOutcome], None] | None = None, repeat: int = 1,
+                 on_groups: Callable[[], None] | None = None) -> list[CaseOutcome]:
+    """Run every pair `repeat` times; repeat 1's record is the outcome's (and where compare reads
+    it), repeats 2..N go under `<out>/repeats/<k>/` for the determinism check.
+
+    Pairs that run on their own (in this process or a process each: the one-device pytorch cases,
+    InfiniTrain) run first, in plan order (case by case, each framework in turn), while the first
+    persistent worker group (`worker_group_key`) starts up beside them; then, for each group in
+    plan order, every pair of that runner and key, in one group (start once, run many).
+    `plan.persistent_workers` False runs every pair on its own. Outcomes come back in plan order.
+    Every node of a multi-node run computes the same order from the same plan. `on_groups` is
+    called once, when this process starts to only wait on worker groups (idle until the end), and
+    only when some pair runs in one."""
+    from lockstep.determinism import repeat_dir
+
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    out_dirs = [repeat_dir(plan.out_dir, k) for k in range(1, repeat + 1)]
+    pairs = [(case, runner) for case in plan.cases for runner in plan.runners]
+    outcomes: dict[tuple[str, str], CaseOutcome] = {}
+
+    skip_reason = plan.skip_reason
+
+    def key_of(case: CaseSpec, runner: FrameworkRunner):
+        return runner.worker_group_key(case, plan.inputs[case.name]) if plan.persistent_workers else None
+
+    def finished(runner: FrameworkRunner):
+        def on_done(case: CaseSpec, records: list[RunRecord]) -> None:
+            outcome = CaseOutcome(case, runner.name, record=records[0])
+            outcomes[(case.name, runner.name)] = outcome
+            if on_end:
+                on_end(outcome)
+        return on_done
+
+    groups: dict[tuple[str, object], object] = {}  # (runner, key) -> its open WorkerGroup
+
+    def group_of(case: CaseSpec, runner: FrameworkRunner, key):
+        if (runner.name, key) not in groups:
+            groups[(runner.name, key)] = runner.open_workers(case, plan.inputs[case.name])
+        return groups[(runner.name, key)]
+
+    def prestart_first_group() -> None:
+        """The first worker group starts up while the pairs that need none run in this process (one
+        node only: every node must start its groups in the same order); one started before the
+        plan for the same runner and key is that group."""
+        early = dict(plan.early_groups)
+        plan.early_groups.clear()
+        if not plan.nodes.multi_node:
+            for c, r in pairs:
+                key = None if skip_reason(c, r) else key_of(c, r)
+                if key is not None:
+                    if (r.name, key) in early:
+                        groups[(r.name, key)] = early.pop((r.name, key))
+                    group_of(c, r, key).prestart(c.to_dict(), plan.out_dir / r.name)
+                    break
+        for unneeded in early.values():
+            unneeded.discard()  # it ran no case: nothing to wait for
+
+    def run_pair(case: CaseSpec, runner: FrameworkRunner, key) -> None:
+        batch = [case] if key is None else [
+            c for c, r in pairs if r is runner and (c.name, r.name) not in outcomes
+            and not skip_reason(c, r) and key_of(c, r) == key]
+        runner.run_many([(c, inputs_for(plan, c, runner)) for c in batch], out_dirs, on_start=on_start,
+                        on_step=on_step, on_done=finished(runner), persistent=key is not None,
+                        group=group_of(case, runner, key) if key is not None else None)
+        if key is not None:
+            groups.pop((runner.name, key)).close()  # every case of its key ran: free its devices
+
+    try:
+        for case, runner in pairs:
+            reason = skip_reason(case, runner)
+            if reason:
+                outcome = outcomes[(case.name, runner.name)] = CaseOutcome(case, runner.name, skipped=reason)
+                if on_end:
+                    on_end(outcome)
+        # Pairs that run on their own (in this process, or a process each) first, while the first
+        # worker group starts beside them; then each group's pairs, a group at a time.
+        prestart_first_group()
+        for grouped in (False, True):
+            if grouped and on_groups is not None and any(
+                    (c.name, r.name) not in outcomes and key_of(c, r) is not None for c, r in pairs):
+                on_groups()  # this process only waits on worker groups from here on
+            for case, runner in pairs:
+                if (case.name, runner.name) in outcomes:
+                    continue  # skipped, or ran earlier in a worker group with an earlier case
+                key = key_of(case, runner)
+                if (key is not None) == grouped:
+                    run_pair(case, runner, key)
+    except BaseException:
+        for g in groups.values():
+            g.__exit__(*sys.exc_info())  # interrupted or failing: no rank may outlive lockstep
+        raise
+    for g in groups.values():
+        g.close()  # prestarted for a pair that did not need it after all
+    return [outcomes[(case.name, runner.name)] for case, runner in pairs]
+
+
+def start_first_group_early(req: RunRequest) -> dict:
+    """Start the worker group the run will most likely need first, before the plan is made: a
+    group's start-up (megatron-core: interpreter, torch, CUDA, NCCL, its imports; ~12 s on an
+    H200) then overlaps the plan (importing torch, CUDA's start, hashing the weights) as well as
+    the pairs that run on their own. Only the common case is guessed, from what is cheap to know
+    without torch: one node, the first (case, runner) pair in plan order whose runner has worker
+    groups, when that case needs one device. The device is `--device`, else CUDA when an NVIDIA
+    driver is present. `execute_plan` uses the group when the plan agrees (same runner and key)
+    and stops it otherwise. Returns {(runner name, key): group}; {} when nothing is guessed."""
+    if not req.persistent_workers or req.nodes.multi_node or req.nodes.launcher == "slurm" or req.llmc:
+        return {}
+    device = req.device or ("cuda" if _nvidia_driver_present() else "cpu")
+    try:
+        cases = select_cases(load_matrix(req.matrix), req.cases, source=f"matrix {req.matrix}")
+        frameworks = req.frameworks or default_frameworks([], req.framework_options)
+        runners = [get_runner(name, req.framework_options) for name in frameworks]
+    except LockstepError:
+        return {}  # the plan says what is wrong
+    for case in cases:
+        if case.world_size != 1 or (req.model is None and device == "cpu"):
+            continue  # several devices: how many there are needs torch; CPU shapes are swapped in by the plan
+        shape = model_shape(req.model or case.model)
+        inputs = RunInputs(checkpoint=Path("-"), tokens=Path("-"), model=shape.config, device=device,
+                           oversubscribe=req.oversubscribe, nodes=req.nodes)
+        for runner in runners:
+            # No skip_reason here: it may import torch (counting devices), seconds before the spawn.
+            # A group the plan does not want is stopped by execute_plan.
+            key = runner.worker_group_key(case, inputs)
+            if key is not None:
+                group = runner.open_workers(case, inputs)
+                group.prestart(case.to_dict(), Path(req.out or "lockstep-out") / runner.name)
+                return {(runner.name, key): group}
+    return {}
+
+
+def close_early_groups(groups: dict) -> None:
+    """Stop groups started early that no run took: they ran no case, so they are killed at once."""
+    for group in groups.values():
+        group.discard()
+    groups.clear()
+
+
+def _nvidia_driver_present() -> bool:
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")
+
+
+def inputs_for(plan: RunPlan, case: CaseSpec, runner: FrameworkRunner) -> RunInputs:
+    """The case's inputs, asking the runner to record step 1 where the case is certified."""
+    from lockstep.capture.request import CAPTURE_ROWS, CaptureRequest
+
+    inputs = plan.inputs[case.name]
+    if not plan.certifies(case):
+        return inputs
+    optimizer = inputs.family.optimizer
+    baseline = plan.runners[0].name
+    request = CaptureRequest(path=str(plan.capture_path(runner.name, case)),
+                             adam_eps=optimizer.eps if optimizer.kind == "adam" else None, rows=CAPTURE_ROWS,
+                             reference=str(plan.capture_path(baseline, case)) if runner.name != baseline else None)
+    return dataclasses.replace(inputs, capture=request)
+
+

@@ -1,0 +1,392 @@
+"""One pipeline from case to verdict: plan -> runs -> step-1 certificates -> ONE comparison ->
+evidence -> verdict, and the run's outputs (summary.json, JUnit, report, history).
+
+`run_pipeline(request)` is what `lockstep run` does, and what `lockstep bisect` does for each
+commit: both get the same RunResult (records, certificates, the comparison, the verdict, where
+the time went), so a commit is judged exactly as `lockstep run` would judge it, certificate
+included. The caller sees the run as it goes through a RunObserver (the terminal's progress and
+tables); nothing here prints.
+
+Every output path (the JUnit file, the history database) is checked before the first case
+trains; the history gains the run only after run.json says it finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.compare.options import CompareOptions
+from lockstep.compare.pairing import EVIDENCE_DIR, STEP1_DIR
+from lockstep.compare.run_dir import RunComparison, compare_run
+from lockstep.determinism import REPEATS_DIR
+from lockstep.errors import LockstepError, WriteError
+from lockstep.execute import CaseOutcome, execute_plan
+from lockstep.formats import run_manifest
+from lockstep.formats.run_record import StepRecord
+from lockstep.fsutil import check_writable_target, os_problem
+from lockstep.outdir import CASE_OUTPUT_SUFFIXES, STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
+from lockstep.plan import RunPlan, RunRequest, plan_run
+from lockstep.run_verdict import RunVerdict, run_verdict
+from lockstep.runners import framework_names, get_runner, reference_framework
+from lockstep.step_contract import Stopwatch
+
+
+@dataclass
+class RunOutputs:
+    """What a run writes besides its run directory's records and summary.json."""
+
+    report: bool = True  # report.html / report.md
+    junit: Path | None = None
+    history: Path | None = None  # the history database to append the run to (None: not appended)
+
+
+class RunObserver:
+    """What the pipeline tells its caller as the run goes; every method does nothing here."""
+
+    def say(self, text: str) -> None:
+        """A note on the way (a certificate made, evidence gathered)."""
+
+    def opened(self, plan: RunPlan, run_dir: RunDir) -> None:
+        """The run directory is ready; no case has started."""
+
+    def running(self) -> contextlib.AbstractContextManager:
+        """Entered while the pairs run (e.g. a live progress display)."""
+        return contextlib.nullcontext()
+
+    def started(self, case: CaseSpec, framework: str) -> None:
+        pass
+
+    def step(self, record: StepRecord) -> None:
+        pass
+
+    def ended(self, outcome: CaseOutcome) -> None:
+        pass
+
+    def waiting_on_groups(self) -> None:
+        """This process only waits on worker groups from here on."""
+
+    def ran(self, outcomes: list[CaseOutcome]) -> None:
+        """Every pair ran (or was skipped); nothing is compared yet."""
+
+    def compared(self, result: "RunResult") -> None:
+        """The comparison (and the determinism over repeats) is made; nothing else is written yet."""
+
+
+@dataclass
+class RunResult:
+    """Everything one run found, in memory: what `lockstep run` prints and `lockstep bisect` judges."""
+
+    plan: RunPlan
+    outcomes: list[CaseOutcome]
+    certificates: list = field(default_factory=list)
+    comparison: RunComparison | None = None  # None on a node that does not write the records
+    verdict: RunVerdict | None = None
+    timing: dict = field(default_factory=dict)  # run.json's "timing", the same numbers the report shows
+    determinism: object | None = None  # DeterminismReport with --repeat N > 1
+    report_paths: list[Path] = field(default_factory=list)
+    junit_path: Path | None = None
+    history_path: Path | None = None  # where the run was appended
+    history_error: str | None = None  # why it could not be (the run's outputs stand)
+
+    @property
+    def summary(self) -> dict | None:
+        return self.comparison.summary if self.comparison is not None else None
+
+    @property
+    def skipped(self) -> list[CaseOutcome]:
+        return [o for o in self.outcomes if o.skipped]
+
+    @property
+    def exit_code(self) -> int:
+        if self.verdict is None:
+            return 1
+        return 1 if self.history_error else self.verdict.exit_code
+
+
+def check_output_file(path: Path, what: str) -> None:
+    """Refuse, before anything trains and creating nothing, an output file that cannot be written:
+    a directory, a parent that is a file, a read-only file or directory."""
+    path = check_writable_target(path, what)
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise WriteError(path, f"cannot write the {what}: permission denied (the file is not writable)")
+        return
+    parent = path.parent.absolute()
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise WriteError(path, f"cannot write the {what}: permission denied ({parent} is not writable)")
+
+
+def check_outputs(outputs: RunOutputs) -> None:
+    if outputs.junit is not None:
+        check_output_file(Path(outputs.junit), "JUnit XML")
+    if outputs.history is not None:
+        check_output_file(Path(outputs.history), "history database")
+        if Path(outputs.history).exists():
+            from lockstep.history import HistoryStore
+
+            HistoryStore(outputs.history).runs(limit=0)  # another schema, or not a database: said now
+
+
+def check_before_run(request: RunRequest, outputs: RunOutputs, force: bool = False) -> None:
+    """Every output the run will write, checked before anything is planned or trained."""
+    check_out_dir(Path(request.out or "lockstep-out"), force=force)
+    check_outputs(outputs)
+
+
+def run_pipeline(request: RunRequest, *, options: CompareOptions | None = None, repeat: int = 1,
+                 force: bool = False, outputs: RunOutputs | None = None, observer: RunObserver | None = None,
+                 early_groups: dict | None = None, timing: "RunTiming | None" = None) -> RunResult:
+    """Plan, run, certify, compare (once), gather evidence, judge, and write the run's outputs.
+    Raises LockstepError before any case trains when something asked for cannot be done."""
+    observer = observer or RunObserver()
+    outputs = outputs or RunOutputs(report=False)
+    options = options or CompareOptions()
+    timing = timing or RunTiming()
+    if repeat < 1:
+        raise LockstepError(f"--repeat must be at least 1, not {repeat}")
+    check_before_run(request, outputs, force)  # a bad --out, --junit or history: refused before any work
+    with timing.stage("plan"):
+        plan = plan_run(request, repeat=repeat)
+    plan.early_groups = dict(early_groups or {})
+    if early_groups:
+        early_groups.clear()  # the plan's now: execute_plan takes or stops them
+    if not plan.nodes.writes_records:
+        return follow_plan(plan, observer, repeat, timing)
+    result = RunResult(plan=plan, outcomes=[])
+    names = [*dict.fromkeys([*framework_names(), *(r.name for r in plan.runners)])]
+    with open_run_dir(plan.out_dir, [*names, REPEATS_DIR, STEP1_DIR, EVIDENCE_DIR], run_manifest.manifest_of(plan),
+                      force=force) as run_dir:
+        observer.opened(plan, run_dir)
+        skipped: list[dict] = []
+
+        def ended(outcome: CaseOutcome) -> None:
+            if outcome.skipped:
+                # In run.json at once, so that even an interrupted run's manifest lists its skips.
+                skipped.append(run_manifest.skip_entry(outcome.case.name, outcome.framework, outcome.skipped))
+                run_dir.update_manifest(skipped=skipped)
+            observer.ended(outcome)
+
+        with timing.stage("runs"), observer.running():
+            result.outcomes = execute_plan(plan, on_start=observer.started, on_step=observer.step, on_end=ended,
+                                           repeat=repeat, on_groups=observer.waiting_on_groups)
+        observer.ran(result.outcomes)
+        baseline = plan.runners[0].name
+        with timing.stage("certificates"):
+            result.certificates = certify_outcomes(plan, result.outcomes, say=observer.say)
+        with timing.stage("comparison"):
+            result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options)
+        with timing.stage("evidence"):
+            more = gather_evidence(plan, result.comparison.summary, say=observer.say)
+        if more:  # the policy asked for evidence it did not have: judged again, with it
+            with timing.stage("comparison"):
+                result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options)
+        if repeat > 1:
+            result.determinism = add_determinism(plan, result, repeat)
+        observer.compared(result)
+        report_paths = report_paths_of(plan) if outputs.report and any(o.record is not None for o in result.outcomes) else []
+        result.verdict = run_verdict(result.outcomes, result.summary, [r.name for r in plan.runners], plan.out_dir,
+                                     report_paths)
+        if outputs.junit is not None:
+            from lockstep.report.junit import cases_from_comparisons, write_junit
+
+            write_junit(outputs.junit, cases_from_comparisons(result.summary.get("comparisons", [])))
+            result.junit_path = Path(outputs.junit)
+        # One account of the run's time, frozen here: run.json, the report and the terminal show it.
+        result.timing = timing.to_json(result.outcomes)
+        run_dir.update_manifest(timing=result.timing)
+        if report_paths:
+            from lockstep.report import write_report
+            from lockstep.report.data import gather
+
+            data = gather(plan.out_dir, baseline_framework=baseline, options=options,
+                          comparisons=result.comparison.reports)
+            data.run_lines = list(result.verdict.lines)
+            data.timing = result.timing
+            result.report_paths = list(write_report(plan.out_dir, baseline_framework=baseline, options=options,
+                                                    history_path=outputs.history, data=data,
+                                                    pending_history=pending_history_run(result, outputs)))
+        run_dir.mark(STATUS_FINISHED, verdict=result.verdict.word, verdict_lines=result.verdict.lines,
+                     timing=result.timing)
+    if outputs.history is not None:
+        # Only now: a run that run.json does not call finished is never in the history.
+        result.history_error = append_to_history(result, Path(outputs.history))
+    return result
+
+
+def report_paths_of(plan: RunPlan) -> list[Path]:
+    from lockstep.report import HTML_NAME, MARKDOWN_NAME
+
+    return [plan.out_dir / HTML_NAME, plan.out_dir / MARKDOWN_NAME]
+
+
+def pending_history_run(result: RunResult, outputs: RunOutputs):
+    """The history row this run will add once it has finished (the report's trends include it)."""
+    if outputs.history is None:
+        return None
+    from lockstep.history import run_from_summary
+
+    return run_from_summary(result.summary, result.plan.out_dir)
+
+
+def append_to_history(result: RunResult, path: Path) -> str | None:
+    """Append the run; a history that cannot be written is said (and fails the exit code) but
+    never loses the run's own outputs."""
+    from lockstep.history import HistoryStore, run_from_summary
+
+    try:
+        HistoryStore(path).append(run_from_summary(result.summary, result.plan.out_dir))
+    except LockstepError as e:
+        return str(e)
+    result.history_path = path
+    return None
+
+
+def add_determinism(plan: RunPlan, result: RunResult, repeat: int):
+    """Bitwise identical repeats per framework and case, into summary.json and the result's summary."""
+    from lockstep.compare.run_dir import SUMMARY_NAME
+    from lockstep.determinism import add_to_summary, analyse_repeats
+
+    report = analyse_repeats(plan.out_dir, [(o.framework, o.case.name) for o in result.outcomes if not o.skipped],
+                             repeat, baseline=plan.runners[0].name)
+    result.comparison.summary = add_to_summary(plan.out_dir / SUMMARY_NAME, report)
+    return report
+
+
+def follow_plan(plan: RunPlan, observer: RunObserver, repeat: int, timing: "RunTiming") -> RunResult:
+    """A node other than 0: start this node's ranks of every case in the plan's order; node 0
+    writes the records, compares and reports. Its logs go to `<out>/node<R>/`."""
+    clear_node_logs(plan.out_dir / f"node{plan.nodes.node_rank}", plan)
+    with timing.stage("runs"):
+        outcomes = execute_plan(plan, repeat=repeat)  # the same runs, in the same order, as node 0
+    failed = [o for o in outcomes if o.record is not None and not o.record.ok]
+    word = "FAIL" if failed else "OK"
+    return RunResult(plan=plan, outcomes=outcomes, verdict=RunVerdict(word, 1 if failed else 0),
+                     timing=timing.to_json(outcomes))
+
+
+def clear_node_logs(node_dir: Path, plan: RunPlan) -> None:
+    """Remove this node's logs of the cases it is about to run (an earlier run's, which a crash
+    before the new log would leave looking current), and nothing else: the directory may be on a
+    shared filesystem, and a file lockstep did not write there is not its to delete."""
+    for runner in plan.runners:
+        for case in plan.cases:
+            for suffix in CASE_OUTPUT_SUFFIXES:
+                path = node_dir / runner.name / f"{case.name}{suffix}"
+                try:
+                    if path.is_file():
+                        path.unlink()
+                except OSError as e:
+                    raise LockstepError(f"{path}: cannot remove the earlier run's log ({os_problem(e)})") from None
+
+
+def certify_outcomes(plan: RunPlan, outcomes: list[CaseOutcome], say=lambda text: None) -> list:
+    """Each certified pair's captures compared (certify/), the certificate written beside the test's
+    record for the comparison to read; a pair without both captures gets one saying why."""
+    from lockstep.certify.certificate import Certificate, certificate_path, certify, write_certificate
+    from lockstep.formats.step_capture import StepCapture
+
+    baseline = plan.runners[0].name
+    by_pair = {(o.case.name, o.framework): o for o in outcomes}
+    made = []
+    fp64s: dict = {}  # case -> the reference's step 1 in FP64, made once for every test framework
+    for case in plan.cases:
+        base = by_pair.get((case.name, baseline))
+        if not plan.certifies(case) or base is None or base.record is None or not base.record.ok:
+            continue
+        ref, ref_problem = _capture_of(base)
+        for runner in plan.runners[1:]:
+            test = by_pair.get((case.name, runner.name))
+            if test is None or test.record is None or not test.record.ok:
+                continue
+            cert = Certificate(case=case.name, baseline=baseline, test=runner.name, dtype=case.dtype)
+            other, other_problem = _capture_of(test)
+            if ref is None or other is None:
+                cert.problem = "; ".join(p for p in (ref_problem, other_problem) if p)
+            else:
+                optimizer = plan.inputs[case.name].family.optimizer
+                eps = optimizer.eps if optimizer.kind == "adam" else 1e-8
+                try:
+                    cert = certify(StepCapture.load(ref), StepCapture.load(other), case, adam_eps=eps)
+                    if cert.close_call and baseline == reference_framework():
+                        say(f"step-1 certificate {runner.name} vs {baseline} on {case.name}: a close call; measuring "
+                            "what FP32 moves the reference itself (its step 1 in FP64)")
+                        if case.name not in fp64s:
+                            fp64s[case.name] = fp64_capture(plan, case)
+                        cert = certify(StepCapture.load(ref), StepCapture.load(other), case, adam_eps=eps,
+                                       fp64=fp64s[case.name])
+                except (LockstepError, ValueError) as e:
+                    cert.problem = f"the captures cannot be compared: {e}"
+            write_certificate(certificate_path(plan.out_dir / runner.name, case.name), cert)
+            say(f"step-1 certificate {runner.name} vs {baseline} on {case.name}: {cert.summary_line()}")
+            made.append(cert)
+    return made
+
+
+def fp64_capture(plan: RunPlan, case: CaseSpec):
+    """The reference's step 1 of the case in FP64, sketched like the certificate's captures."""
+    reference = reference_framework()
+    return get_runner(reference).fp64_step1(case, plan.inputs[case.name], plan.capture_path(f"{reference}-fp64", case))
+
+
+def _capture_of(outcome: CaseOutcome) -> tuple[str | None, str | None]:
+    """(the capture's path from the record, None), or (None, a sentence saying why there is none)."""
+    meta = outcome.record.meta
+    path = meta.get("step1_capture")
+    if path and Path(path).is_file():
+        return path, None
+    return None, f"{outcome.framework} recorded no step 1 ({meta.get('step1_capture_error') or 'no capture written'})"
+
+
+def gather_evidence(plan: RunPlan, summary: dict, say=lambda text: None) -> bool:
+    """Run what the policy asked for in `summary` (an FP64 reference run per case whose clean step 1
+    may be Adam amplifying rounding); True when something new was written (compare again)."""
+    reference = reference_framework()
+    wanted = sorted({c["case"] for comp in summary.get("comparisons", []) for c in comp.get("cases", [])
+                     if c.get("evidence_wanted") == "fp64-reference"})
+    wrote = False
+    for name in wanted:
+        case = next((c for c in plan.cases if c.name == name), None)
+        path = plan.out_dir / EVIDENCE_DIR / f"{name}.fp64.jsonl"
+        if case is None or path.exists():
+            continue
+        say(f"evidence: {name} in FP64 on the {reference} reference (is the FP32 difference Adam amplifying rounding?)")
+        record = get_runner(reference).train_fp64(case, plan.inputs[name], path)
+        if not record.ok:
+            say(f"evidence for {name} could not be made: {record.error}")
+        wrote = True
+    return wrote
+
+
+
+class RunTiming:
+    """Where `lockstep run`'s wall time goes: its stages (planning, the runs, the certificates, the
+    comparison, ...) and, per framework and case, the phases each runner measured (start-up,
+    weights, data, training, teardown). Written to run.json's "timing"."""
+
+    def __init__(self):
+        self.began = time.perf_counter()
+        self.stage = Stopwatch()  # `with timing.stage("plan"): ...`
+
+    @property
+    def stages(self) -> dict[str, float]:
+        return self.stage.seconds
+
+    def to_json(self, outcomes: list[CaseOutcome]) -> dict:
+        pairs = []
+        for o in outcomes:
+            if o.record is None:
+                continue
+            meta = o.record.meta
+            pair = {"framework": o.framework, "case": o.case.name, "wall_s": meta.get("wall_s"),
+                    "phases": meta.get("phases", {}), "step1_capture_s": meta.get("step1_capture_seconds")}
+            if meta.get("worker_startup"):  # the first case of a worker group: where the group's start-up went
+                pair["worker_startup"] = meta["worker_startup"]
+            pairs.append(pair)
+        return {"total_s": round(time.perf_counter() - self.began, 3), "stages": self.stages, "pairs": pairs}

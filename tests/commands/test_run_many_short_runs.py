@@ -1,0 +1,34 @@
+"""Many short `lockstep run`s, each a process of its own, all exit 0 (issue 36, item 5): about 1 in
+6 used to end, after writing everything, with "Fatal Python error: PyThreadState_Get ...
+finalizing" (exit 134). The report's plotting was imported in a daemon thread as soon as the
+run only waited on worker groups, which every run reached, worker groups or not, and --no-report
+or not; a run that ended before the import did was finalized under it. Now that thread starts
+only for a run that waits on a worker group and will write a report, and the run joins it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lockstep
+
+SRC = Path(lockstep.__file__).resolve().parents[1]
+RUNS = 12
+pytestmark = pytest.mark.slow
+
+
+def test_a_dozen_short_runs_all_exit_0(tmp_path, tiny_checkpoint, training_tokens):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "o"
+    for i in range(RUNS):
+        done = subprocess.run([sys.executable, "-m", "lockstep", "run", "--frameworks", "pytorch", "--cases", "gpt2_1",
+                               "--steps", "1", "--device", "cpu", "--llmc", str(tiny_checkpoint),
+                               "--data", str(training_tokens), "--no-report", "--no-certify", "--force",
+                               "--no-history", "--out", str(out)],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"run {i + 1} of {RUNS}: exit {done.returncode}\n{done.stderr[-2000:]}"
+        assert "Fatal Python error" not in done.stderr

@@ -42,7 +42,7 @@ class BuiltFramework:
 
     def with_build(self, framework_options: dict, build_dir: Path) -> dict:
         """The run's framework options with this framework's build directory set to `build_dir`."""
-        from lockstep.runners import specs
+        from lockstep.runners.registry import specs
 
         options = specs()[self.spec].options(framework_options.get(self.spec))
         return {**framework_options, self.spec: dataclasses.replace(options, **{self.build_option: str(build_dir)})}

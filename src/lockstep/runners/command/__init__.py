@@ -23,7 +23,7 @@ class CommandOptions:
 def command_options(files, build_dir: str | None = None) -> CommandOptions:
     """The trainers of the TOML files (FormatError naming a bad file or a name given twice)."""
     from lockstep.errors import LockstepError
-    from lockstep.runners import specs
+    from lockstep.runners.registry import specs
     from lockstep.runners.command.trainer import load_trainers
 
     trainers, seen = [], {}

@@ -5,19 +5,9 @@ This file registers it (`RUNNER`) and stays cheap to import: the runner class is
 """
 
 import os
-from dataclasses import dataclass
 
+from lockstep.runners.infinitrain.options import BUILD_ENV_VAR, COMMIT_FILE, InfiniTrainOptions  # noqa: F401
 from lockstep.runners.registry import CAPTURE_AFTER_RUN, Capabilities, RunnerSpec
-
-BUILD_ENV_VAR = "LOCKSTEP_INFINITRAIN_BUILD"
-# A file a build script may leave next to the executables naming the source commit, for builds
-# made from a copy of the source without its .git (e.g. the CUDA build on a GPU host).
-COMMIT_FILE = "INFINITRAIN_COMMIT"
-
-
-@dataclass(frozen=True)
-class InfiniTrainOptions:
-    build_dir: str | None = None  # None: LOCKSTEP_INFINITRAIN_BUILD
 
 
 def _add_arguments(parser) -> None:

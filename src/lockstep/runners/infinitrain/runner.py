@@ -40,7 +40,7 @@ from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
                                    write_final_params)
-from lockstep.runners.infinitrain import BUILD_ENV_VAR, COMMIT_FILE
+from lockstep.runners.infinitrain.options import BUILD_ENV_VAR, COMMIT_FILE
 from lockstep.runners.infinitrain.capture import KEEP_SAVE, PRECISION_CHECK_DIR
 from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.infinitrain.precision_check import precision_check_flag

@@ -9,19 +9,8 @@ the identity shuffle), parallel.py (the process grid), one adapter per model fam
 This file registers it (`RUNNER`) and imports neither megatron-core nor torch: the CLI reads it at start.
 """
 
-import importlib.util
-
+from lockstep.runners.megatron.options import INSTALL_HINT, megatron_core_installed  # noqa: F401
 from lockstep.runners.registry import ALL_LAYOUTS, CAPTURE_WHILE_TRAINING, Capabilities, RunnerSpec
-
-INSTALL_HINT = "pip install 'lockstep[megatron]'"
-
-
-def megatron_core_installed() -> bool:
-    """Found without importing it (that takes seconds, and prints warnings)."""
-    try:
-        return importlib.util.find_spec("megatron.core") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _add_arguments(parser) -> None:

@@ -30,7 +30,7 @@ from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
                                    launch_meta, oversubscribed_env)
 from lockstep.runners.launch import run_workers
-from lockstep.runners.megatron import INSTALL_HINT, megatron_core_installed  # noqa: F401 (also read from here)
+from lockstep.runners.megatron.options import INSTALL_HINT, megatron_core_installed  # noqa: F401 (also read from here)
 from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions
 from lockstep.runners.workers import WorkerGroup, WorkerGroupDied
 

@@ -53,7 +53,7 @@ def rename(state: dict[str, np.ndarray], layer: dict[str, str], top: dict[str, s
 
 def adapter_for(family: str) -> InfiniTrainFamily:
     """The family's adapter (`families/<family>.py`), or a LockstepError saying there is none."""
-    from lockstep.runners import specs
+    from lockstep.runners.registry import specs
 
     try:
         return specs()["infinitrain"].adapter(family)

@@ -152,3 +152,14 @@ def test_the_cli_starts_without_importing_any_framework():
 def test_runner_classes_are_imported_when_asked_for(name):
     runner = get_runner(name)
     assert runner.name == name
+
+
+@pytest.mark.parametrize("command", ["run", "diagnose", "bisect"])
+def test_the_user_facing_flags_keep_their_names(command):
+    """Each runner's own flags reach run, diagnose and bisect under the names they always had."""
+    from lockstep.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    flags = {s for a in sub._actions for s in a.option_strings}
+    assert {"--infinitrain-build", "--megatron-native-bf16", "--command-runner", "--command-build"} <= flags

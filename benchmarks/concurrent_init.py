@@ -32,7 +32,7 @@ def child(cache: Path, model: str, seed: int) -> dict:
     """One process's planning step, as far as the init goes."""
     import lockstep.models.init as init
     from lockstep.models import family, model_shape
-    from lockstep.run_matrix import ensure_initial_checkpoint, say_waiting
+    from lockstep.initial_weights import ensure_initial_checkpoint, say_waiting
 
     writes, waited_at = [], []
     real = init.write_initial_checkpoint

@@ -192,3 +192,40 @@ def test_move_aside_never_replaces_anything(tmp_path):
     moved = move_aside(tmp_path / "run.json", "20261201T000000Z")
     assert moved.name == "run.json.moved-by-lockstep-20261201T000000Z-2" and moved.read_text() == "run.json"
     assert (tmp_path / "run.json.moved-by-lockstep-20261201T000000Z").read_text() != "run.json"
+
+
+def test_temporary_names_say_whose_they_are(tmp_path):
+    seen = []
+    with atomic_write(tmp_path / "model.bin") as f:
+        seen = [p.name for p in tmp_path.iterdir()]
+        f.write(b"x")
+    assert len(seen) == 1
+    prefix = f".model.bin.lockstep-{fsutil._host()}-{os.getpid()}-"
+    assert seen[0].startswith(prefix) and seen[0].endswith(".tmp"), seen
+    assert [p.name for p in tmp_path.iterdir()] == ["model.bin"]
+
+
+def test_a_later_write_removes_only_the_temporaries_of_ended_processes(tmp_path):
+    """A write killed outright leaves its temporary; the next write of the same file removes it, but
+    never that of a process still running, another host's (a shared filesystem), or another file's."""
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    live = subprocess.Popen(["sleep", "30"])
+    target = tmp_path / "model.bin"
+    try:
+        stale = tmp_path / (fsutil.temp_prefix(target, ended.pid) + "k1_x.tmp")
+        running = tmp_path / (fsutil.temp_prefix(target, live.pid) + "k2.tmp")
+        other_host = tmp_path / f".model.bin.lockstep-elsewhere-{ended.pid}-k3.tmp"
+        other_file = tmp_path / (fsutil.temp_prefix(tmp_path / "other.bin", ended.pid) + "k4.tmp")
+        old_style = tmp_path / ".model.bin.k5abcdef.tmp"  # tempfile's own name: whose it is is unknown
+        for p in (stale, running, other_host, other_file, old_style):
+            p.write_bytes(b"\0" * 1000)
+        assert fsutil.stale_temps(target) == [(stale, ended.pid)]
+        with atomic_write(target) as f:
+            f.write(b"new")
+        assert target.read_bytes() == b"new" and not stale.exists()
+        assert all(p.exists() for p in (running, other_host, other_file, old_style))
+    finally:
+        live.kill()
+        live.wait()
+    assert fsutil.remove_stale_temps(target) == [fsutil.StaleTemp(running, live.pid, 1000)]  # once it has ended

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib
 import signal
 import sys
@@ -18,8 +19,38 @@ from lockstep.fsutil import os_problem
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+class LockstepParser(argparse.ArgumentParser):
+    """Every lockstep parser, subcommands' included (argparse makes them of the parent's class).
+
+    No abbreviations: `run --case` must not quietly mean `--cases`, and a prefix that is
+    unique today would change meaning when an option is added. An unknown option is reported
+    by the subcommand it was given to, with that subcommand's usage (argparse's default is the
+    top-level usage, which does not list the option the user meant), and the nearest option."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(unrecognized_sentence(self, extras))
+        return namespace, extras
+
+
+def unrecognized_sentence(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    text = f"unrecognized arguments: {' '.join(extras)}"
+    first = next((x.split("=", 1)[0] for x in extras if x.startswith("--")), None)
+    if first is not None:
+        options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+        near = difflib.get_close_matches(first, options, n=1)
+        if near:
+            text += f" (did you mean {near[0]}?)"
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = LockstepParser(
         prog="lockstep",
         description="Run one training case on several frameworks and compare them step by step.")
     parser.add_argument("--version", action="version", version=f"lockstep {__version__}")

@@ -142,7 +142,8 @@ def start_first_group_early(req: RunRequest) -> dict:
         return {}
     device = req.device or ("cuda" if _nvidia_driver_present() else "cpu")
     try:
-        cases = select_cases(load_matrix(req.matrix), req.cases, source=f"matrix {req.matrix}")
+        cases = select_cases(load_matrix(req.matrix, model=req.model, groups=req.groups), req.cases,
+                             source=f"matrix {req.matrix}")
         frameworks = req.frameworks or default_frameworks([], req.framework_options)
         runners = [get_runner(name, req.framework_options) for name in frameworks]
     except LockstepError:

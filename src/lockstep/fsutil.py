@@ -3,7 +3,10 @@ naming the file, and writes whose every failure is a WriteError naming the file 
 in words ("no space left on device", "file too large", "permission denied").
 
 Writes are atomic (written aside, renamed into place only when complete): a file lockstep failed
-to write never exists under its final name. A file that more than one lockstep process may make
+to write never exists under its final name. The file written aside is named so that it can be
+recognised later, `.<name>.lockstep-<host>-<pid>-<random>.tmp`: a process killed outright (SIGKILL,
+the OOM killer, a power cut) cannot remove it, so the next write of the same file removes every
+such temporary of a process of this host that no longer runs (`remove_stale_temps`). A file that more than one lockstep process may make
 at once (a cached checkpoint) is made by one of them under a lock while the others wait and
 reuse it (`write_once`). What lockstep finds in its way and did not write is moved aside, never
 deleted (`move_aside`).
@@ -20,9 +23,12 @@ import fcntl
 import hashlib
 import itertools
 import os
+import re
 import resource
+import socket
 import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
@@ -50,6 +56,9 @@ NEARLY_FULL_BYTES = 1 << 20
 
 # What lockstep appends to the name of something it found in its way and moved aside.
 MOVED_ASIDE_MARK = ".moved-by-lockstep-"
+# The middle of an atomic write's temporary name: `.<name>.lockstep-<host>-<pid>-<random>.tmp`.
+TEMP_MARK = ".lockstep-"
+TEMP_SUFFIX = ".tmp"
 
 
 def os_problem(e: OSError) -> str:
@@ -220,11 +229,12 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", what: str = "file",
     WriteError naming `path` and the reason; the temporary file is removed. With `size` (the
     bytes about to be written) a filesystem without room for them is refused before writing."""
     path = check_writable_target(path, what)
+    remove_stale_temps(path)  # before the free-space check: what they hold is free again
     if size is not None:
         check_free_space(path.parent, size, what, path=path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=TEMP_SUFFIX, dir=path.parent)
     except OSError as e:
         raise write_error(path, e, what) from None
     try:
@@ -241,6 +251,68 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", what: str = "file",
         if isinstance(e, OSError):
             raise write_error(path, e, what) from None
         raise
+
+
+def _host() -> str:
+    # Only [A-Za-z0-9_] so that the name parses back unambiguously whatever the hostname holds.
+    return re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname()) or "host"
+
+
+def temp_prefix(path: Path, pid: int | None = None) -> str:
+    """The start of the temporary name an atomic write of `path` by process `pid` uses."""
+    return f".{path.name}{TEMP_MARK}{_host()}-{os.getpid() if pid is None else pid}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def stale_temps(path: str | os.PathLike) -> list[tuple[Path, int]]:
+    """(temporary file, pid) of every atomic write of `path` whose process, on this host, no longer
+    runs. A temporary of another host (a shared filesystem) or of a live process is never stale:
+    that write may still be going on. A pid reused since only keeps a stale file until it ends."""
+    path = Path(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}{re.escape(TEMP_MARK)}{re.escape(_host())}-(\d+)-"
+                         rf"[A-Za-z0-9_]+{re.escape(TEMP_SUFFIX)}")
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        m = pattern.fullmatch(name)
+        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            out.append((path.parent / name, int(m.group(1))))
+    return sorted(out)
+
+
+@dataclass(frozen=True)
+class StaleTemp:
+    """A temporary file of an atomic write whose process ended before renaming it, now removed."""
+
+    path: Path
+    pid: int
+    size: int
+
+
+def remove_stale_temps(path: str | os.PathLike) -> list[StaleTemp]:
+    """Remove what `stale_temps` finds (regular files only); returns what was removed."""
+    removed = []
+    for tmp, pid in stale_temps(path):
+        try:
+            st = os.lstat(tmp)
+            if stat.S_ISREG(st.st_mode):
+                os.unlink(tmp)
+                removed.append(StaleTemp(tmp, pid, st.st_size))
+        except OSError:
+            pass  # gone already (another writer cleaned it), or not ours to remove: leave it
+    return removed
 
 
 class NamedWrites:

@@ -27,7 +27,8 @@ from lockstep.fsutil import sha256_file
 from lockstep.initial_weights import checkpoint_digest, ensure_initial_checkpoint
 from lockstep.models import CPU_SHAPES, family, model_shape, read_checkpoint_layout
 from lockstep.runners import get_runner
-from lockstep.runners.base import FrameworkRunner, RunInputs, available_devices, device_shortage
+from lockstep.runners.base import (FrameworkRunner, RunInputs, available_devices, case_skip_reason,
+                                    device_shortage)
 from lockstep.runners.nodes import NodeLayout
 
 
@@ -39,6 +40,7 @@ class RunRequest:
     cases: list[str] | None = None
     frameworks: list[str] | None = None
     model: str | None = None
+    groups: list[str] | None = None  # InfiniTrain test_config.json: its test groups by tag
     llmc: str | None = None
     data: str | None = None
     text: str | None = None
@@ -273,7 +275,7 @@ def plan_run(req: RunRequest, repeat: int = 1, make_files: bool = True) -> RunPl
         start_cuda_beside()
     cache = Path(req.cache_dir) if req.cache_dir else default_cache_dir()
 
-    all_cases = load_matrix(req.matrix)
+    all_cases = load_matrix(req.matrix, model=req.model, groups=req.groups, notes=notes)
     cases = select_cases(all_cases, req.cases, source=f"matrix {req.matrix}")
     if req.steps is not None:
         cases = [c.with_overrides(steps=req.steps) for c in cases]
@@ -371,7 +373,7 @@ def pair_skips(cases: list[CaseSpec], runners: list[FrameworkRunner], inputs: di
     skips = {}
     for case in cases:
         for runner in runners:
-            reason = unrunnable.get(case.name) or runner.skip_reason(case, inputs[case.name])
+            reason = unrunnable.get(case.name) or case_skip_reason(runner, case, inputs[case.name])
             if reason:
                 skips[(case.name, runner.name)] = reason
     return skips

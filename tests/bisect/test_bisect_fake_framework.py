@@ -179,3 +179,22 @@ def test_bad_input_is_one_sentence_and_exit_1_before_any_build(problem, bisected
     err = capsys.readouterr().err.strip()
     assert err.startswith("lockstep: error: ") and expected in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "out" / "builds").exists()
+
+
+def test_a_hanging_build_ends_the_bisection_with_one_sentence(tmp_path, tiny_checkpoint, training_tokens, capsys):
+    """Both endpoints' builds hang (`sleep 1000`): each is stopped at --build-timeout with its process
+    group, and bisect ends with exit 1 and the sentence saying why there is nothing to bisect."""
+    repo = make_fake_repo(tmp_path / "repo", commits=2, defect_index=1, broken_index=99)
+    pids = tmp_path / "sleeps.txt"
+    code = main(bisect_args(repo, tmp_path / "out", tiny_checkpoint, training_tokens,
+                            build=f"sleep 1000 & echo $! >> {pids}; wait") + ["--build-timeout", "1", "--no-diagnose"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 1
+    good, bad = repo.shas[0][:10], repo.shas[-1][:10]
+    log = tmp_path / "out" / "builds" / f"{repo.shas[0]}.log"
+    assert (f"no first bad commit: --good must judge good and --bad bad, so there is nothing to bisect: --good {good} is skip "
+            f"(NOT BUILT: the build command ran past its timeout of 1 s and was stopped (--build-timeout) (log: "
+            ) in out, out
+    assert f"--bad {bad} is skip (NOT BUILT" in out and str(log) in out
+    for pid in map(int, pids.read_text().split()):
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"

@@ -75,3 +75,39 @@ def alive(pid: int, wait_s: float = 5.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def test_a_hanging_build_is_stopped_with_everything_it_started(tmp_path):
+    """A build that ignores SIGTERM and whose child hangs: stopped at its timeout (SIGKILL once SIGTERM
+    is ignored), counted as failed with one sentence, no process of it left."""
+    pid_file = tmp_path / "child.pid"
+    command = f"trap '' TERM; sleep 1000 & echo $! > {pid_file}; wait"
+    start = time.monotonic()
+    built = build_commit(command, tmp_path, tmp_path / "builds", SHA, INFINITRAIN, timeout_s=1.0)
+    took = time.monotonic() - start
+    assert built.status == BUILD_FAILED
+    assert built.error == (f"the build command ran past its timeout of 1 s and was stopped (--build-timeout) "
+                           f"(log: {built.log})")
+    assert not alive(int(pid_file.read_text()), wait_s=1.0), "the hung build's sleep 1000 outlived its timeout"
+    assert 1.0 <= took < 15.0  # 1 s, then at most the 5 s SIGTERM grace before SIGKILL
+    assert not (built.build_dir / BUILT_MARKER).exists()
+
+
+def test_bisect_has_a_default_build_timeout(capsys):
+    """Without --build-timeout a hanging build once hung `lockstep bisect` forever."""
+    import inspect
+
+    from lockstep.bisect.build import DEFAULT_BUILD_TIMEOUT_S
+    from lockstep.bisect.run import BisectRequest
+    from lockstep.cli import build_parser, main
+
+    assert DEFAULT_BUILD_TIMEOUT_S == 3600
+    args = build_parser().parse_args(["bisect", "--repo", "r", "--good", "a", "--bad", "b"])
+    assert args.build_timeout == 3600
+    assert build_parser().parse_args(["bisect", "--repo", "r", "--good", "a", "--bad", "b",
+                                      "--build-timeout", "0"]).build_timeout is None  # 0: no limit, said in --help
+    assert BisectRequest("r", "a", "b", "make").build_timeout_s == 3600
+    assert inspect.signature(build_commit).parameters["timeout_s"].default == 3600
+    with pytest.raises(SystemExit):
+        main(["bisect", "--help"])
+    assert "(default 3600; 0: no limit)" in " ".join(capsys.readouterr().out.split())

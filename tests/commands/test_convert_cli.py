@@ -121,7 +121,8 @@ def test_failure_while_writing_keeps_the_previous_file(capsys, tmp_path, llama_f
     from lockstep.errors import FormatError
 
     out_file = tmp_path / "model.bin"
-    out_file.write_bytes(b"previous")
+    assert convert(capsys, "--from-hf", str(llama_folder), "--out", str(out_file))[0] == 0
+    previous = sha256_file(out_file)
     real_read = HFCheckpoint.read
 
     def failing_read(self, name):
@@ -132,7 +133,7 @@ def test_failure_while_writing_keeps_the_previous_file(capsys, tmp_path, llama_f
     monkeypatch.setattr(HFCheckpoint, "read", failing_read)
     rc, _, err = convert(capsys, "--from-hf", str(llama_folder), "--out", str(out_file))
     assert rc == 1 and "cannot be read" in err
-    assert out_file.read_bytes() == b"previous"
+    assert sha256_file(out_file) == previous
     assert [p.name for p in tmp_path.iterdir()] == ["model.bin"]
 
 
@@ -174,3 +175,209 @@ def test_run_refuses_a_scaled_rope_file(capsys, tmp_path):
                    "frameworks do not implement; convert with `lockstep convert --no-rope-scaling` to train it with "
                    "plain RoPE\n")
     assert not (tmp_path / "run").exists()
+
+
+def test_rope_scaling_beside_rope_parameters_that_disagree_is_refused(capsys, tmp_path, llama_folder):
+    """transformers 5 loads such a config.json from rope_scaling alone (yarn here, rope_theta back to
+    its default 10000); lockstep once read rope_parameters over it and wrote plain RoPE, theta 500000."""
+    import json
+    import shutil
+
+    folder = tmp_path / "hf"
+    shutil.copytree(llama_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["rope_parameters"] == {"rope_theta": 500000.0, "rope_type": "default"}
+    config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+    (folder / "config.json").write_text(json.dumps(config))
+    loaded = transformers.AutoConfig.from_pretrained(folder).rope_parameters
+    assert (loaded["rope_type"], loaded["rope_theta"]) == ("yarn", 10000.0)  # what transformers runs
+    out_file = tmp_path / "out" / "model.bin"
+    rc, out, err = convert(capsys, "--from-hf", str(folder), "--out", str(out_file))
+    assert (rc, out) == (1, "")
+    assert err == (f"lockstep: error: {folder / 'config.json'}: holds both rope_scaling (yarn, factor 4.0, "
+                   "original_max_position_embeddings 32) and rope_parameters (default, rope_theta 500000.0), which "
+                   "disagree; transformers loads the model from rope_scaling and ignores rope_parameters, so remove "
+                   "the one that is wrong\n")
+    assert not (tmp_path / "out").exists()
+    # Negative control: the same rope settings in both spellings convert.
+    config["rope_scaling"] = {"type": "default", "rope_theta": 500000.0}
+    (folder / "config.json").write_text(json.dumps(config))
+    rc, _, err = convert(capsys, "--from-hf", str(folder), "--out", str(out_file))
+    assert (rc, err) == (0, "")
+
+
+def test_model_safetensors_beside_a_shard_index_is_read_as_transformers_reads_it(capsys, tmp_path):
+    """Shards of one model and model.safetensors of another in one folder: transformers' from_pretrained
+    loads model.safetensors, so the conversion is of that file, and says the index was ignored."""
+    sharded, single = build("llama3"), build("llama3")
+    with torch.no_grad():
+        for p in single.parameters():
+            p.mul_(0.5)
+    folder = save(sharded, tmp_path / "both", max_shard_size="100KB")
+    save(single, tmp_path / "single")
+    (folder / "model.safetensors").write_bytes((tmp_path / "single" / "model.safetensors").read_bytes())
+    assert (folder / "model.safetensors.index.json").is_file()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    assert torch.equal(loaded.model.embed_tokens.weight, single.model.embed_tokens.weight)
+    rc, out, err = convert(capsys, "--from-hf", str(folder), "--out", str(tmp_path / "both.bin"))
+    assert (rc, err) == (0, "")
+    assert printed(out, "from") == f"{folder} (model_type llama; one file, fp32)"
+    assert printed(out, "conversion") == ("model.safetensors read and model.safetensors.index.json beside it "
+                                          "ignored, as transformers' from_pretrained does")
+    assert convert(capsys, "--from-hf", str(tmp_path / "single"), "--out", str(tmp_path / "single.bin"))[0] == 0
+    assert sha256_file(tmp_path / "both.bin") == sha256_file(tmp_path / "single.bin")
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+def test_non_finite_weights_are_refused(capsys, tmp_path, llama_folder, bad):
+    """transformers loads them; lockstep run would refuse the converted file, so convert refuses first."""
+    import shutil
+
+    folder = tmp_path / "hf"
+    shutil.copytree(llama_folder, folder)
+    weights = folder / "model.safetensors"
+    tensors = safetensors_numpy.load_file(str(weights))
+    tensors["model.layers.1.self_attn.o_proj.weight"][3, :2] = float(bad)
+    safetensors_numpy.save_file(tensors, str(weights), metadata={"format": "pt"})
+    out_file = tmp_path / "out" / "model.bin"
+    rc, out, err = convert(capsys, "--from-hf", str(folder), "--out", str(out_file))
+    counts = "2 NaN and 0 infinite" if bad == "nan" else "0 NaN and 2 infinite"
+    assert (rc, out) == (1, "")
+    assert err == (f"lockstep: error: {weights}: tensor model.layers.1.self_attn.o_proj.weight holds {counts} "
+                   "value(s); lockstep run refuses such weights, so they are not converted\n")
+    assert not out_file.exists() and list((tmp_path / "out").iterdir() if (tmp_path / "out").exists() else []) == []
+
+
+@pytest.mark.parametrize("where", ["model.safetensors", "config.json", "hard link", "symlink", "index"])
+def test_out_that_is_one_of_the_inputs_is_refused_even_with_force(capsys, tmp_path, llama_folder, where):
+    """`--out DIR/model.safetensors` once replaced the user's Hugging Face weights with the LLMC file, exit 0."""
+    import os
+    import shutil
+
+    folder = tmp_path / "hf"
+    shutil.copytree(llama_folder, folder)
+    weights = folder / "model.safetensors"
+    before = sha256_file(weights)
+    if where == "hard link":
+        out_file = tmp_path / "elsewhere.bin"
+        os.link(weights, out_file)
+    elif where == "symlink":
+        out_file = tmp_path / "link.bin"
+        out_file.symlink_to(weights)
+    elif where == "index":
+        out_file = folder / "model.safetensors.index.json"  # not there, but transformers would read it
+    else:
+        out_file = folder / where
+    for extra in ([], ["--force"]):
+        rc, out, err = convert(capsys, "--from-hf", str(folder), "--out", str(out_file), *extra)
+        assert (rc, out) == (1, "") and len(err.splitlines()) == 1, err
+        if where == "index":
+            assert err == (f"lockstep: error: {out_file}: is where transformers reads the checkpoint's "
+                           f"model.safetensors.index.json in {folder}; an LLMC file there would break that folder: "
+                           "choose another --out\n")
+        else:
+            own = "config.json" if where == "config.json" else "model.safetensors"
+            assert err == (f"lockstep: error: {out_file}: is the checkpoint's own {own} ({folder / own}), an input "
+                           "of this conversion; writing the LLMC file there would replace it: choose another --out\n")
+    assert sha256_file(weights) == before
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in llama_folder.iterdir())
+
+
+def test_a_file_lockstep_did_not_write_is_refused_unless_force_moves_it_aside(capsys, tmp_path, llama_folder):
+    out_file = tmp_path / "model.bin"
+    out_file.write_text("my notes\n")
+    rc, out, err = convert(capsys, "--from-hf", str(llama_folder), "--out", str(out_file))
+    assert (rc, out) == (1, "")
+    assert err == (f"lockstep: error: {out_file}: exists and is not an LLMC checkpoint, so lockstep did not write it; "
+                   "choose another --out, or pass --force to move it aside (nothing is deleted)\n")
+    assert out_file.read_text() == "my notes\n"
+    rc, out, err = convert(capsys, "--from-hf", str(llama_folder), "--out", str(out_file), "--force")
+    assert (rc, err) == (0, "")
+    aside = next(tmp_path.glob("model.bin.moved-by-lockstep-*"))
+    assert aside.read_text() == "my notes\n"
+    assert out.splitlines()[1] == f"  moved aside {out_file} (not an LLMC checkpoint, --force) -> {aside}"
+    # An LLMC checkpoint at --out is what convert writes: replaced without --force, nothing moved.
+    first = sha256_file(out_file)
+    rc, out, err = convert(capsys, "--from-hf", str(llama_folder), "--out", str(out_file))
+    assert (rc, err) == (0, "") and "moved aside" not in out and sha256_file(out_file) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model.bin", aside.name])
+
+
+@pytest.fixture(scope="module")
+def large_llama_folder(tmp_path_factory):
+    """A Llama 3 whose LLMC file is ~70 MB: its write lasts long enough to be killed half-way."""
+    model = build("llama3", vocab_size=32000, hidden_size=256, intermediate_size=768, num_attention_heads=4)
+    return save(model, tmp_path_factory.mktemp("large") / "hf")
+
+
+def test_a_conversion_killed_mid_write_leaves_a_temporary_that_the_next_one_removes(capsys, tmp_path,
+                                                                                    large_llama_folder):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out_file = tmp_path / "large.bin"
+    src = Path(__file__).resolve().parents[2] / "src"
+    proc = subprocess.Popen([sys.executable, "-m", "lockstep", "convert", "--from-hf", str(large_llama_folder),
+                             "--out", str(out_file)], env={**os.environ, "PYTHONPATH": str(src)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    temps = []
+    try:
+        deadline = time.monotonic() + 120
+        while not temps and proc.poll() is None and time.monotonic() < deadline:
+            temps = [p for p in tmp_path.glob(".large.bin.*tmp") if p.stat().st_size > 0]
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL and temps, "the conversion ended before it could be killed mid-write"
+    assert not out_file.exists() and [p.name for p in tmp_path.iterdir()] == [temps[0].name]
+    assert f"-{proc.pid}-" in temps[0].name  # whose it is: the process that was killed
+
+    rc, out, err = convert(capsys, "--from-hf", str(large_llama_folder), "--out", str(out_file))
+    assert (rc, err) == (0, "")
+    removed = out.splitlines()[1]
+    assert removed.startswith(f"  removed     {temps[0]} (") and removed.endswith(
+        f"), left by lockstep process {proc.pid}, which ended mid-write")
+    assert [p.name for p in tmp_path.iterdir()] == ["large.bin"]
+    assert printed(out, "bytes") == f"{out_file.stat().st_size:,}"
+
+
+def doc_demo_block(doc) -> str:
+    """The bash block after the `cpu-demo` marker of docs/reference/hf-convert.md, as the reader sees it."""
+    text = doc.read_text()
+    after = text[text.index("<!-- cpu-demo:"):]
+    start = after.index("```bash\n") + len("```bash\n")
+    return after[start:after.index("\n```", start) + 1]
+
+
+def test_the_docs_cpu_demo_runs_as_written(tmp_path):
+    """docs/reference/hf-convert.md's offline demo, run as its bash block says (python and lockstep
+    on PATH, offline): a tiny random GPT-2 saved by transformers, converted, trained on two frameworks."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = doc_demo_block(root / "docs" / "reference" / "hf-convert.md")
+    assert "save_pretrained(\"tiny-gpt2\")" in script and "lockstep convert --from-hf tiny-gpt2" in script
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, command in (("python", f'exec {sys.executable} "$@"'), ("lockstep", f'exec {sys.executable} -m lockstep "$@"')):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{command}\n")
+        (bin_dir / name).chmod(0o755)
+    work = tmp_path / "demo"
+    work.mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(root / "src"),
+           "LOCKSTEP_OFFLINE": "1", "LOCKSTEP_HISTORY": str(tmp_path / "history.sqlite")}
+    done = subprocess.run(["bash", "-e", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "model       gpt2: L=2 NH=12 C=96 V=50257 Vp=50304 maxT=1024" in done.stdout
+    assert "PASS: 1 PASS" in done.stdout
+    record = read_run_record(work / "demo-run" / "megatron" / "gpt2_1.jsonl")
+    assert len(record.losses()) == 3 and abs(record.losses()[0] - np.log(50257)) < 0.1  # a random model's start
+    assert record.meta["checkpoint_sha256"] == sha256_file(work / "tiny-gpt2.bin")  # trained from what convert wrote

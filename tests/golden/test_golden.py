@@ -18,8 +18,8 @@ LOSSES = [10.98, 10.71, 10.52, 10.40, 10.31]
 REPEAT2 = [10.98, 10.71, 10.52 + 4e-6, 10.40, 10.31]
 
 
-def write(path, fw, case, losses, dtype="float32"):
-    write_run_record(path, RunRecord(framework=fw, case=case, meta={"case_spec": {"dtype": dtype}},
+def write(path, fw, case, losses, dtype="float32", meta=None):
+    write_run_record(path, RunRecord(framework=fw, case=case, meta={"case_spec": {"dtype": dtype}, **(meta or {})},
                                      steps=[StepRecord(step=i + 1, loss=v, tokens_per_s=100.0)
                                             for i, v in enumerate(losses)]))
 

@@ -57,7 +57,7 @@ def test_two_runs_appended_and_read_back(tmp_path, history_file):
     assert store.integrity_check() == "ok"
     with sqlite3.connect(history_file) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
 
 
 def test_trend_over_three_commits_and_cli(tmp_path, history_file, capsys):
@@ -102,7 +102,8 @@ def _append_runs(path: str, writer: int, n: int) -> None:
     for k in range(n):
         store.append(RunRow(run_id=f"w{writer}-{k}", recorded_at=f"2026-11-30T00:00:{k:02d}.{writer:06d}+00:00",
                             kind="run", source=f"writer {writer}", lockstep_commit="abc", baseline_framework="pytorch",
-                            passed=True, results=[ResultRow(f"case{c}", "pytorch", "baseline", losses=[1.0, 0.5 + c])
+                            passed=True, results=[ResultRow(f"case{c}", "pytorch", "baseline",
+                                                            losses=[1.0 + writer + k / 100, 0.5 + c])
                                                   for c in range(20)]))
 
 

@@ -10,6 +10,10 @@ its working directory and these variables set:
 
 lockstep writes a marker into the build directory only after the command succeeded, so a
 build directory without it (an interrupted build) is never reused: it is emptied and built again.
+
+A build that runs past its timeout (DEFAULT_BUILD_TIMEOUT_S unless the user says otherwise) is
+stopped with everything it started (it runs in its own session: make's jobs, compilers, a hung
+`sleep`) and counts as failed, so that one hanging commit cannot hang the whole bisection.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from lockstep.runners.launch import supervise, worker_env
 SRC_ENV, BUILD_ENV, COMMIT_ENV = "LOCKSTEP_BISECT_SRC", "LOCKSTEP_BISECT_BUILD", "LOCKSTEP_BISECT_COMMIT"
 BUILT_MARKER = ".lockstep-built"
 BUILD_OK, BUILD_REUSED, BUILD_FAILED = "ok", "reused", "failed"
+# An hour: a clean CUDA build of InfiniTrain takes minutes on a build machine, so a build still
+# running after this is taken to hang (`--build-timeout` changes it; 0 waits forever).
+DEFAULT_BUILD_TIMEOUT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -68,8 +75,9 @@ class BuildOutcome:
 
 
 def build_commit(command: str, src: Path, builds_dir: Path, sha: str, framework: BuiltFramework,
-                 timeout_s: float | None = None) -> BuildOutcome:
-    """Build `sha` (checked out in `src`) into builds_dir/<sha>, or reuse a finished build there."""
+                 timeout_s: float | None = DEFAULT_BUILD_TIMEOUT_S) -> BuildOutcome:
+    """Build `sha` (checked out in `src`) into builds_dir/<sha>, or reuse a finished build there.
+    `timeout_s` None waits for the build however long it takes."""
     build_dir, log = builds_dir / sha, builds_dir / f"{sha}.log"
     if (build_dir / BUILT_MARKER).is_file():
         return BuildOutcome(BUILD_REUSED, build_dir, log, 0.0)
@@ -93,7 +101,8 @@ def build_commit(command: str, src: Path, builds_dir: Path, sha: str, framework:
         rc, timed_out = supervise(proc, lambda: None, timeout_s)
     seconds = time.monotonic() - start
     if timed_out or rc != 0:
-        why = f"timed out after {timeout_s:.0f} s" if timed_out else f"exited with status {rc}"
+        why = (f"ran past its timeout of {timeout_s:g} s and was stopped (--build-timeout)" if timed_out
+               else f"exited with status {rc}")
         return BuildOutcome(BUILD_FAILED, build_dir, log, seconds, f"the build command {why} (log: {log})")
     if framework.commit_file:
         (build_dir / framework.commit_file).write_text(sha + "\n")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from lockstep.bisect.build import BUILD_FAILED, BuiltFramework, build_commit
+from lockstep.bisect.build import BUILD_FAILED, DEFAULT_BUILD_TIMEOUT_S, BuiltFramework, build_commit
 from lockstep.bisect.git import Commit, Worktree
 from lockstep.bisect.judge import SKIP, Judgement, judge_summary
 from lockstep.compare.run_dir import SUMMARY_NAME
@@ -67,7 +67,7 @@ class CommitTester:
     """Builds, runs and judges commits of one bisect, each at most once per OUT."""
 
     def __init__(self, out_dir: Path, worktree: Worktree, build_command: str, framework: BuiltFramework,
-                 run_request: RunRequest, build_timeout_s: float | None = None,
+                 run_request: RunRequest, build_timeout_s: float | None = DEFAULT_BUILD_TIMEOUT_S,
                  say: Callable[[str], None] = lambda text: None):
         self.out_dir = out_dir
         self.worktree = worktree

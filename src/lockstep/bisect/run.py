@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from lockstep.bisect.build import BuiltFramework, built_framework
+from lockstep.bisect.build import DEFAULT_BUILD_TIMEOUT_S, BuiltFramework, built_framework
 from lockstep.bisect.evaluate import BUILDS_DIR, CommitTester, TestedCommit
 from lockstep.bisect.git import (BisectError, Commit, Worktree, check_repository, commit_info, commits_between,
                                  is_ancestor, resolve_commit)
@@ -49,7 +49,7 @@ class BisectRequest:
     build: str | None
     out: str = "lockstep-bisect"
     run: RunRequest = field(default_factory=RunRequest)  # its out and build dir are set per commit
-    build_timeout_s: float | None = None
+    build_timeout_s: float | None = DEFAULT_BUILD_TIMEOUT_S
     diagnose: bool = True
 
 
@@ -63,7 +63,7 @@ class BisectPlan:
     run: RunRequest
     framework: BuiltFramework  # the framework under test: the last of run.frameworks
     commits: int  # commits git chooses among (good..bad)
-    build_timeout_s: float | None = None
+    build_timeout_s: float | None = DEFAULT_BUILD_TIMEOUT_S
     diagnose: bool = True
 
     @property

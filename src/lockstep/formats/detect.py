@@ -36,9 +36,18 @@ def known_magics() -> dict[int, str]:
     return out
 
 
+INFINITRAIN_CHECKPOINT = "infinitrain-checkpoint"  # a folder, not a file: checkpoint_step_NNNNNN/
+
+
 def detect(path: str | os.PathLike) -> str:
-    """The format name of the file, from its magic number."""
+    """The format name of the file, from its magic number (a folder InfiniTrain's checkpoint
+    writer made: INFINITRAIN_CHECKPOINT)."""
     path = Path(path)
+    if path.is_dir():
+        from lockstep.formats.infinitrain_checkpoint import is_checkpoint_folder
+
+        if is_checkpoint_folder(path):
+            return INFINITRAIN_CHECKPOINT
     head = read_head(path, 4, "checkpoint or token file")
     if len(head) < 4:
         raise FormatError(path, f"truncated: {len(head)} bytes, too short to hold a magic number")

@@ -2,7 +2,9 @@
 
 What `save_pretrained` writes and the Hub serves: `config.json`, and the weights either as one
 `model.safetensors` or as shards listed in `model.safetensors.index.json` (its `weight_map`:
-tensor name -> shard file). Tensors are read one at a time through the `safetensors` package
+tensor name -> shard file). A folder holding both is read as Transformers reads it: its
+`from_pretrained` loads `model.safetensors` and never opens the index, so the conversion is of
+the model Transformers runs; the checkpoint's `notes` say that the index was ignored. Tensors are read one at a time through the `safetensors` package
 (memory-mapped), so converting an 8B model never holds the whole checkpoint twice. bf16, fp16
 and fp64 tensors are returned as fp32 (bf16 and fp16 exactly; fp64 rounded to nearest).
 
@@ -66,8 +68,12 @@ class HFCheckpoint:
         self._handles: dict[Path, Any] = {}
 
     def _weight_files(self) -> list[Path]:
-        index = self.directory / INDEX_FILE
-        if index.is_file():
+        index, single = self.directory / INDEX_FILE, self.directory / SINGLE_FILE
+        self.notes: list[str] = []
+        if index.is_file() and single.exists():
+            self.notes.append(f"{SINGLE_FILE} read and {INDEX_FILE} beside it ignored, as transformers' "
+                              "from_pretrained does")
+        elif index.is_file():
             content = read_json(index, "safetensors index")
             weight_map = content.get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
@@ -78,7 +84,6 @@ class HFCheckpoint:
                 if not f.is_file():
                     raise FormatError(f, f"no such file, but {INDEX_FILE} lists it as a shard")
             return files
-        single = self.directory / SINGLE_FILE
         if single.exists():
             regular_file_size(single, "safetensors file")
             self._index_map = None
@@ -111,7 +116,8 @@ class HFCheckpoint:
         return out
 
     def read(self, name: str) -> np.ndarray:
-        """One tensor as a C-contiguous fp32 array."""
+        """One tensor as a C-contiguous fp32 array; a FormatError naming its file when it holds NaN or
+        Inf (Transformers loads such weights; every lockstep framework would refuse to train them)."""
         info = self.tensors[name]
         if info.dtype not in FLOAT_DTYPES:
             raise FormatError(info.file, f"tensor {name} holds {info.dtype} values, not floating point weights")
@@ -121,8 +127,19 @@ class HFCheckpoint:
             self._handles[info.file] = handle
         import torch
 
-        t = handle.get_tensor(name)
-        return np.ascontiguousarray(t.to(torch.float32).numpy())
+        t = np.ascontiguousarray(handle.get_tensor(name).to(torch.float32).numpy())
+        finite = np.isfinite(t)
+        if not finite.all():
+            nan = int(np.isnan(t).sum())
+            inf = int(t.size - finite.sum()) - nan
+            raise FormatError(info.file, f"tensor {name} holds {nan} NaN and {inf} infinite value(s); lockstep run "
+                                         "refuses such weights, so they are not converted")
+        return t
+
+    def input_files(self) -> list[Path]:
+        """Every file the conversion reads: config.json, the weights, the index when it is used."""
+        index = [self.directory / INDEX_FILE] if self._index_map is not None else []
+        return [self.config_path, *index, *self.files]
 
     def dtypes(self) -> list[str]:
         return sorted({t.dtype for t in self.tensors.values()})

@@ -15,6 +15,10 @@ handful of repeats underestimates a noisy framework's true spread, and three ran
 exactly as noisy as the recorded ones from failing, while a real change of the curve (which
 moves it by far more than the run-to-run noise) still does. A step passes when
 |loss - mean| <= tolerance.
+
+Each case also records the environment its values came from (golden/environment.py), and a
+golden file is validated when it is read (validate_golden): a tampered tolerance, an empty or
+non-numeric step is refused in one sentence rather than judged by.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ from lockstep.errors import FormatError, LockstepError
 from lockstep.formats.run_manifest import baseline_of
 from lockstep.formats.run_record import RunRecord, read_run_record
 from lockstep.fsutil import atomic_write
+from lockstep.golden.environment import changes, changes_sentence, environment_of
 
 GOLDEN_K = 3.0
-GOLDEN_SCHEMA = 1
+GOLDEN_SCHEMA = 2  # 2: each case records its environment; 1 (no environment) is still read
+READABLE_SCHEMAS = (1, 2)
 GOLDEN_KIND = "lockstep-golden"
 
 
@@ -92,7 +98,8 @@ def record_golden(run_dirs: list[str | os.PathLike], framework: str | None = Non
             spread = max(vals) - min(vals)
             steps.append({"step": step, "mean": mean, "spread": spread,
                           "tolerance": max(THRESHOLDS[dtype], k * spread), "n": len(vals)})
-        cases[case] = {"dtype": dtype, "threshold": THRESHOLDS[dtype], "repeats": len(records), "steps": steps}
+        cases[case] = {"dtype": dtype, "threshold": THRESHOLDS[dtype], "repeats": len(records), "steps": steps,
+                       "environment": environment_of(records[0])}
     return {"kind": GOLDEN_KIND, "schema": GOLDEN_SCHEMA, "framework": frameworks.pop(), "k": k,
             "tolerance_rule": "max(threshold, k * spread), spread = max - min over the repeats",
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -106,6 +113,8 @@ def write_golden(path: str | os.PathLike, golden: dict) -> None:
 
 
 def read_golden(path: str | os.PathLike) -> dict:
+    """A golden file, validated (validate_golden): a file that does not hold what `record`
+    writes is refused in one sentence naming the file, the case and the key."""
     path = Path(path)
     try:
         golden = json.loads(path.read_text())
@@ -115,9 +124,65 @@ def read_golden(path: str | os.PathLike) -> dict:
         raise FormatError(path, f"not a lockstep golden file ({e})") from None
     if not isinstance(golden, dict) or golden.get("kind") != GOLDEN_KIND or not isinstance(golden.get("cases"), dict):
         raise FormatError(path, "not a lockstep golden file (no \"kind\": \"lockstep-golden\" with cases)")
-    if golden.get("schema") != GOLDEN_SCHEMA:
-        raise FormatError(path, f"golden schema {golden.get('schema')}, this lockstep reads {GOLDEN_SCHEMA}")
+    if golden.get("schema") not in READABLE_SCHEMAS:
+        raise FormatError(path, f"golden schema {golden.get('schema')}, this lockstep reads "
+                                f"{', '.join(map(str, READABLE_SCHEMAS))}")
+    validate_golden(path, golden)
     return golden
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def validate_golden(path: Path, golden: dict) -> None:
+    """What `record` writes, and nothing a check could be fooled by: a finite positive k; per
+    case a known dtype and a non-empty list of numbered steps; per step a finite mean, a finite
+    spread >= 0 smaller than the loss itself, and the tolerance record's rule gives,
+    max(threshold, k * spread), finite and at least the dtype's threshold. A tolerance of inf or
+    1e9 would pass any run; a negative one no run."""
+    k = golden.get("k", GOLDEN_K)
+    if not _number(k) or not math.isfinite(k) or k <= 0:
+        raise FormatError(path, f"\"k\" is {k!r}; it must be a finite positive number, as golden record writes it")
+    if not golden["cases"]:
+        raise FormatError(path, "holds no cases to judge by")
+    for case, g in golden["cases"].items():
+        where = f"case {case}"
+        if not isinstance(g, dict):
+            raise FormatError(path, f"{where} is {type(g).__name__}, not an object of golden values")
+        dtype = g.get("dtype")
+        if dtype not in THRESHOLDS:
+            raise FormatError(path, f"{where}: \"dtype\" is {dtype!r}, not one of {', '.join(THRESHOLDS)}")
+        threshold = THRESHOLDS[dtype]
+        steps = g.get("steps")
+        if not isinstance(steps, list) or not steps:
+            raise FormatError(path, f"{where}: \"steps\" is {json.dumps(steps)}; it must list at least one step")
+        seen = set()
+        for i, gs in enumerate(steps):
+            at = f"{where}, steps[{i}]"
+            if not isinstance(gs, dict):
+                raise FormatError(path, f"{at} is {json.dumps(gs)}, not an object with step, mean and tolerance")
+            step = gs.get("step")
+            if not isinstance(step, int) or isinstance(step, bool) or step < 1 or step in seen:
+                raise FormatError(path, f"{at}: \"step\" is {json.dumps(step)}; it must be a step number >= 1, "
+                                        "once per case")
+            seen.add(step)
+            at = f"{where}, step {step}"
+            for key in ("mean", "spread", "tolerance"):
+                v = gs.get(key)
+                if not _number(v) or not math.isfinite(v):
+                    raise FormatError(path, f"{at}: \"{key}\" is {json.dumps(v)}; it must be a finite number")
+            mean, spread, tol = gs["mean"], gs["spread"], gs["tolerance"]
+            if spread < 0 or spread > max(abs(mean), threshold):
+                raise FormatError(path, f"{at}: \"spread\" is {spread!r}; repeats' losses spread from 0 up to the "
+                                        f"loss itself ({abs(mean):.4g})")
+            if tol < threshold:
+                raise FormatError(path, f"{at}: \"tolerance\" is {tol!r}, below the {dtype} threshold {threshold:g} "
+                                        "golden record never goes under")
+            expected = max(threshold, k * spread)
+            if not math.isclose(tol, expected, rel_tol=1e-9, abs_tol=0.0):
+                raise FormatError(path, f"{at}: \"tolerance\" is {tol!r}, not max(threshold, k x spread) = "
+                                        f"{expected:.3e} as golden record writes it")
 
 
 @dataclass
@@ -129,10 +194,12 @@ class GoldenVerdict:
     first_bad_step: int | None = None
     max_dev: float | None = None  # largest |loss - mean|
     max_dev_step: int | None = None
+    environment_changes: tuple[str, ...] = ()  # what changed since the golden values were recorded
 
     def to_json(self) -> dict:
         return {"framework": self.framework, "case": self.case, "outcome": self.outcome, "message": self.message,
-                "first_bad_step": self.first_bad_step, "max_dev": self.max_dev, "max_dev_step": self.max_dev_step}
+                "first_bad_step": self.first_bad_step, "max_dev": self.max_dev, "max_dev_step": self.max_dev_step,
+                "environment_changes": list(self.environment_changes)}
 
 
 def check_record(golden: dict, record: RunRecord) -> GoldenVerdict:
@@ -161,15 +228,23 @@ def check_record(golden: dict, record: RunRecord) -> GoldenVerdict:
                                f"outside the tolerance {gs['tolerance']:.1e}")
     if verdict.first_bad_step is not None:
         verdict.outcome = "failure"
+        now = environment_of(record)
+        verdict.environment_changes = tuple(changes(g.get("environment"), now))
+        verdict.message += f"; {changes_sentence(g.get('environment'), now)}"
     else:
         verdict.message = (f"within tolerance at all {len(g['steps'])} steps (max deviation {verdict.max_dev:.3e} at "
                            f"step {verdict.max_dev_step})")
     return verdict
 
 
+NOT_JUDGED = "not judged"
+
+
 def check_run_dir(golden: dict, run_dir: str | os.PathLike) -> list[GoldenVerdict]:
     """Every framework's record in RUN_DIR (a run dir, or one framework's dir) whose case the
-    golden file has; pairs the run skipped (run.json) are reported as skipped."""
+    golden file has; pairs the run skipped (run.json) are reported as skipped. A record the
+    golden file has no values for, or a log that is not a lockstep record, is an error saying
+    it was not judged: a check that passes has judged every record it was given."""
     from lockstep.compare import framework_dirs
     from lockstep.compare.pairing import collect_cases
     from lockstep.formats.run_manifest import skipped_pairs
@@ -184,7 +259,13 @@ def check_run_dir(golden: dict, run_dir: str | os.PathLike) -> list[GoldenVerdic
     for d in dirs:
         tree = collect_cases(d)
         for case, case_file in sorted(tree.files.items()):
-            if case not in golden["cases"] or not case_file.is_record:
+            if case not in golden["cases"]:
+                verdicts.append(GoldenVerdict(d.name, case, "error", f"{NOT_JUDGED}: the golden file has no values "
+                                                                     f"for case {case}"))
+                continue
+            if not case_file.is_record:
+                verdicts.append(GoldenVerdict(d.name, case, "error", f"{NOT_JUDGED}: {case_file.path} is not a "
+                                                                     "lockstep run record"))
                 continue
             try:
                 record = read_run_record(case_file.path)
@@ -196,7 +277,51 @@ def check_run_dir(golden: dict, run_dir: str | os.PathLike) -> list[GoldenVerdic
         for case, reason in sorted(cases.items()):
             if case in golden["cases"]:
                 verdicts.append(GoldenVerdict(fw, case, "skipped", reason))
-    if not verdicts:
+    if not any(v.outcome != "error" or not v.message.startswith(NOT_JUDGED) for v in verdicts):
         raise LockstepError(f"{run_dir}: no record of a case the golden file has "
                             f"({', '.join(sorted(golden['cases']))})")
     return verdicts
+
+
+def golden_diff(old: dict, new: dict) -> list[str]:
+    """What `golden record --update` changes, for the person who reviews it: cases added or
+    removed, per case the environment that moved and every step whose mean or tolerance moved."""
+    lines = []
+    old_cases, new_cases = old.get("cases") or {}, new["cases"]
+    for case in sorted(set(old_cases) | set(new_cases)):
+        a, b = old_cases.get(case), new_cases.get(case)
+        if b is None:
+            lines.append(f"- {case}: removed ({len(a.get('steps') or []) if isinstance(a, dict) else 0} steps)")
+            continue
+        if not isinstance(a, dict):
+            lines.append(f"+ {case}: added ({len(b['steps'])} steps, {b['dtype']})")
+            continue
+        moved = changes(a.get("environment"), b["environment"]) if a.get("environment") else []
+        if not a.get("environment"):
+            moved = ["environment recorded (the old values had none)"]
+        old_steps = {s.get("step"): s for s in a.get("steps") or [] if isinstance(s, dict)}
+        step_lines = []
+        for s in b["steps"]:
+            o = old_steps.pop(s["step"], None)
+            if o is None:
+                step_lines.append(f"    step {s['step']}: added, mean {s['mean']:.7f} tolerance {s['tolerance']:.1e}")
+            elif o.get("mean") != s["mean"] or o.get("tolerance") != s["tolerance"]:
+                step_lines.append(f"    step {s['step']}: mean {_fmt(o.get('mean'), '.7f')} -> {s['mean']:.7f} "
+                                  f"({_delta(o.get('mean'), s['mean'])}), tolerance {_fmt(o.get('tolerance'), '.1e')} "
+                                  f"-> {s['tolerance']:.1e}")
+        step_lines += [f"    step {step}: removed" for step in sorted(old_steps, key=str)]
+        if moved or step_lines:
+            lines.append(f"~ {case}: " + ("; ".join(moved) if moved else "same environment")
+                         + f", {len(step_lines)} of {len(b['steps'])} steps changed")
+            lines += step_lines
+        else:
+            lines.append(f"= {case}: unchanged")
+    return lines
+
+
+def _fmt(x, spec: str) -> str:
+    return format(x, spec) if _number(x) else repr(x)
+
+
+def _delta(a, b) -> str:
+    return f"{b - a:+.3e}" if _number(a) and math.isfinite(a) else "was not a number"

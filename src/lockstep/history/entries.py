@@ -15,6 +15,7 @@ from pathlib import Path
 
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import RunRecord
+from lockstep.history.keys import case_inputs_sha256, file_sha256
 from lockstep.history.store import ResultRow, RunRow
 
 # Frameworks whose code is lockstep's own checkout (its reference trainer) or a pinned PyPI
@@ -68,10 +69,24 @@ def _fill_from_record(row: ResultRow, path: str | None, warmup_steps: int) -> Re
     if record is not None:
         for k, v in {**identity(record), **tokens_per_s_stats(record, warmup_steps)}.items():
             setattr(row, k, v)
+        row.inputs_sha256 = case_inputs_sha256(record.meta)
+        row.record_sha256 = file_sha256(path)
+        row.machine = record.meta.get("host")
+        row.peak_mem_mb, row.mfu = _memory_and_mfu(record, warmup_steps)
         row.dtype = row.dtype or record.dtype
         if not row.losses and record.ok:
             row.losses = [s.loss for s in sorted(record.steps, key=lambda s: s.step)]
     return row
+
+
+def _memory_and_mfu(record: RunRecord, warmup_steps: int) -> tuple[float | None, float | None]:
+    from lockstep.compare.throughput import throughput_of
+
+    try:
+        t = throughput_of(record, warmup_steps)
+    except Exception:  # a foreign record's odd meta: the history keeps the run without these figures
+        return None, None
+    return t.peak_allocated_mb, t.mfu
 
 
 def _verdict(case: dict) -> str:

@@ -9,6 +9,7 @@ the file whole or not at all.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import sqlite3
@@ -20,7 +21,7 @@ from typing import Iterator
 from lockstep.errors import LockstepError, WriteError
 from lockstep.fsutil import write_failure_hint
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 HISTORY_ENV = "LOCKSTEP_HISTORY"
 BUSY_TIMEOUT_MS = 60_000  # a writer waits this long for another run's transaction
 
@@ -34,7 +35,8 @@ CREATE TABLE IF NOT EXISTS runs (
     lockstep_commit TEXT,
     baseline_framework TEXT,
     passed INTEGER,                   -- 1, 0, or NULL when nothing was judged
-    host TEXT
+    host TEXT,
+    content_sha256 TEXT               -- v2: what the run says (RunRow.content_key), one run per content
 );
 CREATE TABLE IF NOT EXISTS results (
     run_id TEXT NOT NULL REFERENCES runs(run_id),
@@ -61,10 +63,29 @@ CREATE TABLE IF NOT EXISTS results (
     tps_min REAL,
     tps_max REAL,
     tps_cv REAL,                      -- population stdev / mean
+    inputs_sha256 TEXT,               -- v2: the case's inputs (weights, tokens, steps, hyper-parameters)
+    record_sha256 TEXT,               -- v2: the record file's bytes
+    peak_mem_mb REAL,                 -- v2: peak allocated device memory
+    mfu REAL,                         -- v2: model FLOPs utilisation at the median tok/s
+    machine TEXT,                     -- v2: the host the framework ran on (its record's)
     PRIMARY KEY (run_id, case_name, framework)
 );
 CREATE INDEX IF NOT EXISTS results_by_case ON results (case_name, framework);
+CREATE INDEX IF NOT EXISTS runs_by_content ON runs (content_sha256);
 """
+
+# Version 1 -> 2: the columns that key a run by its content and a case by its inputs, and what
+# the history site shows per point. Rows of version 1 keep NULL there (their records are not at
+# hand); their content key is worked out from what they stored.
+_MIGRATE_1_TO_2 = [
+    "ALTER TABLE runs ADD COLUMN content_sha256 TEXT",
+    "ALTER TABLE results ADD COLUMN inputs_sha256 TEXT",
+    "ALTER TABLE results ADD COLUMN record_sha256 TEXT",
+    "ALTER TABLE results ADD COLUMN peak_mem_mb REAL",
+    "ALTER TABLE results ADD COLUMN mfu REAL",
+    "ALTER TABLE results ADD COLUMN machine TEXT",
+    "CREATE INDEX IF NOT EXISTS runs_by_content ON runs (content_sha256)",
+]
 
 
 @dataclass
@@ -92,6 +113,22 @@ class ResultRow:
     tps_min: float | None = None
     tps_max: float | None = None
     tps_cv: float | None = None
+    inputs_sha256: str | None = None
+    record_sha256: str | None = None
+    peak_mem_mb: float | None = None
+    mfu: float | None = None
+    machine: str | None = None
+    steps: int | None = None  # len(losses) as stored; read back even when the losses are not (runs(losses=False))
+
+    def content(self) -> list:
+        """What this result says, for the run's content key: the record's bytes where the row
+        came from a record file, else the figures it stored."""
+        said = [self.case, self.framework, self.role, self.verdict, self.threshold, self.max_abs_diff,
+                self.inputs_sha256]
+        if self.record_sha256:
+            return said + [self.record_sha256]
+        return said + [self.reason, self.losses, self.tps_median, self.tps_min, self.tps_max, self.tps_cv,
+                       self.framework_commit, self.framework_version, self.device_name]
 
 
 @dataclass
@@ -106,11 +143,21 @@ class RunRow:
     host: str | None = None
     results: list[ResultRow] = field(default_factory=list)
 
+    def content_key(self) -> str:
+        """Two runs with this key say the same thing about the same records: the second
+        `lockstep compare` of unchanged records, or a run re-read. Where it ran from and when
+        are not part of it; which baseline and what was judged are."""
+        body = [self.baseline_framework, self.passed, sorted((r.content() for r in self.results), key=json.dumps)]
+        return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=True).encode()).hexdigest()
+
 
 _RESULT_COLUMNS = ["case_name", "framework", "role", "verdict", "reason", "framework_commit", "framework_version",
                    "framework_build", "torch_version", "megatron_core_version", "device", "device_name", "dtype",
                    "steps", "losses", "max_abs_diff", "max_diff_step", "threshold", "tps_median", "tps_min",
-                   "tps_max", "tps_cv"]
+                   "tps_max", "tps_cv", "inputs_sha256", "record_sha256", "peak_mem_mb", "mfu", "machine"]
+
+
+_RUN_COLUMNS = "run_id, recorded_at, kind, source, lockstep_commit, baseline_framework, passed, host"
 
 
 def default_history_path() -> Path:
@@ -201,49 +248,112 @@ class HistoryStore:
                 _rollback(conn)
                 raise
         row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        if row is not None and row[0] == 1:
+            self._migrate_1_to_2(conn)
+            row = (SCHEMA_VERSION,)
         if row is None or row[0] != SCHEMA_VERSION:
             raise LockstepError(f"{self.path}: history schema version {row[0] if row else None}, this lockstep "
                                 f"reads version {SCHEMA_VERSION}; use a matching lockstep or another --history file")
 
+    def _migrate_1_to_2(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 1:  # not done meanwhile
+                for stmt in _MIGRATE_1_TO_2:
+                    conn.execute(stmt)
+                for row in conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs").fetchall():
+                    run = self._run_from_row(conn, row)
+                    conn.execute("UPDATE runs SET content_sha256 = ? WHERE run_id = ?", (run.content_key(), run.run_id))
+                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+
     # -- writing ----------------------------------------------------------------------------
 
-    def append(self, run: RunRow) -> None:
-        """Add one run and all its results in one transaction."""
+    def append(self, run: RunRow) -> str | None:
+        """Add one run and all its results in one transaction, unless the history already holds
+        a run with the same content (docs/reference/history-site.md: one entry per content):
+        then nothing is written and that run's id is returned."""
+        return self.append_many([run])[0]
+
+    def append_many(self, runs: list[RunRow]) -> list[str | None]:
+        """append() of each run, in one connection and one transaction (an import, a test's
+        long history): all of them or none. Per run: None, or the run it duplicates."""
+        out: list[str | None] = []
         with self._connect(create=True) as conn:
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("BEGIN IMMEDIATE")  # the look-ups and the inserts under one write lock
             try:
-                conn.execute("INSERT INTO runs (run_id, recorded_at, kind, source, lockstep_commit, baseline_framework, "
-                             "passed, host) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                             (run.run_id, run.recorded_at, run.kind, run.source, run.lockstep_commit,
-                              run.baseline_framework, None if run.passed is None else int(run.passed), run.host))
-                marks = ", ".join("?" * (len(_RESULT_COLUMNS) + 1))
-                for r in run.results:
-                    d = asdict(r)
-                    values = [run.run_id, r.case] + [
-                        json.dumps(r.losses) if c == "losses" else len(r.losses) if c == "steps" else d[c]
-                        for c in _RESULT_COLUMNS[1:]]
-                    conn.execute(f"INSERT INTO results (run_id, {', '.join(_RESULT_COLUMNS)}) VALUES ({marks})", values)
+                for run in runs:
+                    out.append(self._insert(conn, run))
                 conn.execute("COMMIT")
             except BaseException:
                 _rollback(conn)
                 raise
+        return out
+
+    @staticmethod
+    def _insert(conn: sqlite3.Connection, run: RunRow) -> str | None:
+        key = run.content_key()
+        same = conn.execute("SELECT run_id FROM runs WHERE content_sha256 = ? ORDER BY rowid LIMIT 1", (key,)).fetchone()
+        if same:
+            return same[0]
+        conn.execute("INSERT INTO runs (run_id, recorded_at, kind, source, lockstep_commit, baseline_framework, "
+                     "passed, host, content_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     (run.run_id, run.recorded_at, run.kind, run.source, run.lockstep_commit,
+                      run.baseline_framework, None if run.passed is None else int(run.passed), run.host, key))
+        marks = ", ".join("?" * (len(_RESULT_COLUMNS) + 1))
+        for r in run.results:
+            d = asdict(r)
+            values = [run.run_id, r.case] + [
+                json.dumps(r.losses) if c == "losses" else len(r.losses) if c == "steps" else d[c]
+                for c in _RESULT_COLUMNS[1:]]
+            conn.execute(f"INSERT INTO results (run_id, {', '.join(_RESULT_COLUMNS)}) VALUES ({marks})", values)
+        return None
 
     # -- reading ----------------------------------------------------------------------------
 
-    def runs(self, limit: int | None = None) -> list[RunRow]:
-        """Runs, oldest first (the last `limit` of them), with their results."""
+    def runs(self, limit: int | None = None, since: str | None = None, losses: bool = True) -> list[RunRow]:
+        """Runs, oldest first (the last `limit` of them; those recorded at or after `since`, an
+        ISO date or time), with their results. Two queries whatever the number of runs. With
+        losses=False the per-step losses are not decoded (a result's `steps` still says how
+        many): most of the time of reading a long history."""
         with self._connect(create=False) as conn:
-            rows = conn.execute("SELECT run_id, recorded_at, kind, source, lockstep_commit, baseline_framework, passed, "
-                                "host FROM runs ORDER BY recorded_at, rowid").fetchall()
+            where, params = ("WHERE recorded_at >= ?", (since,)) if since else ("", ())
+            rows = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs {where} ORDER BY recorded_at, rowid",
+                                params).fetchall()
             if limit is not None:
                 rows = rows[-limit:] if limit > 0 else []
-            return [self._run_from_row(conn, row) for row in rows]
+            runs = [self._run_only(row) for row in rows]
+            by_id = {r.run_id: r for r in runs}
+            cols = ", ".join(_RESULT_COLUMNS)
+            for values in conn.execute(f"SELECT run_id, {cols} FROM results ORDER BY run_id, case_name, role, framework"):
+                run = by_id.get(values[0])
+                if run is not None:
+                    run.results.append(_result_from_values(values[1:], losses))
+            return runs
+
+    def runs_by_id(self, run_ids) -> dict[str, RunRow]:
+        """These runs, whole (losses included), in one connection."""
+        ids = list(dict.fromkeys(run_ids))
+        out: dict[str, RunRow] = {}
+        cols = ", ".join(_RESULT_COLUMNS)
+        with self._connect(create=False) as conn:
+            for i in range(0, len(ids), 500):  # SQLite's limit on bound parameters
+                chunk = ids[i:i + 500]
+                marks = ", ".join("?" * len(chunk))
+                for row in conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id IN ({marks})", chunk):
+                    out[row[0]] = self._run_only(row)
+                for values in conn.execute(f"SELECT run_id, {cols} FROM results WHERE run_id IN ({marks}) "
+                                           "ORDER BY run_id, case_name, role, framework", chunk):
+                    out[values[0]].results.append(_result_from_values(values[1:]))
+        return out
 
     def run(self, run_id: str) -> RunRow:
         """The run with this id, or the one run whose id starts with it."""
         with self._connect(create=False) as conn:
-            rows = conn.execute("SELECT run_id, recorded_at, kind, source, lockstep_commit, baseline_framework, passed, "
-                                "host FROM runs WHERE run_id = ? OR run_id LIKE ? ESCAPE '\\' ORDER BY rowid",
+            rows = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ? OR run_id LIKE ? ESCAPE '\\' ORDER BY rowid",
                                 (run_id, run_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
                                 ).fetchall()
             exact = [r for r in rows if r[0] == run_id]
@@ -264,8 +374,7 @@ class HistoryStore:
                 "WHERE case_name = ? AND framework = ? ORDER BY runs.recorded_at, runs.rowid", (case, framework))]
             out = []
             for run_id in ids:
-                row = conn.execute("SELECT run_id, recorded_at, kind, source, lockstep_commit, baseline_framework, "
-                                   "passed, host FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+                row = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
                 run = self._run_from_row(conn, row)
                 out.append((run, next(r for r in run.results if r.case == case and r.framework == framework)))
             return out
@@ -275,18 +384,25 @@ class HistoryStore:
             return conn.execute("PRAGMA integrity_check").fetchone()[0]
 
     @staticmethod
-    def _run_from_row(conn: sqlite3.Connection, row) -> RunRow:
-        run = RunRow(run_id=row[0], recorded_at=row[1], kind=row[2], source=row[3], lockstep_commit=row[4],
-                     baseline_framework=row[5], passed=None if row[6] is None else bool(row[6]), host=row[7])
+    def _run_only(row) -> RunRow:
+        return RunRow(run_id=row[0], recorded_at=row[1], kind=row[2], source=row[3], lockstep_commit=row[4],
+                      baseline_framework=row[5], passed=None if row[6] is None else bool(row[6]), host=row[7])
+
+    @classmethod
+    def _run_from_row(cls, conn: sqlite3.Connection, row) -> RunRow:
+        run = cls._run_only(row)
         cols = ", ".join(_RESULT_COLUMNS)
         for values in conn.execute(f"SELECT {cols} FROM results WHERE run_id = ? ORDER BY case_name, role, framework",
                                    (run.run_id,)):
-            d = dict(zip(_RESULT_COLUMNS, values))
-            d["case"] = d.pop("case_name")
-            d.pop("steps")
-            d["losses"] = json.loads(d["losses"]) if d["losses"] else []
-            run.results.append(ResultRow(**d))
+            run.results.append(_result_from_values(values))
         return run
+
+
+def _result_from_values(values, losses: bool = True) -> ResultRow:
+    d = dict(zip(_RESULT_COLUMNS, values))
+    d["case"] = d.pop("case_name")
+    d["losses"] = json.loads(d["losses"]) if d["losses"] and losses else []
+    return ResultRow(**d)
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

@@ -23,6 +23,14 @@ class TrendPoint:
     tps_min: float | None
     tps_max: float | None
     tps_cv: float | None
+    inputs_sha256: str | None = None
+    steps: int = 0
+    peak_mem_mb: float | None = None
+    mfu: float | None = None
+    machine: str | None = None
+    device_name: str | None = None
+    torch_version: str | None = None
+    megatron_core_version: str | None = None
 
 
 def short_commit(commit: str | None) -> str:
@@ -32,15 +40,48 @@ def short_commit(commit: str | None) -> str:
     return head[:8] + (f"-{rest}" if rest else "")
 
 
-def trend(store: HistoryStore, case: str, framework: str) -> list[TrendPoint]:
-    return [trend_point(run, r) for run, r in store.results_for(case, framework)]
-
-
-def trend_point(run: RunRow, r: ResultRow) -> TrendPoint:
+def point_of(run: RunRow, r: ResultRow) -> TrendPoint:
     return TrendPoint(
         run_id=run.run_id, recorded_at=run.recorded_at, commit=short_commit(r.framework_commit or run.lockstep_commit),
         identity=r.framework_version or "-", verdict=r.verdict, max_abs_diff=r.max_abs_diff, threshold=r.threshold,
-        tps_median=r.tps_median, tps_min=r.tps_min, tps_max=r.tps_max, tps_cv=r.tps_cv)
+        tps_median=r.tps_median, tps_min=r.tps_min, tps_max=r.tps_max, tps_cv=r.tps_cv, inputs_sha256=r.inputs_sha256,
+        steps=len(r.losses), peak_mem_mb=r.peak_mem_mb, mfu=r.mfu, machine=r.machine or run.host,
+        device_name=r.device_name, torch_version=r.torch_version, megatron_core_version=r.megatron_core_version)
+
+
+def same_inputs(points: list[TrendPoint], inputs: str | None = None) -> tuple[list[TrendPoint], int]:
+    """The points of one set of inputs (the latest run's unless `inputs`, a digest or its
+    prefix, is given), and how many points of other inputs were left out. A point that states
+    no inputs and holds no losses (a skipped or failed pair) belongs to every series."""
+    stated = [p.inputs_sha256 for p in points if p.inputs_sha256]
+    if inputs:
+        chosen = next((d for d in reversed(stated) if d.startswith(inputs)), inputs)
+    else:
+        chosen = stated[-1] if stated else None
+    if chosen is None:
+        return points, 0
+    kept = [p for p in points if p.inputs_sha256 == chosen or (p.inputs_sha256 is None and not p.steps)]
+    return kept, len(points) - len(kept)
+
+
+def once_per_record(results: list[tuple[RunRow, ResultRow]]) -> list[tuple[RunRow, ResultRow]]:
+    """The first of the entries that hold the same record judged the same way: a `lockstep run`
+    and a later `lockstep compare` of its dirs are two entries, but one point of a trend."""
+    seen, out = set(), []
+    for run, r in results:
+        key = (r.record_sha256, r.verdict, r.max_abs_diff) if r.record_sha256 else None
+        if key is not None and key in seen:
+            continue
+        seen.add(key)
+        out.append((run, r))
+    return out
+
+
+def trend(store: HistoryStore, case: str, framework: str, inputs: str | None = None) -> list[TrendPoint]:
+    """One (case, framework) across the history, of one set of inputs (see same_inputs): runs
+    of other steps, weights or tokens under the same case name are another trend."""
+    return same_inputs([point_of(run, r) for run, r in once_per_record(store.results_for(case, framework))],
+                       inputs)[0]
 
 
 def trend_png(points: list[TrendPoint], title: str) -> bytes:

@@ -3,7 +3,11 @@
 Each reader raises a FormatError naming config.json and the key, so that a missing or mistyped
 field is one sentence, not a KeyError. RoPE settings are read from both spellings Transformers
 has written: `rope_theta` / `rope_scaling` at the top level (4.x, every Hub checkpoint of
-2024-2025) and `rope_parameters` (5.x).
+2024-2025) and `rope_parameters` (5.x). A config.json holding both `rope_scaling` and
+`rope_parameters` that disagree is refused: Transformers 5 loads such a file from `rope_scaling`
+alone (its `convert_rope_params_to_dict`: `rope_scaling or rope_parameters`, theta then from the
+top-level `rope_theta` or 10000), so a hand-edited `rope_parameters` there has no effect on the
+model Transformers runs, and converting either reading would silently differ from one of them.
 """
 
 from __future__ import annotations
@@ -43,8 +47,11 @@ def require(cfg: dict, key: str, allowed: tuple, path: str | os.PathLike, defaul
     return value
 
 
-def rope_parameters(cfg: dict) -> dict:
-    """RoPE settings merged from both spellings: rope_theta, rope_type and the scaling fields."""
+def rope_parameters(cfg: dict, path: str | os.PathLike | None = None) -> dict:
+    """RoPE settings merged from both spellings: rope_theta, rope_type and the scaling fields.
+    With `path`, a config.json whose two spellings disagree is a FormatError naming it."""
+    if path is not None:
+        check_rope_spellings(cfg, path)
     merged: dict = {}
     scaling = cfg.get("rope_scaling")
     if isinstance(scaling, dict):
@@ -60,13 +67,41 @@ def rope_parameters(cfg: dict) -> dict:
 
 
 def rope_theta(cfg: dict, path: str | os.PathLike, default: float) -> float:
-    return hf_float(rope_parameters(cfg), "rope_theta", path, default)
+    return hf_float(rope_parameters(cfg, path), "rope_theta", path, default)
 
 
-def rope_type(cfg: dict) -> str:
+def rope_type(cfg: dict, path: str | os.PathLike | None = None) -> str:
     """"default" when config.json does not scale RoPE."""
-    value = rope_parameters(cfg).get("rope_type")
+    value = rope_parameters(cfg, path).get("rope_type")
     return "default" if value in (None, "default") else str(value)
+
+
+def _rope_reading(fields: dict, cfg: dict) -> dict:
+    """One spelling's RoPE settings as Transformers completes them: "type" read as rope_type,
+    rope_type "default" when absent, rope_theta from the top level when absent there."""
+    out = dict(fields)
+    if "type" in out:
+        out.setdefault("rope_type", out.pop("type"))
+    out.setdefault("rope_type", "default")
+    if "rope_theta" in cfg:
+        out.setdefault("rope_theta", cfg["rope_theta"])
+    return out
+
+
+def _rope_words(reading: dict) -> str:
+    rest = ", ".join(f"{k} {v}" for k, v in sorted(reading.items()) if k != "rope_type")
+    return f"{reading['rope_type']}{', ' + rest if rest else ''}"
+
+
+def check_rope_spellings(cfg: dict, path: str | os.PathLike) -> None:
+    scaling, params = cfg.get("rope_scaling"), cfg.get("rope_parameters")
+    if not (isinstance(scaling, dict) and scaling and isinstance(params, dict) and params):
+        return
+    from_scaling, from_params = _rope_reading(scaling, cfg), _rope_reading(params, cfg)
+    if from_scaling != from_params:
+        raise FormatError(path, f"holds both rope_scaling ({_rope_words(from_scaling)}) and rope_parameters "
+                                f"({_rope_words(from_params)}), which disagree; transformers loads the model from "
+                                "rope_scaling and ignores rope_parameters, so remove the one that is wrong")
 
 
 def head_dim_problem(cfg: dict, channels: int, heads: int, path: str | os.PathLike) -> None:

@@ -5,10 +5,20 @@ written, the checkpoint's tensor inventory is checked against what its config.js
 tensor present, none left over (a weight the LLMC format has no place for would be dropped
 silently), every shape right. Then the LLMC file is written one layer of one tensor kind at a
 time, in LLMC order, to a temporary file renamed into place: an error leaves nothing at `out`.
+Each tensor read is checked to be finite on the way (NaN or Inf: one sentence naming the
+tensor, as `lockstep run` would refuse the file).
+
+What is at `out` is replaced only when lockstep could have written it (docs/reference/hf-convert.md,
+"What --out may replace"): an LLMC checkpoint, recognised by a header that decodes and a size that
+matches it exactly. Anything else is refused unless `--force`, which moves it aside
+(`<name>.moved-by-lockstep-<UTC time>`), never deletes it; and `out` may never be one of the
+checkpoint's own files (same resolved path or same inode), nor a name Transformers reads in its
+folder. Temporary files left by a conversion killed mid-write are removed first, and said.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import os
 import time
 from dataclasses import dataclass
@@ -16,9 +26,9 @@ from pathlib import Path
 
 from lockstep.errors import FormatError, LockstepError
 from lockstep.formats import llmc
-from lockstep.formats.hf_checkpoint import HFCheckpoint
-from lockstep.fsutil import check_writable_target
-from lockstep.models import FAMILIES, family
+from lockstep.formats.hf_checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, HFCheckpoint
+from lockstep.fsutil import StaleTemp, check_writable_target, move_aside, remove_stale_temps
+from lockstep.models import FAMILIES, family, read_checkpoint_layout
 from lockstep.models.family import HFModel, HFOptions, ModelFamily
 
 
@@ -32,6 +42,9 @@ class Conversion:
     shards: int
     source_dtypes: tuple[str, ...]
     seconds: float
+    notes: tuple[str, ...] = ()  # what was read and done that the user should know, checkpoint's first
+    moved_aside: Path | None = None  # where --force moved a file that was at `out` and not lockstep's
+    removed_temps: tuple[StaleTemp, ...] = ()  # left at `out` by a conversion killed mid-write
 
 
 def convertible_families() -> list[ModelFamily]:
@@ -57,13 +70,49 @@ def family_for(config: dict, config_path: Path, requested: str | None) -> ModelF
     return found
 
 
+def is_llmc_checkpoint(path: Path) -> bool:
+    """Whether `path` is an LLMC checkpoint of a known family: header decodes, size exact."""
+    try:
+        read_checkpoint_layout(path)
+    except LockstepError:
+        return False
+    return True
+
+
+def foreign_output(out: Path, force: bool) -> bool:
+    """True when a file lockstep did not write is at `out` and --force lets it be moved aside;
+    refused without --force."""
+    if not os.path.lexists(out) or is_llmc_checkpoint(out):
+        return False
+    if not force:
+        raise FormatError(out, "exists and is not an LLMC checkpoint, so lockstep did not write it; choose another "
+                               "--out, or pass --force to move it aside (nothing is deleted)")
+    return True
+
+
+def refuse_an_input(out: Path, ckpt: HFCheckpoint) -> None:
+    """`out` must not be a file this conversion reads, nor one Transformers would read in its folder."""
+    target = Path(os.path.realpath(out))
+    for f in ckpt.input_files():
+        if target == Path(os.path.realpath(f)) or (out.exists() and os.path.samefile(out, f)):
+            raise FormatError(out, f"is the checkpoint's own {f.name} ({f}), an input of this conversion; writing "
+                                   "the LLMC file there would replace it: choose another --out")
+    if target.parent == Path(os.path.realpath(ckpt.directory)) and target.name in (CONFIG_FILE, SINGLE_FILE,
+                                                                                     INDEX_FILE):
+        raise FormatError(out, f"is where transformers reads the checkpoint's {target.name} in {ckpt.directory}; "
+                               "an LLMC file there would break that folder: choose another --out")
+
+
 def convert_hf_checkpoint(directory: str | os.PathLike, out: str | os.PathLike, family_name: str | None = None,
-                          options: HFOptions = HFOptions()) -> Conversion:
+                          options: HFOptions = HFOptions(), force: bool = False) -> Conversion:
     started = time.perf_counter()
-    # An --out that can never be a file fails first; its folder is made only once the input has
-    # passed every check, so that a refused conversion leaves nothing behind.
+    # An --out that can never be a file, or holds a file lockstep did not write, fails first; its
+    # folder is made, and a foreign file moved aside, only once the input has passed every check,
+    # so that a refused conversion changes nothing.
     out = check_writable_target(out, "LLMC checkpoint")
     with HFCheckpoint(directory) as ckpt:
+        refuse_an_input(out, ckpt)
+        move_foreign = foreign_output(out, force)
         fam = family_for(ckpt.config, ckpt.config_path, family_name)
         adapter = fam.hf
         model = adapter.read_config(ckpt.config, ckpt.config_path, options)
@@ -73,12 +122,15 @@ def convert_hf_checkpoint(directory: str | os.PathLike, out: str | os.PathLike, 
         def read(name: str):
             return ckpt.read(stored[name])
 
+        moved = move_aside(out, _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")) if move_foreign else None
+        removed = tuple(remove_stale_temps(out))
         llmc.write_checkpoint_by_layer(out, fam.encode_header(layout), layout,
                                        lambda name, layer: adapter.llmc_tensor(model, name, layer, read))
         fam.read_layout(out)  # the header decodes and the size is exact, or FormatError
         return Conversion(source=ckpt.directory, out=out, family=fam, model=model,
                           model_type=str(ckpt.config.get("model_type")), shards=len(ckpt.files),
-                          source_dtypes=tuple(ckpt.dtypes()), seconds=time.perf_counter() - started)
+                          source_dtypes=tuple(ckpt.dtypes()), seconds=time.perf_counter() - started,
+                          notes=(*ckpt.notes, *model.notes), moved_aside=moved, removed_temps=removed)
 
 
 def check_inventory(ckpt: HFCheckpoint, fam: ModelFamily, model: HFModel) -> dict[str, str]:

@@ -19,14 +19,14 @@ def history_trends(data: ReportData, history_path: str | os.PathLike | None, pen
     if history_path is None or not Path(history_path).is_file():
         return {}
     from lockstep.history import HistoryStore, trend, trend_png
-    from lockstep.history.trend import trend_point
+    from lockstep.history.trend import point_of
 
     store = HistoryStore(history_path)
     out = {}
     try:
         for case in data.cases:
             for fw in data.frameworks:
-                points = trend(store, case, fw) + [trend_point(pending, r) for r in (pending.results if pending else [])
+                points = trend(store, case, fw) + [point_of(pending, r) for r in (pending.results if pending else [])
                                                    if r.case == case and r.framework == fw]
                 if len(points) >= MIN_POINTS:
                     label = f"{case} on {fw}: {len(points)} runs"

@@ -29,7 +29,7 @@ from typing import Any, Callable, ClassVar, Hashable, Sequence
 
 from lockstep import __version__
 from lockstep.capture.request import CaptureRequest
-from lockstep.cases.spec import CaseSpec
+from lockstep.cases.spec import NEED_TITLES, CaseSpec
 from lockstep.errors import LockstepError, RunError
 from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
 from lockstep.formats.step_capture import GRAD_EXACT
@@ -84,6 +84,9 @@ class FrameworkRunner(ABC):
     name: ClassVar[str]
     # How the framework's logged loss is made (step_contract): what its last digits mean.
     logged_loss: ClassVar[str] = LOGGED_FP64_MEAN
+    # What the runner implements of a case's `needs` (cases.spec NEEDS_*): a case needing more is
+    # skipped by `case_skip_reason` before the runner's own reasons are asked.
+    supports: ClassVar[frozenset[str]] = frozenset()
 
     @abstractmethod
     def version(self) -> str:
@@ -364,6 +367,7 @@ def base_meta(runner: FrameworkRunner, case: CaseSpec, inputs: RunInputs) -> dic
         "device": inputs.device,
         "device_name": device_name(inputs.device),
         "torch_version": torch_version(),
+        **software_environment(),
         "python_version": platform.python_version(),
         "host": platform.node(),
         "lockstep_version": __version__,
@@ -378,10 +382,45 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def software_environment() -> dict:
+    """CUDA, the NVIDIA driver and megatron-core as this machine has them: what golden values
+    say changed when a check fails (docs/reference/golden.md). None where there is none."""
+    import importlib.metadata
+
+    import torch
+
+    driver = None
+    try:  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  ..."
+        words = Path("/proc/driver/nvidia/version").read_text().split()
+        driver = next((w for w in words if w[:1].isdigit() and "." in w), None)
+    except OSError:
+        pass
+    try:
+        megatron = importlib.metadata.version("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        megatron = None
+    return {"cuda_version": torch.version.cuda, "driver_version": driver, "megatron_core_version": megatron}
+
+
 def torch_version() -> str:
     import torch
 
     return torch.__version__
+
+
+def unsupported_needs(case: CaseSpec, runner: FrameworkRunner) -> str | None:
+    """The one place a case's needs (LoRA, save/resume) meet what a runner implements: the skip
+    reason when it lacks one, whatever else the runner would say of the case."""
+    missing = [need for need in NEED_TITLES if need in case.needs - runner.supports]
+    if not missing:
+        return None
+    return f"{' and '.join(NEED_TITLES[m] for m in missing)} cases are not supported by {runner.name} yet"
+
+
+def case_skip_reason(runner: FrameworkRunner, case: CaseSpec, inputs: RunInputs) -> str | None:
+    """Why `runner` cannot run `case` here: what the case needs that the runner lacks first, then
+    the runner's own reasons (devices, dtypes, layouts)."""
+    return unsupported_needs(case, runner) or runner.skip_reason(case, inputs)
 
 
 def device_shortage(case: CaseSpec, device: str, oversubscribe: bool = False,

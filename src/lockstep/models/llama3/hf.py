@@ -89,7 +89,7 @@ def read_config(cfg: dict, path: str | os.PathLike, options: HFOptions) -> HFMod
         raise FormatError(path, f"intermediate_size {intermediate} cannot be written as an LLMC Llama 3 header's "
                                 f"ffn_dim_multiplier and multiple_of at hidden_size {channels}")
     notes = ["q_proj/k_proj rows un-permuted from HF's half-split RoPE order to Meta's interleaved pairs"]
-    scaling = rope_type(cfg)
+    scaling = rope_type(cfg, path)
     if scaling not in ("default", "llama3"):
         raise FormatError(path, f"rope scaling of type {scaling!r} has no LLMC form (the Llama 3 header holds only "
                                 "use_scaled_rope, Llama 3.1's llama3 scaling)")

@@ -26,7 +26,7 @@ WHY = "the LLMC Qwen3 format"
 def read_config(cfg: dict, path: str | os.PathLike, options: HFOptions) -> HFModel:
     check_common(cfg, path, WHY)
     require(cfg, "use_sliding_window", (False,), path, False, f"{WHY} (full attention in every layer)")
-    scaling = rope_type(cfg)
+    scaling = rope_type(cfg, path)
     if scaling != "default":
         raise FormatError(path, f"rope scaling of type {scaling!r} has no place in {WHY}")
     channels, heads = hf_int(cfg, "hidden_size", path), hf_int(cfg, "num_attention_heads", path)

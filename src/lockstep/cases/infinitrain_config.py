@@ -1,0 +1,379 @@
+"""InfiniTrain's own test matrix, `scripts/test_config.json`, read as it is.
+
+The file (InfiniTrain b24d92f) holds `variables` (paths and switches for its shell driver,
+`scripts/run_models_and_profile.bash`), `basic_compile_commands` (how it builds) and
+`test_groups`: each group a `tag` (basic, zero, lora, checkpoint) and `tests`, each test an
+`id` and the `args` its driver turns into `--key value` flags of the gpt2 and llama3 examples.
+Every test runs once per family; its log, and so lockstep's case, is named `<family>_<id>`.
+
+An arg is mapped to a `CaseSpec` field when lockstep has one for it; any other arg is an error
+naming the file, the test and the key, never dropped. Args a test leaves out take the
+defaults of the examples' flags (example/<family>/main.cc, DEFINE_*), so that a case trains
+what InfiniTrain's run of the same test trains.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lockstep.cases.lora_targets import unmatched_targets
+from lockstep.cases.spec import CaseSpec, CheckpointSpec, LoraSpec
+from lockstep.errors import CaseError, LockstepError
+from lockstep.fsutil import read_text
+
+FAMILIES = ("gpt2", "llama3")  # the example executables the driver runs, in its order
+TOP_LEVEL_KEYS = ("variables", "basic_compile_commands", "test_groups")
+GROUP_KEYS = ("tag", "tests")
+TEST_KEYS = ("id", "args")
+
+# The examples' flag defaults (example/gpt2/main.cc and example/llama3/main.cc at b24d92f).
+FLAG_DEFAULTS = {"batch_size": 4, "sequence_length": 64, "total_batch_size": 256, "num_iteration": 10,
+                 "dtype": "float32", "nthread_per_process": 1, "tensor_parallel": 1, "sequence_parallel": False,
+                 "pipeline_parallel": 1, "virtual_pipeline_parallel": 1, "zero_stage": 0, "save_interval": 0,
+                 "max_checkpoint_keep": 3, "save_optimizer_state": True, "lora_rank": 0, "lora_alpha": 16.0}
+FAMILY_FLAG_DEFAULTS = {
+    "gpt2": {"learning_rate": 1e-4, "lora_target_modules": "c_attn,c_proj"},
+    "llama3": {"learning_rate": 1e-5, "lora_target_modules": "c_attn,c_proj,c_fc,c_fc2"},
+}
+# The args lockstep maps to a case, with the JSON type each must have (gflags' type of the flag).
+ARG_TYPES: dict[str, type] = {
+    "nthread_per_process": int, "batch_size": int, "sequence_length": int, "total_batch_size": int,
+    "num_iteration": int, "learning_rate": float, "dtype": str, "tensor_parallel": int, "sequence_parallel": bool,
+    "pipeline_parallel": int, "virtual_pipeline_parallel": int, "zero_stage": int, "lora_rank": int,
+    "lora_alpha": float, "lora_target_modules": str, "save": str, "load": str, "save_interval": int,
+    "max_checkpoint_keep": int, "save_optimizer_state": bool,
+}
+# Variables the driver itself reads, and what lockstep does instead.
+FAMILY_INPUT_VARIABLES = {"gpt2": ("GPT2_INPUT_BIN", "GPT2_LLMC_FILEPATH"),
+                          "llama3": ("LLAMA3_INPUT_BIN", "LLAMA3_LLMC_FILEPATH")}
+DRIVER_VARIABLES = {
+    "BUILD_DIR": "lockstep runs the InfiniTrain build given by --infinitrain-build (or LOCKSTEP_INFINITRAIN_BUILD)",
+    "LOG_DIR": "logs go under the run directory (--out)",
+    "PROFILE_LOG_DIR": "lockstep does not run InfiniTrain's profiling build",
+    "CKPT_ROOT_DIR": "checkpoints go under the run directory (--out)",
+    "COMPARE_LOG_DIR": "lockstep compares every framework with its pytorch reference (lockstep compare "
+                       "compares two run directories)",
+    "RUN_CTEST": "lockstep does not run InfiniTrain's ctest",
+    "RUN_PROFILE_TEST": "lockstep does not run InfiniTrain's profiling build",
+}
+STEP_DIR = re.compile(r"^(?P<root>.*)/checkpoint_step_(?P<step>\d+)/?$")
+VARIABLE_REF = re.compile(r"@([A-Za-z_][A-Za-z0-9_]*)@")
+
+
+@dataclass(frozen=True)
+class FamilyInputs:
+    """A family's token file and LLMC init as the file's variables name them (None: not here)."""
+
+    tokens: Path | None = None
+    llmc: Path | None = None
+
+
+@dataclass
+class InfiniTrainMatrix:
+    source: str
+    groups: list[str]  # the file's group tags, in its order
+    cases: list[CaseSpec]
+    notes: list[str] = field(default_factory=list)
+    inputs: dict[str, FamilyInputs] = field(default_factory=dict)  # family -> the variables' paths found here
+
+
+def looks_like_test_config(name_or_path: str) -> bool:
+    """A matrix argument naming an InfiniTrain test_config.json rather than a TOML matrix."""
+    return name_or_path.endswith(".json")
+
+
+def load_test_config(path: str | Path, model: str | None = None, groups: list[str] | None = None) -> InfiniTrainMatrix:
+    """Read `path`; `model` (a family name or a registered shape of gpt2/llama3) picks the family,
+    None both, as InfiniTrain's driver runs them; `groups` picks test groups by tag (None: all)."""
+    source = str(path)
+    text = read_text(Path(path), "InfiniTrain test config (JSON)")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise LockstepError(f"{source}: not valid JSON ({e})") from None
+    return parse_test_config(doc, source, model, groups)
+
+
+def parse_test_config(doc, source: str, model: str | None = None, groups: list[str] | None = None) -> InfiniTrainMatrix:
+    if not isinstance(doc, dict):
+        raise CaseError(f"{source}: holds {_json_type(doc)}, but an InfiniTrain test config is an object")
+    unknown = [k for k in doc if k not in TOP_LEVEL_KEYS]
+    if unknown:
+        raise CaseError(f"{source}: unknown top-level key(s) {', '.join(map(repr, unknown))} "
+                        f"(an InfiniTrain test config holds {', '.join(TOP_LEVEL_KEYS)})")
+    families = _families(model, source)
+    notes: list[str] = []
+    variables = _variables(doc.get("variables", {}), source)
+    if "basic_compile_commands" in doc:
+        if not isinstance(doc["basic_compile_commands"], list):
+            raise CaseError(f"{source}: basic_compile_commands is {_json_type(doc['basic_compile_commands'])}, "
+                            "but it must be an array")
+        notes.append(f"{source}: basic_compile_commands not run: lockstep runs an existing InfiniTrain build")
+    inputs = _inputs(variables, families, source, notes)
+    for name, instead in DRIVER_VARIABLES.items():
+        if variables.get(name):
+            notes.append(f"{source}: variables.{name} = {variables[name]!r} not used: {instead}")
+    raw_groups = doc.get("test_groups")
+    if not isinstance(raw_groups, list) or not raw_groups:
+        what = "missing" if raw_groups is None else f"{_json_type(raw_groups)}" + (" with no groups" if raw_groups == [] else "")
+        raise CaseError(f"{source}: test_groups is {what}, but it must be an array of groups")
+    tests = _tests(raw_groups, source)
+    tags = list(dict.fromkeys(group for group, _, _ in tests))
+    if groups:
+        missing = [g for g in groups if g not in tags]
+        if missing:
+            raise CaseError(f"{source}: no test group {', '.join(map(repr, missing))} (its groups: {', '.join(tags)})")
+    saves = _save_roots(tests, variables, source)
+    cases = []
+    for group, test_id, args in tests:
+        if groups and group not in groups:
+            continue
+        for fam, shape in families:
+            cases.append(_case(group, test_id, args, fam, shape, variables, saves, source, notes))
+    if not cases:
+        raise LockstepError(f"{source}: the selected groups hold no tests")
+    return InfiniTrainMatrix(source=source, groups=tags, cases=cases, notes=list(dict.fromkeys(notes)), inputs=inputs)
+
+
+def _families(model: str | None, source: str) -> list[tuple[str, str]]:
+    """(family, model shape) pairs the cases train."""
+    if model is None:
+        return [(f, f) for f in FAMILIES]
+    from lockstep.models import SHAPES
+
+    if model not in SHAPES:
+        raise LockstepError(f"unknown model {model!r}; known models: {', '.join(SHAPES)}")
+    fam = SHAPES[model].family
+    if fam not in FAMILIES:
+        raise CaseError(f"{source}: InfiniTrain's test config runs {' and '.join(FAMILIES)}, "
+                        f"but --model {model} is a {fam} model")
+    return [(fam, model)]
+
+
+def _variables(raw, source: str) -> dict[str, str]:
+    if not isinstance(raw, dict):
+        raise CaseError(f"{source}: variables is {_json_type(raw)}, but it must be an object")
+    out = {}
+    for k, v in raw.items():
+        if isinstance(v, (dict, list)) or v is None:
+            raise CaseError(f"{source}: variables.{k} is {_json_type(v)}, but a variable is a string")
+        out[k] = v if isinstance(v, str) else json.dumps(v)  # as jq -r prints it
+    return out
+
+
+def _inputs(variables: dict[str, str], families, source: str, notes: list[str]) -> dict[str, FamilyInputs]:
+    out = {}
+    for fam, _ in families:
+        tokens_var, llmc_var = FAMILY_INPUT_VARIABLES[fam]
+        found = {}
+        for var, ours in ((tokens_var, "lockstep's own token file"), (llmc_var, "lockstep's seeded init")):
+            value = variables.get(var)
+            if not value:
+                continue
+            if Path(value).is_file():
+                found[var] = Path(value)
+                flag = "--data" if var == tokens_var else "--llmc"
+                notes.append(f"{source}: variables.{var} = {value} exists here, but {fam} cases train {ours} "
+                             f"unless {flag} {value} is given")
+            else:
+                notes.append(f"{source}: variables.{var} = {value} does not exist here: {fam} cases train {ours}")
+        out[fam] = FamilyInputs(tokens=found.get(tokens_var), llmc=found.get(llmc_var))
+    return out
+
+
+def _tests(raw_groups: list, source: str) -> list[tuple[str, str, dict]]:
+    out, seen = [], {}
+    for gi, group in enumerate(raw_groups, start=1):
+        if not isinstance(group, dict):
+            raise CaseError(f"{source}: test_groups #{gi} is {_json_type(group)}, but a group is an object")
+        stray = [k for k in group if k not in GROUP_KEYS]
+        tag = group.get("tag")
+        if not isinstance(tag, str) or not tag:
+            raise CaseError(f"{source}: test_groups #{gi} has no tag (a string naming the group)")
+        if stray:
+            raise CaseError(f"{source}: group {tag}: unknown key(s) {', '.join(map(repr, stray))} "
+                            f"(a group holds {', '.join(GROUP_KEYS)})")
+        tests = group.get("tests")
+        if not isinstance(tests, list):
+            raise CaseError(f"{source}: group {tag}: tests is {_json_type(tests)}, but it must be an array")
+        for ti, test in enumerate(tests, start=1):
+            if not isinstance(test, dict):
+                raise CaseError(f"{source}: group {tag}: test #{ti} is {_json_type(test)}, but a test is an object")
+            test_id = test.get("id")
+            if not isinstance(test_id, str) or not test_id:
+                raise CaseError(f"{source}: group {tag}: test #{ti} has no id (a string)")
+            stray = [k for k in test if k not in TEST_KEYS]
+            if stray:
+                raise CaseError(f"{source}: test {test_id}: unknown key(s) {', '.join(map(repr, stray))} "
+                                f"(a test holds {', '.join(TEST_KEYS)})")
+            args = test.get("args", {})
+            if not isinstance(args, dict):
+                raise CaseError(f"{source}: test {test_id}: args is {_json_type(args)}, but it must be an object")
+            if test_id in seen:
+                raise CaseError(f"{source}: test {test_id} is defined twice (groups {seen[test_id]} and {tag}); "
+                                "its logs would overwrite each other")
+            seen[test_id] = tag
+            out.append((tag, test_id, args))
+    return out
+
+
+def _arg(args: dict, key: str, fam: str, test_id: str, source: str, variables: dict[str, str]):
+    """The test's value of `key` (or the example's default), converted as gflags would."""
+    if key not in args:
+        return FAMILY_FLAG_DEFAULTS[fam].get(key, FLAG_DEFAULTS.get(key))
+    value, want = args[key], ARG_TYPES[key]
+    where = f"{source}: test {test_id}: arg {key}"
+    if isinstance(value, str):
+        value = _substitute(value, variables, where)
+    if want is str:
+        if not isinstance(value, str):
+            raise CaseError(f"{where} = {value!r} is {_json_type(value)}, but it must be a string")
+        return value
+    if isinstance(value, str):  # the driver passes `--key value` as text, and gflags parses it
+        parsed = _parse_flag_text(value, want)
+        if parsed is None:
+            raise CaseError(f"{where} = {value!r} does not read as {_type_name(want)}")
+        return parsed
+    if want is bool:
+        if not isinstance(value, bool):
+            raise CaseError(f"{where} = {value!r} is {_json_type(value)}, but it must be a boolean")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (want is int and not float(value).is_integer()):
+        raise CaseError(f"{where} = {value!r} is {_json_type(value)}, but it must be {_type_name(want)}")
+    return want(value)
+
+
+def _parse_flag_text(text: str, want: type):
+    t = text.strip()
+    if want is bool:
+        return {"true": True, "1": True, "false": False, "0": False}.get(t.lower())
+    try:
+        return int(t) if want is int else float(t)
+    except ValueError:
+        return None
+
+
+def _substitute(text: str, variables: dict[str, str], where: str) -> str:
+    def value(m):
+        if m.group(1) not in variables:
+            raise CaseError(f"{where}: @{m.group(1)}@ is not one of the file's variables "
+                            f"({', '.join(variables) or 'none'})")
+        return variables[m.group(1)]
+
+    return VARIABLE_REF.sub(value, text)
+
+
+def _save_roots(tests, variables, source) -> dict[str, tuple[str, dict]]:
+    """Each saving test's `save` folder (substituted) -> (test id, args)."""
+    out = {}
+    for _, test_id, args in tests:
+        if isinstance(args.get("save"), str):
+            root = _substitute(args["save"], variables, f"{source}: test {test_id}: arg save").rstrip("/")
+            out.setdefault(root, (test_id, args))
+    return out
+
+
+def _case(group: str, test_id: str, args: dict, fam: str, shape: str, variables: dict[str, str],
+          saves: dict, source: str, notes: list[str]) -> CaseSpec:
+    unknown = [k for k in args if k not in ARG_TYPES]
+    if unknown:
+        raise CaseError(f"{source}: test {test_id}: arg {unknown[0]!r} is not one lockstep maps to a case "
+                        f"(it maps: {', '.join(ARG_TYPES)})")
+
+    def arg(key):
+        return _arg(args, key, fam, test_id, source, variables)
+
+    world, tp, pp = arg("nthread_per_process"), arg("tensor_parallel"), arg("pipeline_parallel")
+    for key, v in (("nthread_per_process", world), ("tensor_parallel", tp), ("pipeline_parallel", pp)):
+        if v < 1:
+            raise CaseError(f"{source}: test {test_id}: arg {key} is {v}, must be at least 1")
+    if world % (tp * pp):
+        raise CaseError(f"{source}: test {test_id}: nthread_per_process {world} is not a multiple of "
+                        f"tensor_parallel x pipeline_parallel = {tp} x {pp}, so it has no data-parallel size")
+    name = f"{fam}_{test_id}"
+    case = CaseSpec(name=name, model=shape, dtype=arg("dtype"), micro_batch=arg("batch_size"),
+                    seq_len=arg("sequence_length"), total_batch=arg("total_batch_size"), steps=arg("num_iteration"),
+                    lr=arg("learning_rate"), dp=world // (tp * pp), tp=tp, pp=pp,
+                    vpp=arg("virtual_pipeline_parallel"), sp=arg("sequence_parallel"), zero=arg("zero_stage"),
+                    lora=_lora(args, arg, fam, test_id, source, notes),
+                    checkpoint=_checkpoint(args, arg, fam, test_id, saves, variables, source), group=group)
+    try:
+        return case.check()
+    except CaseError as e:
+        raise CaseError(f"{source}: test {test_id}: {e}") from None
+
+
+def _lora(args: dict, arg, fam: str, test_id: str, source: str, notes: list[str]) -> LoraSpec | None:
+    rank = arg("lora_rank")
+    if rank == 0:
+        ignored = [k for k in ("lora_alpha", "lora_target_modules") if k in args]
+        if ignored:
+            notes.append(f"{source}: test {test_id}: {', '.join(ignored)} set but lora_rank is 0 (LoRA off), "
+                         "as InfiniTrain ignores them")
+        return None
+    targets = tuple(dict.fromkeys(t.strip() for t in arg("lora_target_modules").split(",") if t.strip()))
+    bad = unmatched_targets(fam, targets)
+    if bad:
+        raise CaseError(f"{source}: test {test_id}: arg lora_target_modules: {', '.join(bad)} names no linear "
+                        f"layer of {fam} (InfiniTrain would adapt nothing there)")
+    return LoraSpec(rank=rank, alpha=arg("lora_alpha"), target_modules=targets)
+
+
+def _checkpoint(args: dict, arg, fam: str, test_id: str, saves: dict, variables: dict[str, str],
+                source: str) -> CheckpointSpec | None:
+    if not any(k in args for k in ("save", "load", "save_interval")):
+        return None
+    where = f"{source}: test {test_id}"
+    save, interval = arg("save") if "save" in args else "", arg("save_interval")
+    # The examples refuse either without the other (example/gpt2/main.cc, LOG(FATAL) "Invalid configuration").
+    if save and interval == 0:
+        raise CaseError(f"{where}: arg save is set but save_interval is 0; InfiniTrain refuses to start")
+    if interval > 0 and not save:
+        raise CaseError(f"{where}: arg save_interval is {interval} but save is not set; InfiniTrain refuses to start")
+    resume_from = resume_case = None
+    if "load" in args:
+        load = arg("load")
+        m = STEP_DIR.match(load)
+        if not m:
+            raise CaseError(f"{where}: arg load = {load!r} is not a <save folder>/checkpoint_step_NNNNNN "
+                            "folder, so lockstep cannot tell the step it resumes from")
+        resume_from = int(m.group("step"))
+        saver = saves.get(m.group("root").rstrip("/"))
+        if saver is None:
+            raise CaseError(f"{where}: arg load = {load!r} is no checkpoint a test of the file saves "
+                            "(lockstep resumes only from a run it made)")
+        saver_id, saver_args = saver
+        saved, kept = _saved_steps(saver_args, fam, saver_id, source, variables)
+        if resume_from not in saved:
+            raise CaseError(f"{where}: arg load asks for step {resume_from}, but test {saver_id} saves steps "
+                            f"{', '.join(map(str, saved)) or 'none'}")
+        if resume_from not in kept:
+            raise CaseError(f"{where}: arg load asks for step {resume_from}, but test {saver_id} keeps only steps "
+                            f"{', '.join(map(str, kept))} (max_checkpoint_keep)")
+        resume_case = f"{fam}_{saver_id}"
+    return CheckpointSpec(save_interval=interval, resume_from=resume_from, resume_case=resume_case,
+                          save_optimizer_state=arg("save_optimizer_state"), max_checkpoint_keep=arg("max_checkpoint_keep"))
+
+
+def _saved_steps(args: dict, fam: str, test_id: str, source: str, variables) -> tuple[list[int], list[int]]:
+    """The steps a saving test writes (every save_interval and the last) and those left after
+    pruning to the newest max_checkpoint_keep (example/gpt2/main.cc, checkpoint_manager.cc)."""
+    steps = _arg(args, "num_iteration", fam, test_id, source, variables)
+    interval = _arg(args, "save_interval", fam, test_id, source, variables)
+    keep = _arg(args, "max_checkpoint_keep", fam, test_id, source, variables)
+    saved = [s for s in range(1, steps + 1) if interval and (s % interval == 0 or s == steps)]
+    return saved, (saved[-keep:] if keep > 0 else saved)
+
+
+def _json_type(value) -> str:
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _type_name(t: type) -> str:
+    return {int: "an integer", float: "a number", bool: "a boolean", str: "a string"}[t]

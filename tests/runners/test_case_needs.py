@@ -1,0 +1,43 @@
+"""A case's needs (LoRA, save/resume) against what each runner implements: one place, one reason."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lockstep.cases.spec import CaseSpec, CheckpointSpec, LoraSpec
+from lockstep.runners import RUNNERS, get_runner
+from lockstep.runners.base import case_skip_reason, unsupported_needs
+
+PLAIN = CaseSpec(name="c", model="gpt2-tiny", dtype="float32", micro_batch=4, seq_len=64, total_batch=256, steps=10,
+                 lr=1e-4)
+LORA = dataclasses.replace(PLAIN, lora=LoraSpec(rank=8, alpha=16.0, target_modules=("c_attn", "attn.c_proj")))
+RESUME = dataclasses.replace(PLAIN, steps=50, checkpoint=CheckpointSpec(save_interval=10, resume_from=30,
+                                                                         resume_case="c0"))
+
+
+@pytest.mark.parametrize("framework", sorted(RUNNERS))
+def test_every_runner_says_it_lacks_lora_and_resume(framework):
+    runner = get_runner(framework)
+    assert unsupported_needs(LORA, runner) == f"LoRA cases are not supported by {framework} yet"
+    assert unsupported_needs(RESUME, runner) == f"checkpoint (save/resume) cases are not supported by {framework} yet"
+    both = dataclasses.replace(LORA, steps=50, checkpoint=RESUME.checkpoint)
+    assert unsupported_needs(both, runner) == \
+        f"LoRA and checkpoint (save/resume) cases are not supported by {framework} yet"
+    assert unsupported_needs(PLAIN, runner) is None
+
+
+def test_the_need_comes_before_the_runners_own_reasons():
+    # A TP LoRA case: the reference's own reason would be "data parallel only"; the need is said first.
+    tp_lora = dataclasses.replace(LORA, tp=2)
+    assert case_skip_reason(get_runner("pytorch"), tp_lora, inputs=None) == "LoRA cases are not supported by pytorch yet"
+
+
+def test_a_runner_that_supports_lora_is_asked_its_own_reasons():
+    runner = get_runner("pytorch")
+    supporting = type("LoraPyTorch", (type(runner),), {"supports": frozenset({"lora"})})()
+    assert unsupported_needs(LORA, supporting) is None
+    assert unsupported_needs(RESUME, supporting) == "checkpoint (save/resume) cases are not supported by pytorch yet"
+    tp_lora = dataclasses.replace(LORA, tp=2)
+    assert "data parallel only" in case_skip_reason(supporting, tp_lora, inputs=None)

@@ -16,7 +16,7 @@ from lockstep.cases.spec import CaseSpec
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import RunRecord, StepRecord
 from lockstep.models import model_shape
-from lockstep.plan import RunPlan, RunRequest, default_frameworks, runner_options
+from lockstep.plan import RunPlan, RunRequest, default_frameworks
 from lockstep.runners import get_runner
 from lockstep.runners.base import FrameworkRunner, RunInputs
 
@@ -144,8 +144,8 @@ def start_first_group_early(req: RunRequest) -> dict:
     try:
         cases = select_cases(load_matrix(req.matrix, model=req.model, groups=req.groups), req.cases,
                              source=f"matrix {req.matrix}")
-        frameworks = req.frameworks or default_frameworks([])
-        runners = [get_runner(name, **runner_options(name, req)) for name in frameworks]
+        frameworks = req.frameworks or default_frameworks([], req.framework_options)
+        runners = [get_runner(name, req.framework_options) for name in frameworks]
     except LockstepError:
         return {}  # the plan says what is wrong
     for case in cases:

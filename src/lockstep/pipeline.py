@@ -32,7 +32,7 @@ from lockstep.fsutil import check_writable_target, os_problem
 from lockstep.outdir import CASE_OUTPUT_SUFFIXES, STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
 from lockstep.plan import RunPlan, RunRequest, plan_run
 from lockstep.run_verdict import RunVerdict, run_verdict
-from lockstep.runners import RUNNERS
+from lockstep.runners import framework_names, get_runner, reference_framework
 from lockstep.step_contract import Stopwatch
 
 
@@ -169,7 +169,8 @@ def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: boo
     if not plan.nodes.writes_records:
         return follow_plan(plan, observer, repeat, timing)
     result = RunResult(plan=plan, outcomes=[])
-    with open_run_dir(plan.out_dir, [*RUNNERS, REPEATS_DIR, STEP1_DIR, EVIDENCE_DIR], run_manifest.manifest_of(plan),
+    names = [*dict.fromkeys([*framework_names(), *(r.name for r in plan.runners)])]
+    with open_run_dir(plan.out_dir, [*names, REPEATS_DIR, STEP1_DIR, EVIDENCE_DIR], run_manifest.manifest_of(plan),
                       force=force) as run_dir:
         observer.opened(plan, run_dir)
         skipped: list[dict] = []
@@ -328,7 +329,7 @@ def certify_outcomes(plan: RunPlan, outcomes: list[CaseOutcome], say=lambda text
                 eps = optimizer.eps if optimizer.kind == "adam" else 1e-8
                 try:
                     cert = certify(StepCapture.load(ref), StepCapture.load(other), case, adam_eps=eps)
-                    if cert.close_call and baseline == "pytorch":
+                    if cert.close_call and baseline == reference_framework():
                         say(f"step-1 certificate {runner.name} vs {baseline} on {case.name}: a close call; measuring "
                             "what FP32 moves the reference itself (its step 1 in FP64)")
                         if case.name not in fp64s:
@@ -345,9 +346,8 @@ def certify_outcomes(plan: RunPlan, outcomes: list[CaseOutcome], say=lambda text
 
 def fp64_capture(plan: RunPlan, case: CaseSpec):
     """The reference's step 1 of the case in FP64, sketched like the certificate's captures."""
-    from lockstep.runners.pytorch import PyTorchRunner
-
-    return PyTorchRunner().fp64_step1(case, plan.inputs[case.name], plan.capture_path("pytorch-fp64", case))
+    reference = reference_framework()
+    return get_runner(reference).fp64_step1(case, plan.inputs[case.name], plan.capture_path(f"{reference}-fp64", case))
 
 
 def _capture_of(outcome: CaseOutcome) -> tuple[str | None, str | None]:
@@ -362,8 +362,7 @@ def _capture_of(outcome: CaseOutcome) -> tuple[str | None, str | None]:
 def gather_evidence(plan: RunPlan, summary: dict, say=lambda text: None) -> bool:
     """Run what the policy asked for in `summary` (an FP64 reference run per case whose clean step 1
     may be Adam amplifying rounding); True when something new was written (compare again)."""
-    from lockstep.runners.pytorch import PyTorchRunner
-
+    reference = reference_framework()
     wanted = sorted({c["case"] for comp in summary.get("comparisons", []) for c in comp.get("cases", [])
                      if c.get("evidence_wanted") == "fp64-reference"})
     wrote = False
@@ -372,8 +371,8 @@ def gather_evidence(plan: RunPlan, summary: dict, say=lambda text: None) -> bool
         path = plan.out_dir / EVIDENCE_DIR / f"{name}.fp64.jsonl"
         if case is None or path.exists():
             continue
-        say(f"evidence: {name} in FP64 on the pytorch reference (is the FP32 difference Adam amplifying rounding?)")
-        record = PyTorchRunner().train_fp64(case, plan.inputs[name], path)
+        say(f"evidence: {name} in FP64 on the {reference} reference (is the FP32 difference Adam amplifying rounding?)")
+        record = get_runner(reference).train_fp64(case, plan.inputs[name], path)
         if not record.ok:
             say(f"evidence for {name} could not be made: {record.error}")
         wrote = True

@@ -49,8 +49,9 @@ class RunRequest:
     out: str | None = None
     seed: int = 42
     timeout_s: float | None = None
-    infinitrain_build: str | None = None
-    megatron_native_bf16: bool = False
+    # A runner spec's name -> its options (runners.framework_options_from: e.g. the infinitrain
+    # build, megatron's native bf16, the command runner's TOML trainers); absent: its defaults.
+    framework_options: dict = field(default_factory=dict)
     cache_dir: str | None = None
     oversubscribe: bool = False  # CPU: run cases with more ranks than cores (gloo, 1 torch thread per rank)
     nodes: NodeLayout = field(default_factory=NodeLayout)  # --nnodes/--node-rank/--rdzv-endpoint/--launcher
@@ -149,17 +150,11 @@ def start_cuda_beside():
     return thread
 
 
-def default_frameworks(notes: list[str]) -> list[str]:
-    from lockstep.runners.megatron.runner import megatron_core_installed
+def default_frameworks(notes: list[str], framework_options: dict | None = None) -> list[str]:
+    """What runs without --frameworks: each registered runner that says so (runners.default_frameworks)."""
+    from lockstep.runners import default_frameworks as registered_defaults
 
-    names = ["pytorch"]
-    if megatron_core_installed():  # found without importing it (seconds, and noisy warnings)
-        names.append("megatron")
-    else:
-        notes.append("megatron-core is not installed (pip install 'lockstep[megatron]'): running pytorch only")
-    if os.environ.get("LOCKSTEP_INFINITRAIN_BUILD"):
-        names.append("infinitrain")
-    return names
+    return registered_defaults(framework_options, notes)
 
 
 def resolve_case_models(cases: list[CaseSpec], req: RunRequest, device: str,
@@ -318,10 +313,19 @@ def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes:
                      f"{max(nodes.procs_per_node(c.world_size) for c in crowded)} ranks on "
                      f"{available_devices(device)} CPU cores (gloo, 1 torch thread per rank): slower, same arithmetic")
 
-    frameworks = req.frameworks or default_frameworks(notes)
+    # The runners, and for every pair whether it runs here (known before any file is made).
+    frameworks = req.frameworks or default_frameworks(notes, req.framework_options)
     if len(set(frameworks)) != len(frameworks):
         raise LockstepError(f"--frameworks lists a framework twice: {','.join(frameworks)}")
-    runners = [get_runner(name, **runner_options(name, req)) for name in frameworks]
+    runners = [get_runner(name, req.framework_options) for name in frameworks]
+    # (A seeded init is not made yet: the pairs are judged on its shape, and again below on the file.)
+    placeholders = {c.name: RunInputs(checkpoint=models[c.model].checkpoint or Path("-"), tokens=Path("-"),
+                                      model=models[c.model].config, device=device, model_name=models[c.model].name,
+                                      timeout_s=req.timeout_s, oversubscribe=oversubscribe, nodes=nodes)
+                    for c in cases}
+    skips = pair_skips(cases, runners, placeholders, unrunnable)
+    skip_unpaired_baselines(cases, runners, skips, repeat)
+    running = [c for c in cases if any((c.name, r.name) not in skips for r in runners)]
 
     # Tokens: the user's token file, or Tiny Shakespeare (or the named offline corpus) prepared
     # once per tokenizer the cases' families use.
@@ -421,11 +425,5 @@ def prepare_tokens(cache: Path, text: str | None, tokenizer: str):
 
 
 
-def runner_options(name: str, req: RunRequest) -> dict:
-    if name == "infinitrain":
-        return {"build_dir": req.infinitrain_build}
-    if name == "megatron" and req.megatron_native_bf16:
-        return {"native_bf16": True}
-    return {}
 
 

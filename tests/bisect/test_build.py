@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.bisect.build import BUILD_FAILED, BUILD_OK, BUILD_REUSED, BUILT_FRAMEWORKS, BUILT_MARKER, build_commit
+from lockstep.bisect.build import BUILD_FAILED, BUILD_OK, BUILD_REUSED, BUILT_MARKER, build_commit, built_framework
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
-INFINITRAIN = BUILT_FRAMEWORKS["infinitrain"]
+INFINITRAIN = built_framework("infinitrain")
 
 
 def test_the_command_runs_in_the_source_with_its_build_dir_and_is_reused_once_done(tmp_path):

@@ -209,7 +209,8 @@ def test_run_dir_plan_takes_the_case_inputs_the_failed_pair_and_the_build(inputs
     case = {"name": "gpt2_2", "model": "gpt2-tiny", "dtype": "float32", "micro_batch": 80, "seq_len": 64,
             "total_batch": 5120, "steps": 10, "lr": 1e-4, "dp": 1, "tp": 1, "pp": 1, "vpp": 1, "sp": False}
     model = {"name": "gpt2-tiny", "checkpoint": str(ckpt), "data": str(tokens), "checkpoint_sha256": "", "data_sha256": ""}
-    (tmp_path / "run.json").write_text(json.dumps({"cases": [case], "frameworks": ["pytorch", "megatron", "infinitrain"],
+    (tmp_path / "run.json").write_text(json.dumps({"schema": "lockstep.run/1", "cases": [case],
+                                                   "frameworks": ["pytorch", "megatron", "infinitrain"],
                                                    "baseline": "pytorch", "device": "cpu", "model": model,
                                                    "models": [model]}))
     (tmp_path / "summary.json").write_text(json.dumps({"comparisons": [
@@ -227,7 +228,7 @@ def test_run_dir_plan_takes_the_case_inputs_the_failed_pair_and_the_build(inputs
                      RunRecord(framework="infinitrain", case="gpt2_2", meta={"infinitrain_build": str(build)}))
     plan = plan_diagnose(DiagnoseRequest(case="gpt2_2", run_dir=str(tmp_path)))
     assert plan.frameworks == ["pytorch", "infinitrain"]
-    assert plan.options["infinitrain"]["build_dir"] == str(build)  # the build the run used, from its record
+    assert plan.options["infinitrain"].build_dir == str(build)  # the build the run used, from its record
     assert plan.case.total_batch == 5120 and plan.inputs.checkpoint == ckpt and plan.inputs.device == "cpu"
     assert plan.out_dir == tmp_path / "diagnose"
 

@@ -18,6 +18,7 @@ stopped with everything it started (it runs in its own session: make's jobs, com
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -27,7 +28,6 @@ from pathlib import Path
 
 from lockstep.bisect.git import BisectError
 from lockstep.fsutil import atomic_write
-from lockstep.runners.infinitrain.runner import COMMIT_FILE as INFINITRAIN_COMMIT_FILE
 from lockstep.runners.launch import supervise, worker_env
 
 SRC_ENV, BUILD_ENV, COMMIT_ENV = "LOCKSTEP_BISECT_SRC", "LOCKSTEP_BISECT_BUILD", "LOCKSTEP_BISECT_COMMIT"
@@ -42,15 +42,27 @@ DEFAULT_BUILD_TIMEOUT_S = 3600.0
 class BuiltFramework:
     """A framework whose runner takes a build directory: bisect hands it each commit's."""
 
-    name: str
-    request_field: str  # the RunRequest field that takes the build directory
+    name: str  # the framework under test (e.g. infinitrain, or a command runner's trainer)
+    spec: str  # its runner spec's name, the key of its options in RunRequest.framework_options
+    build_option: str  # the field of those options that takes the build directory
     commit_file: str | None = None  # a file in the build dir, read by its runner, naming the source commit
 
+    def with_build(self, framework_options: dict, build_dir: Path) -> dict:
+        """The run's framework options with this framework's build directory set to `build_dir`."""
+        from lockstep.runners.registry import specs
 
-# Another runner that runs from a build directory joins `lockstep bisect` with one entry here.
-BUILT_FRAMEWORKS = {
-    "infinitrain": BuiltFramework("infinitrain", "infinitrain_build", INFINITRAIN_COMMIT_FILE),
-}
+        options = specs()[self.spec].options(framework_options.get(self.spec))
+        return {**framework_options, self.spec: dataclasses.replace(options, **{self.build_option: str(build_dir)})}
+
+
+def built_framework(name: str, framework_options: dict | None = None) -> BuiltFramework | None:
+    """The framework `name` as bisect builds it, or None when its runner takes no build directory
+    (a runner says so in its capabilities: `build_option`)."""
+    from lockstep.runners import spec_for
+
+    spec = spec_for(name, framework_options)
+    caps = spec.capabilities
+    return BuiltFramework(name, spec.name, caps.build_option, caps.commit_file) if caps.build_option else None
 
 
 @dataclass(frozen=True)

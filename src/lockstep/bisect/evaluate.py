@@ -115,7 +115,8 @@ class CommitTester:
         from lockstep.pipeline import RunOutputs, run_pipeline
 
         request = dataclasses.replace(self.run_request, out=str(run_dir),
-                                      **{self.framework.request_field: str(build_dir)})
+                                      framework_options=self.framework.with_build(self.run_request.framework_options,
+                                                                                  build_dir))
         try:
             result = run_pipeline(request, outputs=RunOutputs(report=False))
         except LockstepError as e:

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from lockstep.bisect.build import BUILT_FRAMEWORKS, DEFAULT_BUILD_TIMEOUT_S, BuiltFramework
-from lockstep.bisect.evaluate import CommitTester, TestedCommit
+from lockstep.bisect.build import DEFAULT_BUILD_TIMEOUT_S, BuiltFramework, built_framework
+from lockstep.bisect.evaluate import BUILDS_DIR, CommitTester, TestedCommit
 from lockstep.bisect.git import (BisectError, Commit, Worktree, check_repository, commit_info, commits_between,
                                  is_ancestor, resolve_commit)
 from lockstep.bisect.judge import BAD, GOOD
@@ -32,6 +32,7 @@ from lockstep.errors import LockstepError
 from lockstep.fsutil import atomic_write
 from lockstep.outdir import LOCK_NAME, locked_dir
 from lockstep.plan import RunRequest, plan_run
+from lockstep.runners import built_frameworks
 
 DEFAULT_FRAMEWORKS = ["pytorch", "infinitrain"]
 REQUEST_NAME = "bisect-request.json"
@@ -90,9 +91,12 @@ def plan_bisect(req: BisectRequest) -> BisectPlan:
         raise BisectError(f"--frameworks {','.join(frameworks)}: bisect needs a baseline and the framework under "
                           "test (the last one listed), e.g. pytorch,infinitrain")
     under_test = frameworks[-1]
-    if under_test not in BUILT_FRAMEWORKS:
+    framework = built_framework(under_test, req.run.framework_options)
+    if framework is None:
+        built = [n for n, s in built_frameworks().items() if s.frameworks is None]
         raise BisectError(f"--frameworks {','.join(frameworks)}: the framework under test (the last one) must run "
-                          f"from a build directory ({', '.join(BUILT_FRAMEWORKS)}), not {under_test}")
+                          f"from a build directory ({', '.join(built)}, or a --command-runner trainer), "
+                          f"not {under_test}")
     if len(set(frameworks)) != len(frameworks):
         raise BisectError(f"--frameworks lists a framework twice: {','.join(frameworks)}")
     repo = check_repository(Path(req.repo))
@@ -105,7 +109,7 @@ def plan_bisect(req: BisectRequest) -> BisectPlan:
                           f"({bad[:10]}); git bisects from an older good commit to a newer bad one")
     run = dataclasses.replace(req.run, frameworks=frameworks, **absolute_inputs(req.run))
     plan = BisectPlan(repo=repo, good=commit_info(repo, good), bad=commit_info(repo, bad), build_command=req.build,
-                      out_dir=Path(req.out).absolute(), run=run, framework=BUILT_FRAMEWORKS[under_test],
+                      out_dir=Path(req.out).absolute(), run=run, framework=framework,
                       commits=commits_between(repo, good, bad), build_timeout_s=req.build_timeout_s,
                       diagnose=req.diagnose)
     check_bisect_out(plan)
@@ -230,7 +234,10 @@ def diagnose_first_bad(first_bad: TestedCommit, plan: BisectPlan, say: Callable[
     say(f"diagnose: {command}")
     try:
         dplan = plan_diagnose(DiagnoseRequest(case=j.failing_case, run_dir=first_bad.run_dir, frameworks=frameworks,
-                                              timeout_s=plan.run.timeout_s))
+                                              timeout_s=plan.run.timeout_s,
+                                              framework_options=plan.framework.with_build(
+                                                  plan.run.framework_options,
+                                                  plan.out_dir / BUILDS_DIR / first_bad.commit.sha)))
         verdicts = run_diagnose(dplan, say=say)
     except LockstepError as e:
         return {"command": command, "error": str(e)}

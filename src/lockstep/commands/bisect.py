@@ -11,6 +11,7 @@ from rich.table import Table
 
 from lockstep.bisect.build import DEFAULT_BUILD_TIMEOUT_S
 from lockstep.commands.arguments import seed_argument, split_list
+from lockstep.runners import add_runner_arguments, framework_options_from
 
 
 def build_timeout(text: str) -> float | None:
@@ -54,6 +55,7 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="lockstep-bisect", help="where the builds, runs and result go "
                                                             "(default: lockstep-bisect)")
     p.add_argument("--no-diagnose", action="store_true", help="skip `lockstep diagnose` of the first bad commit")
+    add_runner_arguments(p)  # each runner's own flags, as for run (--command-runner, ...)
     p.set_defaults(handler=run)
 
 
@@ -65,7 +67,8 @@ def run(args) -> int:
     console = Console(width=None if Console().is_terminal else 140)
     run_request = RunRequest(matrix=args.matrix, cases=split_list(args.cases), frameworks=split_list(args.frameworks),
                              model=args.model, llmc=args.llmc, data=args.data, text=args.text, steps=args.steps,
-                             device=args.device, seed=args.seed, timeout_s=args.timeout)
+                             device=args.device, seed=args.seed, timeout_s=args.timeout,
+                             framework_options=framework_options_from(args))
     plan = plan_bisect(BisectRequest(repo=args.repo, good=args.good, bad=args.bad, build=args.build, out=args.out,
                                      run=run_request, build_timeout_s=args.build_timeout,
                                      diagnose=not args.no_diagnose))

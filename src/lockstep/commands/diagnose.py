@@ -8,7 +8,7 @@ from rich.console import Console
 
 from lockstep.commands.arguments import split_list
 from lockstep.formats.run_manifest import manifest_path as run_manifest_path
-from lockstep.runners import RUNNERS
+from lockstep.runners import add_runner_arguments, framework_names, framework_options_from
 
 
 def add_parser(sub) -> None:
@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
                                    "the same inputs.")
     p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a directory `lockstep run` wrote (optional)")
     p.add_argument("--case", required=True, help="the case to diagnose (e.g. gpt2_1)")
-    p.add_argument("--frameworks", help=f"BASE,TEST[,TEST...] from {', '.join(RUNNERS)} (default: as `lockstep run`; "
+    p.add_argument("--frameworks", help=f"BASE,TEST[,TEST...] from {', '.join(framework_names())} (default: as `lockstep run`; "
                                         "with RUN_DIR its baseline and the frameworks that failed the case)")
     p.add_argument("--matrix", default="gpt2", help="built-in matrix name or a TOML file (as for run)")
     p.add_argument("--model", help="a registered model of the case's family (as for run)")
@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
                                                "or RUN_DIR)")
     p.add_argument("--seed", type=int, default=42, help="seed of the llm.c init when no --llmc is given")
     p.add_argument("--timeout", type=float, default=None, help="seconds per framework run before it fails")
-    p.add_argument("--infinitrain-build", help="InfiniTrain build dir (or LOCKSTEP_INFINITRAIN_BUILD)")
+    add_runner_arguments(p)  # each runner's own flags, as for run (--infinitrain-build, ...)
     p.add_argument("--drift-steps", type=int, default=5, help="steps per lr of the drift runs (default 5)")
     p.add_argument("--no-drift", action="store_true", help="skip the loss drift at lr 1e-12, 1e-5 and the case's lr")
     p.add_argument("--keep-tensors", action="store_true",
@@ -52,7 +52,7 @@ def run(args) -> int:
     req = DiagnoseRequest(case=args.case, run_dir=args.run_dir, frameworks=split_list(args.frameworks),
                           matrix=args.matrix, model=args.model, llmc=args.llmc, data=args.data, text=args.text,
                           device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
-                          infinitrain_build=args.infinitrain_build, drift=not args.no_drift,
+                          framework_options=framework_options_from(args), drift=not args.no_drift,
                           drift_steps=args.drift_steps, keep_tensors=args.keep_tensors)
     plan = plan_diagnose(req)
     console.print(f"diagnose {plan.case.name} ({plan.case.dtype} {plan.case.parallel_label}, {plan.inputs.model_name}) | "

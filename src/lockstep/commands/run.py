@@ -19,7 +19,7 @@ from lockstep.execute import CaseOutcome, close_early_groups, start_first_group_
 from lockstep.outdir import RunDir
 from lockstep.pipeline import RunObserver, RunOutputs, RunResult, RunTiming, check_before_run, run_pipeline
 from lockstep.plan import RunPlan, RunRequest, plan_run
-from lockstep.runners import RUNNERS
+from lockstep.runners import add_runner_arguments, framework_names, framework_options_from
 from lockstep.runners.nodes import NodeLayout
 
 
@@ -32,9 +32,9 @@ def add_parser(sub) -> None:
                                                      "or a TOML file")
     p.add_argument("--cases", help="comma-separated case names (default: every case of the matrix)")
     p.add_argument("--groups", help="InfiniTrain test_config.json only: comma-separated test groups (basic,zero,lora,checkpoint)")
-    p.add_argument("--frameworks", help=f"comma-separated, baseline first: {', '.join(RUNNERS)} "
-                                        "(default: pytorch, megatron when installed, infinitrain when "
-                                        "LOCKSTEP_INFINITRAIN_BUILD is set)")
+    p.add_argument("--frameworks", help=f"comma-separated, baseline first: {', '.join(framework_names())}, or a "
+                                        "--command-runner trainer (default: pytorch, megatron when installed, "
+                                        "infinitrain when LOCKSTEP_INFINITRAIN_BUILD is set)")
     p.add_argument("--model", help="a registered model of the cases' family (e.g. gpt2-tiny, llama3-tiny, qwen3-1.7b) "
                                    "for every case (default: each case's own; on a CPU-only machine its family's "
                                    "tiny model)")
@@ -48,9 +48,7 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="lockstep-out", help="run directory (default: lockstep-out)")
     p.add_argument("--seed", type=seed_argument, default=42, help="seed of the llm.c init when no --llmc is given")
     p.add_argument("--timeout", type=float, default=None, help="seconds per case and framework before it fails")
-    p.add_argument("--infinitrain-build", help="InfiniTrain build dir holding gpt2 (or LOCKSTEP_INFINITRAIN_BUILD)")
-    p.add_argument("--megatron-native-bf16", action="store_true",
-                   help="diagnostic: Megatron's native bf16 parameters instead of autocast")
+    add_runner_arguments(p)  # each runner's own flags (--infinitrain-build, --megatron-native-bf16, --command-runner)
     p.add_argument("--peak-tflops", type=float, default=None, metavar="X",
                    help="per-device peak TFLOP/s for MFU (default: the known-device table; none on CPU)")
     p.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
@@ -112,7 +110,7 @@ def request_from_args(args) -> RunRequest:
     return RunRequest(matrix=args.matrix, cases=split_list(args.cases), frameworks=split_list(args.frameworks),
                       model=args.model, groups=split_list(args.groups), llmc=args.llmc, data=args.data, text=args.text, steps=args.steps,
                       device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
-                      infinitrain_build=args.infinitrain_build, megatron_native_bf16=args.megatron_native_bf16,
+                      framework_options=framework_options_from(args),
                       oversubscribe=args.oversubscribe, nodes=node_layout(args),
                       persistent_workers=not getattr(args, "no_persistent_workers", False),
                       certify=not getattr(args, "no_certify", False), certify_bf16=getattr(args, "certify_bf16", False))

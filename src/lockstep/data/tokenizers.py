@@ -199,10 +199,28 @@ TOKENIZERS: dict[str, TokenizerSpec] = {
 
 
 def tokenizer_spec(name: str) -> TokenizerSpec:
-    try:
+    """A tokenizer above, or one a model family brings in its own folder (ModelFamily.tokenizer_spec)."""
+    if name in TOKENIZERS:
         return TOKENIZERS[name]
-    except KeyError:
-        raise LockstepError(f"unknown tokenizer {name!r}; lockstep knows {', '.join(TOKENIZERS)}") from None
+    brought = family_tokenizers()
+    if name in brought:
+        return brought[name]
+    raise LockstepError(f"unknown tokenizer {name!r}; lockstep knows {', '.join([*TOKENIZERS, *brought])}")
+
+
+def family_tokenizers() -> dict[str, TokenizerSpec]:
+    """name -> TokenizerSpec of every tokenizer a registered family brings itself."""
+    import importlib
+
+    from lockstep.models import FAMILIES
+
+    out = {}
+    for fam in FAMILIES.values():
+        if fam.tokenizer_spec:
+            module, _, attr = fam.tokenizer_spec.partition(":")
+            spec = getattr(importlib.import_module(module), attr)
+            out[spec.name] = spec
+    return out
 
 
 def get_encoding(name: str) -> tiktoken.Encoding:

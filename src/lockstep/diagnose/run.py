@@ -26,11 +26,9 @@ from lockstep.formats import run_manifest
 from lockstep.formats.run_record import read_run_record
 from lockstep.fsutil import atomic_write, check_free_space
 from lockstep.models import read_checkpoint_layout
-from lockstep.plan import RunRequest, plan_run, runner_options
-from lockstep.runners import get_runner
+from lockstep.plan import RunRequest, plan_run
+from lockstep.runners import get_runner, reference_framework, spec_for
 from lockstep.runners.base import Background, RunInputs, unsupported_needs
-from lockstep.runners.infinitrain import InfiniTrainRunner
-from lockstep.runners.pytorch import PyTorchRunner
 
 DRIFT_LRS = (1e-12, 1e-5)  # frozen weights, a small step; the case's own lr is added
 DEFAULT_DRIFT_STEPS = 5
@@ -51,7 +49,7 @@ class DiagnoseRequest:
     out: str | None = None
     seed: int = 42
     timeout_s: float | None = None
-    infinitrain_build: str | None = None
+    framework_options: dict = field(default_factory=dict)  # as RunRequest's: a runner spec's name -> its options
     drift: bool = True
     drift_steps: int = DEFAULT_DRIFT_STEPS
     keep_tensors: bool = False  # keep the step-1 captures' whole tensors, not only their sketches
@@ -64,7 +62,10 @@ class DiagnosePlan:
     frameworks: list[str]  # baseline first
     out_dir: Path  # <out>/diagnose
     run_dir: Path | None = None  # an existing run whose losses are the drift at the case's lr
-    options: dict[str, dict] = field(default_factory=dict)
+    options: dict = field(default_factory=dict)  # a runner spec's name -> its options (RunRequest.framework_options)
+
+    def runner(self, framework: str):
+        return get_runner(framework, framework_options=self.options)
 
 
 def plan_diagnose(req: DiagnoseRequest) -> DiagnosePlan:
@@ -72,7 +73,7 @@ def plan_diagnose(req: DiagnoseRequest) -> DiagnosePlan:
         return _plan_from_run_dir(req)
     run_req = RunRequest(matrix=req.matrix, cases=[req.case], frameworks=req.frameworks, model=req.model,
                          llmc=req.llmc, data=req.data, text=req.text, device=req.device, out=req.out or "lockstep-out",
-                         seed=req.seed, timeout_s=req.timeout_s, infinitrain_build=req.infinitrain_build)
+                         seed=req.seed, timeout_s=req.timeout_s, framework_options=req.framework_options)
     plan = plan_run(run_req)
     case = plan.cases[0]
     if case.name in plan.unrunnable:
@@ -81,7 +82,7 @@ def plan_diagnose(req: DiagnoseRequest) -> DiagnosePlan:
     _check_pair(frameworks)
     return DiagnosePlan(case=case, inputs=plan.inputs[case.name], frameworks=frameworks,
                         out_dir=plan.out_dir / DIAGNOSE_DIR,
-                        options={n: runner_options(n, run_req) for n in frameworks})
+                        options=dict(req.framework_options))
 
 
 def _check_pair(frameworks: list[str]) -> None:
@@ -113,25 +114,26 @@ def _plan_from_run_dir(req: DiagnoseRequest) -> DiagnosePlan:
                        timeout_s=req.timeout_s)
     frameworks = req.frameworks or _failed_pair(run_dir, manifest, case.name)
     _check_pair(frameworks)
-    options = {}
-    if "infinitrain" in frameworks:
-        build = req.infinitrain_build or _recorded_infinitrain_build(run_dir, case.name)
-        options["infinitrain"] = {"build_dir": build}
-        InfiniTrainRunner(build).preflight(inputs)  # no build at all: said now, before any capture
+    options = dict(req.framework_options)
+    for fw in frameworks:
+        spec = spec_for(fw, options)
+        recorded = _recorded_meta(run_dir, fw, case.name)
+        if spec.from_record is not None and recorded is not None:
+            options[spec.name] = spec.from_record(spec.options(options.get(spec.name)), recorded)
+        get_runner(fw, framework_options=options).preflight(inputs)  # e.g. no build at all: said now, before any capture
     return DiagnosePlan(case=case, inputs=inputs, frameworks=frameworks, out_dir=run_dir / DIAGNOSE_DIR,
                         run_dir=run_dir, options=options)
 
 
-def _recorded_infinitrain_build(run_dir: Path, case: str) -> str | None:
-    """The InfiniTrain build the run used for `case`, as its record says (None: not recorded)."""
-    path = run_dir / "infinitrain" / f"{case}.jsonl"
+def _recorded_meta(run_dir: Path, framework: str, case: str) -> dict | None:
+    """What the run recorded of `framework` on `case` (its record's meta: e.g. the build it used)."""
+    path = run_dir / framework / f"{case}.jsonl"
     if not path.is_file():
         return None
     try:
-        build = read_run_record(path).meta.get("infinitrain_build")
+        return read_run_record(path).meta
     except LockstepError:
         return None
-    return build if build and build != "None" else None
 
 
 def _failed_pair(run_dir: Path, manifest: dict, case: str) -> list[str]:
@@ -169,7 +171,7 @@ def step1_and_drift(plan: DiagnosePlan, fw: str, request: CaptureRequest, drift:
     background, "capture reading" (what lockstep still had to read of it once the drift was done)."""
     seconds = {} if seconds is None else seconds
     start = time.perf_counter()
-    runner = get_runner(fw, **plan.options.get(fw, {}))
+    runner = plan.runner(fw)
     problem = runner.capture_problem(plan.case, plan.inputs)
     if problem:
         raise LockstepError(f"diagnose cannot look inside {fw} on case {plan.case.name}: {problem}")
@@ -182,7 +184,7 @@ def step1_and_drift(plan: DiagnosePlan, fw: str, request: CaptureRequest, drift:
             got[lr] = reused
             continue
         drift_case = plan.case.with_overrides(lr=lr, steps=min(steps, plan.case.steps), name=f"{plan.case.name}_lr{lr:g}")
-        if fw == "pytorch" and (drift_case.tp > 1 or drift_case.pp > 1):
+        if fw == reference_framework() and (drift_case.tp > 1 or drift_case.pp > 1):
             # The reference trains the same global batch on one device (its step-1 capture does too).
             drift_case = drift_case.with_overrides(tp=1, pp=1, vpp=1, sp=False, pp_layout=None)
         reason = runner.skip_reason(drift_case, plan.inputs)
@@ -272,15 +274,16 @@ def keep_sketches_only(path: Path) -> None:
 def _run_diagnose(plan: DiagnosePlan, drift: bool, drift_steps: int, say) -> tuple[list[Verdict], list[Path]]:
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     base, tests = plan.frameworks[0], plan.frameworks[1:]
+    ref = reference_framework()
     for fw in plan.frameworks:
         # What the case needs (LoRA, resume) every framework must implement, the reference included.
-        lacking = unsupported_needs(plan.case, get_runner(fw, **plan.options.get(fw, {})))
+        lacking = unsupported_needs(plan.case, plan.runner(fw))
         if lacking:
             raise LockstepError(f"{fw} cannot run case {plan.case.name}: {lacking}")
-        # pytorch's reference runs in this process whatever the case's DP/TP/PP (the math is the same);
+        # The reference runs in this process whatever the case's DP/TP/PP (the math is the same);
         # the others must be able to run the case here, as `lockstep run` would.
-        if fw != "pytorch":
-            reason = get_runner(fw, **plan.options.get(fw, {})).skip_reason(plan.case, plan.inputs)
+        if fw != ref:
+            reason = plan.runner(fw).skip_reason(plan.case, plan.inputs)
             if reason:
                 raise LockstepError(f"{fw} cannot run case {plan.case.name} here: {reason}")
     check_free_space(plan.out_dir, diagnose_scratch_bytes(plan, tests), "lockstep diagnose's step-1 captures")
@@ -289,7 +292,7 @@ def _run_diagnose(plan: DiagnosePlan, drift: bool, drift_steps: int, say) -> tup
     notes: dict[str, str] = {}
     seconds: dict[str, float] = {}
     phases: dict[str, dict[str, float]] = {}
-    order = ["pytorch"] + [f for f in plan.frameworks if f != "pytorch"]  # the reference first: it has the structure
+    order = [ref] + [f for f in plan.frameworks if f != ref]  # the reference first: it has the structure
     optimizer = plan.inputs.family.optimizer
     adam_eps = optimizer.eps if optimizer.kind == "adam" else None
     # Every test shows only its first Adam update (InfiniTrain on Adam families): the baseline keeps
@@ -302,8 +305,8 @@ def _run_diagnose(plan: DiagnosePlan, drift: bool, drift_steps: int, say) -> tup
         start = time.perf_counter()
         request = CaptureRequest(path=str(plan.out_dir / f"{fw}_{plan.case.name}_step1.npz"), full=True,
                                  adam_eps=adam_eps, rows=CAPTURE_ROWS,
-                                 reference=(str(plan.out_dir / f"pytorch_{plan.case.name}_step1.npz")
-                                            if fw != "pytorch" else None),
+                                 reference=(str(plan.out_dir / f"{ref}_{plan.case.name}_step1.npz")
+                                            if fw != ref else None),
                                  whole_grads=not (fw == base and signs_only))
         parts: dict[str, float] = {}
         captures[fw], losses[fw], notes[fw] = step1_and_drift(plan, fw, request, drift and fw in plan.frameworks,
@@ -315,11 +318,11 @@ def _run_diagnose(plan: DiagnosePlan, drift: bool, drift_steps: int, say) -> tup
 
     # The reference trains in this process, in a thread of its own beside the other frameworks' processes
     # where the device holds both (diagnose measures no speed); a capture that reads the reference's waits.
-    fp64_path = plan.out_dir / f"pytorch-fp64_{plan.case.name}_step1.npz"
+    fp64_path = plan.out_dir / f"{ref}-fp64_{plan.case.name}_step1.npz"
 
     def fp64_step1() -> StepCapture:
         t64 = time.perf_counter()
-        capture = PyTorchRunner().fp64_step1(plan.case, plan.inputs, fp64_path)
+        capture = plan.runner(ref).fp64_step1(plan.case, plan.inputs, fp64_path)
         seconds["fp64 step 1"] = time.perf_counter() - t64
         return capture
 
@@ -327,15 +330,15 @@ def _run_diagnose(plan: DiagnosePlan, drift: bool, drift_steps: int, say) -> tup
         # A close call needs the reference's FP64 step 1; beside the others, with room for it, it is
         # made in advance (it costs nothing there) and removed unused if the call is not close.
         one(fw)
-        if base == "pytorch" and beside_fits(plan, extra=1):
+        if base == ref and beside_fits(plan, extra=1):
             captures["fp64"] = fp64_step1()
 
-    reference = (Background(reference_and_fp64, "pytorch", name="lockstep-diagnose-pytorch")
+    reference = (Background(reference_and_fp64, ref, name=f"lockstep-diagnose-{ref}")
                  if beside_fits(plan) else None)
     if reference is None:
-        one("pytorch")
+        one(ref)
     for fw in order[1:]:
-        if reference is not None and get_runner(fw, **plan.options.get(fw, {})).capture_needs_reference(plan.case, plan.inputs):
+        if reference is not None and plan.runner(fw).capture_needs_reference(plan.case, plan.inputs):
             reference.result()
         one(fw)
     if reference is not None:
@@ -346,17 +349,17 @@ def _run_diagnose(plan: DiagnosePlan, drift: bool, drift_steps: int, say) -> tup
         runs = pair_drift(plan, losses, base, test) if drift else []
         drift_note = notes[base] or notes[test]
         verdict = diagnose_captures(captures[base], captures[test], plan.case, drift=runs,
-                                    structure=captures["pytorch"], adam_eps=adam_eps or 1e-8)
-        if base == "pytorch" and close_call(verdict.findings, verdict.ranked(), verdict.tolerance):
+                                    structure=captures[ref], adam_eps=adam_eps or 1e-8)
+        if base == ref and close_call(verdict.findings, verdict.ranked(), verdict.tolerance):
             say("a close call: measuring what FP32 moves the reference itself (its step 1 in FP64) ...")
             if "fp64" not in captures:
                 captures["fp64"] = fp64_step1()
             fp64_used = True
             verdict = diagnose_captures(captures[base], captures[test], plan.case, drift=runs,
-                                        structure=captures["pytorch"], adam_eps=adam_eps or 1e-8, fp64=captures["fp64"],
+                                        structure=captures[ref], adam_eps=adam_eps or 1e-8, fp64=captures["fp64"],
                                         diffs=verdict.raw_diffs())
         verdict.notes += [drift_note] if drift_note else []
-        verdict.notes += [f"logged loss, {fw}: {LOGGED_LOSS_WORDS[get_runner(fw, **plan.options.get(fw, {})).logged_loss]}"
+        verdict.notes += [f"logged loss, {fw}: {LOGGED_LOSS_WORDS[plan.runner(fw).logged_loss]}"
                           for fw in (base, test)]
         verdict.seconds = {f"step1_and_drift_{fw}": round(seconds[fw], 2) for fw in (base, test)}
         verdict.seconds |= {f"{fw} {k}": v for fw in (base, test) for k, v in phases[fw].items()}
@@ -378,7 +381,7 @@ def beside_fits(plan: DiagnosePlan, extra: int = 0) -> bool:
     `extra` more of them (the reference's FP64 step 1 is about one)."""
     from lockstep.plan import device_memory_bytes, estimated_bytes_per_device
 
-    if plan.inputs.device != "cuda" or "pytorch" not in plan.frameworks:
+    if plan.inputs.device != "cuda" or reference_framework() not in plan.frameworks:
         return False
     memory = device_memory_bytes("cuda")
     need = estimated_bytes_per_device(plan.case.with_overrides(tp=1, pp=1, vpp=1), plan.inputs.model)
@@ -386,7 +389,7 @@ def beside_fits(plan: DiagnosePlan, extra: int = 0) -> bool:
 
 
 def capture_grad_kinds(plan: DiagnosePlan, frameworks: list[str]) -> list[str]:
-    return [get_runner(f, **plan.options.get(f, {})).capture_grad_kind(plan.case, plan.inputs) for f in frameworks]
+    return [plan.runner(f).capture_grad_kind(plan.case, plan.inputs) for f in frameworks]
 
 
 def adam_view_only(plan: DiagnosePlan, tests: list[str]) -> bool:

@@ -1,5 +1,7 @@
-"""Model families and the shapes registered for them: the one table the rest of lockstep reads.
+"""Model families and the shapes registered for them, found by looking at `models/`.
 
+Every subpackage of this package that defines `FAMILY` (a `ModelFamily`) and `SHAPES` is a
+family: adding one is adding its folder, with no table here to edit (docs/contributing.md).
 `FAMILIES` maps a family name (gpt2, llama3, qwen3, mixtral) to its `ModelFamily`; `SHAPES` maps a model
 name (gpt2, gpt2-tiny, llama3, llama3-tiny, qwen3-1.7b, ...) to a `ModelShape`. Nothing outside
 `models/` and the runners' per-family adapters names a family.
@@ -7,19 +9,31 @@ name (gpt2, gpt2-tiny, llama3, llama3-tiny, qwen3-1.7b, ...) to a `ModelShape`. 
 
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
 
 from lockstep.errors import FormatError, LockstepError
 from lockstep.formats import llmc
-from lockstep.models import gpt2, llama3, mixtral, qwen3
 from lockstep.models.family import ModelFamily, ModelShape
 
-FAMILIES: dict[str, ModelFamily] = {f.FAMILY.name: f.FAMILY for f in (gpt2, llama3, qwen3, mixtral)}
-SHAPES: dict[str, ModelShape] = {s.name: s for f in (gpt2, llama3, qwen3, mixtral) for s in f.SHAPES}
-# The shape a CPU-only machine trains when a case names a shape too large for it and the user
-# gave neither --model nor --llmc.
-CPU_SHAPES: dict[str, str] = {"gpt2": "gpt2-tiny", "llama3": "llama3-tiny", "qwen3": "qwen3-tiny",
-                             "mixtral": "mixtral-tiny"}
+
+def _family_folders() -> list:
+    """Every `models/<family>/` package that defines FAMILY, in name order."""
+    found = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.ispkg:
+            module = importlib.import_module(f"{__name__}.{info.name}")
+            if isinstance(getattr(module, "FAMILY", None), ModelFamily):
+                found.append(module)
+    return found
+
+
+_FOLDERS = _family_folders()
+FAMILIES: dict[str, ModelFamily] = {f.FAMILY.name: f.FAMILY for f in _FOLDERS}
+SHAPES: dict[str, ModelShape] = {s.name: s for f in _FOLDERS for s in getattr(f, "SHAPES", ())}
+# family -> the shape a CPU-only machine trains instead (each family's FAMILY.cpu_shape).
+CPU_SHAPES: dict[str, str] = {name: f.cpu_shape for name, f in FAMILIES.items() if f.cpu_shape}
 
 
 def family(name: str) -> ModelFamily:
@@ -34,6 +48,11 @@ def model_shape(name: str) -> ModelShape:
         return SHAPES[name]
     except KeyError:
         raise LockstepError(f"unknown model {name!r}; known models: {', '.join(SHAPES)}") from None
+
+
+def cpu_shape(family_name: str) -> str | None:
+    """The shape a CPU-only machine trains instead of a larger one of the family (FAMILY.cpu_shape)."""
+    return family(family_name).cpu_shape
 
 
 def family_of_config(config) -> ModelFamily:

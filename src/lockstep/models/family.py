@@ -1,9 +1,11 @@
 """What a model family is to lockstep: one `ModelFamily` per folder under `models/`.
 
-A family (gpt2, llama3, qwen3) brings its config (built from its LLMC header), its LLMC
-checkpoint codec, its seeded init rule, its reference module (plain PyTorch, one readable
-file), the optimizer its training contract uses, and its Hugging Face layout (`hf.py`, for
-`lockstep convert`). Its canonical tensor names are the LLMC names of its config's
+A family (gpt2, llama3, qwen3) is its folder, `models/<family>/__init__.py`, which defines
+`FAMILY` (this dataclass) and `SHAPES` and is found by `models/__init__.py` by looking: adding
+a family edits no table (docs/contributing.md). It brings its config (built from its LLMC
+header), its LLMC checkpoint codec, its seeded init rule, its reference module (plain PyTorch,
+one readable file), the optimizer its training contract uses, its tokenizer and CPU shape, and
+its Hugging Face layout (`hf.py`, for `lockstep convert`). Its canonical tensor names are the LLMC names of its config's
 `tensor_shapes()`; every runner maps to and from them. A *model* is a registered shape of a
 family (`ModelShape`, e.g. gpt2-tiny) or a checkpoint's header.
 
@@ -117,6 +119,15 @@ class ModelFamily:
     # Rows of a tensor from which on it is padding (may hold anything): GPT-2's wte rows V..Vp-1.
     padding_rows: Callable[[Any], dict[str, int]] = lambda config: {}
     hf: HFAdapter | None = None  # its Hugging Face layout, for `lockstep convert`
+    # The registered shape a CPU-only machine trains instead of a larger one of the family (when the
+    # user gave neither --model nor --llmc); None: the family's cases keep their shape on a CPU.
+    cpu_shape: str | None = None
+    # "module:attr" of a data.tokenizers.TokenizerSpec the family brings itself (e.g. in its folder),
+    # for a tokenizer lockstep does not know by name yet; None: `tokenizer` names a known one.
+    tokenizer_spec: str | None = None
+    # runner name -> why that runner cannot train the family (its cases there are skipped with the
+    # reason); a runner that needs a per-family adapter needs one or a line here (docs/contributing.md).
+    unsupported_runners: dict = field(default_factory=dict)
 
     def layout(self, config, bf16: bool = False) -> llmc.CheckpointLayout:
         if bf16 and self.bf16_version is None:

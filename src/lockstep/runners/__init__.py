@@ -1,33 +1,20 @@
-"""Framework runners, one module each, all behind `base.FrameworkRunner`.
+"""Framework runners, one package each, all behind `base.FrameworkRunner`.
 
-The table maps a framework name to "module:Class"; modules are imported only when used, so
-that `lockstep run --frameworks pytorch` works without megatron-core installed.
+`registry.RUNNER_PACKAGES` is the one registration: a package listed there describes itself in
+its `__init__.py` (`RUNNER`, a registry.RunnerSpec: name, CLI options, availability,
+capabilities) and everything else -- the CLI's flags, the planner, `diagnose`, `bisect` -- reads
+that through the functions below. Runner classes are imported only when used, so `lockstep run
+--frameworks pytorch` works without megatron-core installed (docs/contributing.md: adding a runner).
 """
 
 from __future__ import annotations
 
-import importlib
-
-from lockstep.errors import LockstepError
-from lockstep.runners.base import FrameworkRunner
-
-RUNNERS: dict[str, str] = {
-    "pytorch": "lockstep.runners.pytorch:PyTorchRunner",
-    "pytorch-fast": "lockstep.runners.pytorch_fast:PyTorchFastRunner",
-    "megatron": "lockstep.runners.megatron:MegatronRunner",
-    "infinitrain": "lockstep.runners.infinitrain:InfiniTrainRunner",
-}
+from lockstep.runners.registry import (RUNNER_PACKAGES, FrameworkOptions, add_runner_arguments,  # noqa: F401
+                                       built_frameworks, default_frameworks, framework_names, framework_options_from,
+                                       get_runner, options_for, reference_framework, spec_for, specs)
 
 
-def get_runner(name: str, **options) -> FrameworkRunner:
-    if name not in RUNNERS:
-        raise LockstepError(f"unknown framework {name!r}; known: {', '.join(RUNNERS)}")
-    module_name, cls_name = RUNNERS[name].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and e.name.startswith("lockstep"):
-            raise LockstepError(f"framework {name!r} is not available in this lockstep build") from None
-        hint = " (pip install 'lockstep[megatron]')" if name == "megatron" else ""
-        raise LockstepError(f"framework {name!r} needs the Python package {e.name!r}, which is not installed{hint}") from None
-    return getattr(module, cls_name)(**options)
+def __getattr__(name: str):
+    if name == "RUNNERS":  # the registered framework names (older callers read this)
+        return tuple(specs())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -97,7 +97,15 @@ class FrameworkRunner(ABC):
 
     def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
         """Why this machine cannot run the case (e.g. too few devices), or None."""
-        return device_shortage(case, inputs.device, inputs.oversubscribe, inputs.nodes)
+        return self.unsupported_family(inputs) or device_shortage(case, inputs.device, inputs.oversubscribe,
+                                                                  inputs.nodes)
+
+    def unsupported_family(self, inputs: RunInputs) -> str | None:
+        """Why this runner cannot train the inputs' family, where the runner or the family says so."""
+        from lockstep.runners.registry import unsupported_reason
+
+        reason = unsupported_reason(self.name, inputs.model.family)
+        return f"{self.name} cannot train {inputs.family.title} models: {reason}" if reason else None
 
     @abstractmethod
     def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:

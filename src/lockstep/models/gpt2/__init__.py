@@ -34,6 +34,7 @@ FAMILY = ModelFamily(
     bf16_version=checkpoint.VERSION_BF16,
     init_rule=init_rule,
     hf=hf.ADAPTER,
+    cpu_shape="gpt2-tiny",
     reference="lockstep.models.gpt2.model:GPT2",
     padding_rows=lambda config: {"wte": config.vocab_size},
 )

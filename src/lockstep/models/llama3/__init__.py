@@ -37,6 +37,7 @@ FAMILY = ModelFamily(
     bf16_version=None,
     init_rule=init_rule,
     hf=hf.ADAPTER,
+    cpu_shape="llama3-tiny",
     reference="lockstep.models.llama3.model:Llama3",
 )
 

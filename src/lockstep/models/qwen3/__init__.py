@@ -22,6 +22,7 @@ FAMILY = ModelFamily(
     bf16_version=None,
     init_rule=llama_init_rule,  # the same rule: q_norm/k_norm weights are RMSNorm weights, 1
     hf=hf.ADAPTER,
+    cpu_shape="qwen3-tiny",
     reference="lockstep.models.qwen3.model:Qwen3",
 )
 

@@ -29,37 +29,31 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.errors import CaseError, FormatError, LockstepError, RunError
+from lockstep.errors import CaseError, LockstepError, RunError
 from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint
 from lockstep.formats.logs import parse_infinitrain_log
 from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
-from lockstep.fsutil import open_for_streaming
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
                                    write_final_params)
+from lockstep.runners.infinitrain.options import BUILD_ENV_VAR, COMMIT_FILE
 from lockstep.runners.infinitrain.capture import KEEP_SAVE, PRECISION_CHECK_DIR
 from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.infinitrain.precision_check import precision_check_flag
-from lockstep.runners.launch import supervise, worker_env
+from lockstep.runners.launch import worker_env
+from lockstep.runners.logged_process import check_finished, run_logged
 from lockstep.runners.nodes import srun_per_node
 from lockstep.step_contract import LOGGED_FP32_SEQUENTIAL
 
-BUILD_ENV_VAR = "LOCKSTEP_INFINITRAIN_BUILD"
 LAUNCHER_EXECUTABLE = "infini_run"
 DEFAULT_TIMEOUT_S = 1800.0
-# A file a build script may leave next to the executables naming the source commit, for builds
-# made from a copy of the source without its .git (e.g. the CUDA build on a GPU host).
-COMMIT_FILE = "INFINITRAIN_COMMIT"
 # InfiniTrain reads its multi-process layout from these; a stray value inherited from the
 # user's shell would silently change the world size, so the runner never passes them on.
 INFINITRAIN_PROCESS_ENV = ("NNODES", "NPROC_PER_NODE", "PROC_WORLD_SIZE", "GLOBAL_PROC_RANK", "LOCAL_PROC_RANK")
-POLL_INTERVAL_S = 0.5
-TAIL_LINES = 15
 
 
 class InfiniTrainRunner(FrameworkRunner):
@@ -79,6 +73,8 @@ class InfiniTrainRunner(FrameworkRunner):
         return self.build_dir / adapter_for(family).executable
 
     def preflight(self, inputs: RunInputs) -> None:
+        if self.unsupported_family(inputs):
+            return  # the family's cases are skipped with the reason (skip_reason)
         adapter = adapter_for(inputs.model.family)
         exe = self.executable(inputs.model.family)
         build = exe.parent
@@ -103,6 +99,9 @@ class InfiniTrainRunner(FrameworkRunner):
         return f"InfiniTrain {commit}" if commit else f"unknown build at {self.build_dir}"
 
     def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        unsupported = self.unsupported_family(inputs)
+        if unsupported:
+            return unsupported
         if inputs.device == "cpu" and case.is_bf16:
             return "InfiniTrain --dtype bfloat16 crashes on CPU (segfault; docs/reference/infinitrain.md)"
         if inputs.device == "cpu" and case.world_size > 1:
@@ -220,32 +219,12 @@ class InfiniTrainRunner(FrameworkRunner):
             env.pop(key, None)
         timeout_s = inputs.timeout_s if inputs.timeout_s is not None else DEFAULT_TIMEOUT_S
         log_path = Path(log_path)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-
-        streamer = _StepStreamer(str(log_path), on_step)
-        with open_for_streaming(log_path, "native log") as log:
-            log.write(f"[COMMAND] {shlex.join(cmd)}\n")
-            log.flush()
-            try:
-                # cwd = the log's directory: anything the executable drops in its working
-                # directory (profiles, checkpoints) stays with the run, not in the user's cwd.
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=log_path.parent,
-                                        start_new_session=True)
-            except OSError as e:
-                raise RunError(f"{cmd[0]}: could not start InfiniTrain ({e.strerror or e})") from None
-            rc, timed_out = supervise(proc, streamer.poll, timeout_s, POLL_INTERVAL_S)
-        text = log_path.read_text(errors="replace")
-        streamer.poll(final=True)
-        steps = _parse_steps(text, str(log_path))
-        if timed_out:
-            raise RunError(f"{log_path}: InfiniTrain timed out after {timeout_s:.0f} s at step {len(steps)} of "
-                           f"{case.steps}" + _tail(text))
-        if rc != 0:
-            raise RunError(f"{log_path}: InfiniTrain {_describe_exit(rc)} after {len(steps)} of {case.steps} step(s)"
-                           + _tail(text))
-        if inputs.nodes.writes_records and [s.step for s in steps] != list(range(1, case.steps + 1)):
-            raise RunError(f"{log_path}: InfiniTrain exited normally but logged {len(steps)} of {case.steps} step(s)"
-                           + _tail(text))
+        # cwd = the log's directory: anything the executable drops in its working directory
+        # (profiles, checkpoints) stays with the run, not in the user's cwd.
+        run = run_logged(cmd, log_path, _parse_steps, env=env, cwd=log_path.parent, timeout_s=timeout_s,
+                         on_step=on_step, what="InfiniTrain")
+        text, steps = run.text, run.steps
+        check_finished(run, log_path, case.steps, "InfiniTrain", timeout_s, writes_records=inputs.nodes.writes_records)
         saved = {}
         if inputs.save_final_params and inputs.nodes.writes_records:
             if inputs.extra.get(KEEP_SAVE):
@@ -389,50 +368,4 @@ def _git_commit(directory: Path) -> str | None:
 
 
 def _parse_steps(text: str, source: str) -> list[StepRecord]:
-    try:
-        return parse_infinitrain_log(text, source).steps
-    except FormatError:
-        return []  # no step line (yet): the caller reports the run's failure with the log's tail
-
-
-class _StepStreamer:
-    """Reads the growing log while InfiniTrain runs and reports each new step line once."""
-
-    def __init__(self, source: str, on_step: StepCallback | None):
-        self.source = source
-        self.on_step = on_step
-        self.reported = 0
-
-    def poll(self, final: bool = False) -> None:
-        if self.on_step is None:
-            return
-        try:
-            text = Path(self.source).read_text(errors="replace")
-        except OSError:
-            return
-        if not final:
-            text = text[: text.rfind("\n") + 1]  # only whole lines; the last one may still be written
-        steps = _parse_steps(text, self.source)
-        for rec in steps[self.reported:]:
-            self.on_step(rec)
-        self.reported = max(self.reported, len(steps))
-
-
-def _describe_exit(rc: int) -> str:
-    if rc < 0:
-        try:
-            name = signal.Signals(-rc).name
-        except ValueError:
-            name = f"signal {-rc}"
-        return f"was killed by {name}"
-    if rc > 128:
-        try:
-            return f"exited with status {rc} ({signal.Signals(rc - 128).name})"
-        except ValueError:
-            pass
-    return f"exited with status {rc}"
-
-
-def _tail(text: str, n: int = TAIL_LINES) -> str:
-    keep = [ln for ln in text.splitlines() if ln.strip()][-n:]
-    return "; last lines of the log:\n    " + "\n    ".join(keep) if keep else ""
+    return parse_infinitrain_log(text, source).steps

@@ -30,18 +30,9 @@ from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
                                    launch_meta, oversubscribed_env)
 from lockstep.runners.launch import run_workers
+from lockstep.runners.megatron.options import INSTALL_HINT, megatron_core_installed  # noqa: F401 (also read from here)
 from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions
 from lockstep.runners.workers import WorkerGroup, WorkerGroupDied
-
-INSTALL_HINT = "pip install 'lockstep[megatron]'"
-
-
-def megatron_core_installed() -> bool:
-    try:
-        return importlib.util.find_spec("megatron.core") is not None
-    except (ImportError, ValueError):
-        return False
-
 
 def apex_installed() -> bool:
     try:
@@ -74,6 +65,9 @@ class MegatronRunner(FrameworkRunner):
     def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
         if not megatron_core_installed():
             return f"megatron-core is not installed ({INSTALL_HINT})"
+        unsupported = self.unsupported_family(inputs)
+        if unsupported:
+            return unsupported
         if case.is_bf16 and inputs.device != "cuda":
             if self.options.native_bf16:
                 return "megatron-core's native bf16 (Float16Module and its optimizer) needs CUDA"

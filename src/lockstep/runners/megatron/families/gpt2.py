@@ -93,3 +93,6 @@ class GPT2Adapter(MegatronFamily):
             maps += [TensorMap("decoder.final_layernorm.weight", "lnfw"),
                      TensorMap("decoder.final_layernorm.bias", "lnfb")]
         return maps
+
+
+ADAPTER = GPT2Adapter()

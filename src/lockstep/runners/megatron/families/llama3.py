@@ -78,3 +78,6 @@ class Llama3Adapter(MegatronFamily):
     def attention_maps(self, prefix: str, at: str) -> list[TensorMap]:
         """Per-layer attention parameters besides qkv and proj (Qwen3's QK-norm)."""
         return []
+
+
+ADAPTER = Llama3Adapter()

@@ -22,3 +22,6 @@ class Qwen3Adapter(Llama3Adapter):
     def attention_maps(self, prefix: str, at: str) -> list[TensorMap]:
         return [TensorMap(prefix + "self_attention.q_layernorm.weight", f"qknormw{at}[0]"),
                 TensorMap(prefix + "self_attention.k_layernorm.weight", f"qknormw{at}[1]")]
+
+
+ADAPTER = Qwen3Adapter()

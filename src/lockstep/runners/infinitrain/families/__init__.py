@@ -1,0 +1,69 @@
+"""InfiniTrain per model family: which executable trains it, and what that executable accepts.
+
+One module per family (`families/<family>.py`, defining ADAPTER, an `InfiniTrainFamily`), found
+by the family's name: a new family adds its module here and edits no table. Facts of InfiniTrain
+b24d92f (docs/reference/infinitrain.md#known-facts-infinitrain-b24d92f) that a case must meet before it is launched; each is a skip or a
+refusal with the reason, never a crash of the executable.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lockstep.cases.spec import CaseSpec
+from lockstep.errors import LockstepError
+from lockstep.models.family import OptimizerSpec
+
+
+@dataclass(frozen=True)
+class InfiniTrainFamily:
+    family: str
+    executable: str
+    # False: a build without this executable cannot run the family at all (the run is refused);
+    # True: only some builds have it, and cases of the family are skipped with the reason.
+    optional: bool = False
+    missing_note: str = ""
+    flags: tuple[str, ...] = ()  # what the executable needs besides the training flags
+
+    def preflight(self, model, checkpoint: Path, optimizer: OptimizerSpec) -> None:
+        """Raise LockstepError when the executable can never train this model."""
+
+    def skip_reason(self, case: CaseSpec, model, checkpoint: Path) -> str | None:
+        return None
+
+    def canonical_state(self, state: dict[str, np.ndarray], config) -> dict[str, np.ndarray]:
+        """InfiniTrain's saved tensors (its module names, TP=1, one stage) under LLMC names."""
+        raise LockstepError(f"lockstep cannot map InfiniTrain's {self.family} checkpoint names to LLMC names")
+
+
+def rename(state: dict[str, np.ndarray], layer: dict[str, str], top: dict[str, str]) -> dict[str, np.ndarray]:
+    out = {}
+    for name, a in state.items():
+        m = re.match(r"^transformer\.h\.(\d+)\.(.+)$", name)
+        if m and m.group(2) in layer:
+            out[f"{layer[m.group(2)]}[{int(m.group(1))}]"] = a
+        elif name in top:
+            out[top[name]] = a
+    return out
+
+
+def adapter_for(family: str) -> InfiniTrainFamily:
+    """The family's adapter (`families/<family>.py`), or a LockstepError saying there is none."""
+    from lockstep.runners.registry import specs
+
+    try:
+        return specs()["infinitrain"].adapter(family)
+    except LockstepError:
+        raise LockstepError(f"InfiniTrain has no example executable for model family {family!r}") from None
+
+
+def header_word(path: Path, index: int) -> int | None:
+    try:
+        header = np.fromfile(path, dtype="<i4", count=index + 1)
+    except OSError:
+        return None
+    return int(header[index]) if header.shape[0] > index else None

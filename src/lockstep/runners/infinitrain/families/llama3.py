@@ -1,0 +1,40 @@
+"""InfiniTrain's `llama3` example for the Llama 3 family (and, in builds that have one, Qwen3's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lockstep.errors import LockstepError
+from lockstep.models.family import OptimizerSpec
+from lockstep.runners.infinitrain.families import InfiniTrainFamily, rename
+
+# Its llama3 example hard-codes the vocabulary-sized buffers of Llama 3 and its optimizer.
+LLAMA3_MIN_VOCAB = 128_256
+LLAMA3_HARD_CODED_ADAM = OptimizerSpec("adam", beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
+
+# example/llama3/checkpoint_loader.cc's names
+_LLAMA3_LAYER = {"ln_1.weight": "ln1w", "attn.c_attn.weight": "qkvw", "attn.c_proj.weight": "attprojw",
+                 "ln_2.weight": "ln2w", "mlp.c_fc.weight": "fcw", "mlp.c_fc2.weight": "fcw2",
+                 "mlp.c_proj.weight": "fcprojw"}
+_LLAMA3_TOP = {"transformer.wte.weight": "wte", "transformer.ln_f.weight": "lnfw", "lm_head.weight": "lm_head"}
+
+
+@dataclass(frozen=True)
+class Llama3Family(InfiniTrainFamily):
+    def canonical_state(self, state: dict[str, np.ndarray], config) -> dict[str, np.ndarray]:
+        return rename(state, _LLAMA3_LAYER, _LLAMA3_TOP)
+
+    def preflight(self, model, checkpoint: Path, optimizer: OptimizerSpec) -> None:
+        if model.vocab_size < LLAMA3_MIN_VOCAB:
+            raise LockstepError(f"InfiniTrain's {self.executable} hard-codes buffers for a vocabulary of at least "
+                                f"{LLAMA3_MIN_VOCAB:,} tokens, but {checkpoint} has V={model.vocab_size:,}; "
+                                "keep the real vocabulary in small Llama 3 shapes (e.g. llama3-tiny)")
+        if optimizer != LLAMA3_HARD_CODED_ADAM:
+            raise LockstepError(f"InfiniTrain's {self.executable} hard-codes {LLAMA3_HARD_CODED_ADAM.label}, "
+                                f"the contract asks for {optimizer.label}")
+
+
+ADAPTER = Llama3Family("llama3", "llama3", flags=("--model", "llama3"))

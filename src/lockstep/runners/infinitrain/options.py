@@ -1,0 +1,16 @@
+"""What the `infinitrain` runner is given: its build directory (shared by its registration in
+__init__.py and runner.py, neither importing the other)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BUILD_ENV_VAR = "LOCKSTEP_INFINITRAIN_BUILD"
+# A file a build script may leave next to the executables naming the source commit, for builds
+# made from a copy of the source without its .git (e.g. the CUDA build on a GPU host).
+COMMIT_FILE = "INFINITRAIN_COMMIT"
+
+
+@dataclass(frozen=True)
+class InfiniTrainOptions:
+    build_dir: str | None = None  # None: LOCKSTEP_INFINITRAIN_BUILD

@@ -34,6 +34,8 @@ from lockstep.capture.request import CaptureRequest
 from lockstep.formats.step_capture import StepCapture
 from lockstep.runners.nodes import reports_results
 from lockstep.runners.pytorch.capture import StepRecorder, capture_step
+from lockstep.runners.pytorch.checkpoint import (CheckpointPlan, ShiftedBatches, load_training_state,
+                                                 save_training_state)
 from lockstep.runners.memory import peak_memory_info
 from lockstep.models.reference import llmc_state
 from lockstep.runners.base import write_final_params
@@ -112,13 +114,15 @@ def no_sync(wrapped: torch.nn.Module, case: CaseSpec):
 
 def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, pg: ProcessGroupInfo,
                emit: Callable[[StepRecord], None], log: TextIO, final_params_path: str | None = None,
-               capture: CaptureRequest | None = None) -> dict:
+               capture: CaptureRequest | None = None, checkpoints: CheckpointPlan | None = None) -> dict:
     """Train `case.steps` steps; rank 0 calls `emit` per step and writes llm.c-style log lines.
 
     With `final_params_path`, rank 0 writes every parameter after the last step there, under
     its canonical LLMC name (DDP keeps the replicas equal, so rank 0's are the model's). With
     `capture` (one process only), step 1 is recorded from inside as it trains (runners/pytorch/
-    capture.py): its gradients are read before the optimizer step, nothing else changes."""
+    capture.py): its gradients are read before the optimizer step, nothing else changes. With
+    `checkpoints` (runners/pytorch/checkpoint.py), it first loads the resume's step folder and
+    trains the steps after it, and saves a step folder after every save-interval step."""
     if device_kind == "cuda":
         device = torch.device("cuda", pg.local_rank)
         torch.cuda.set_device(device)
@@ -154,8 +158,14 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
         torch.cuda.reset_peak_memory_stats(device)
     times_ms, tps = [], []
     info: dict = {}
+    first_step = 0
+    if checkpoints is not None and checkpoints.resume is not None:
+        with phases("weights"):
+            shift = load_training_state(checkpoints.resume, train_model, optimizer)
+        first_step = checkpoints.resume.step
+        batches = ShiftedBatches(batches, shift) if shift else batches
     with fp32_matmul_precision(enabled_tf32=False), phases("training"):
-        for step in range(case.steps):
+        for step in range(first_step, case.steps):
             recorder = StepRecorder(model, case, capture) if (capture is not None and step == 0) else None
             try:
                 with StepClock(device) as clock:
@@ -213,6 +223,10 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
                                  lr=case.lr, peak_mem_mb=peak, loss_fp32_sum=fp32_sum)
                 print(llmc_step_line(step + 1, case.steps, loss_value, case.lr, step_ms, tokens_per_s), file=log, flush=True)
                 emit(rec)
+            if checkpoints is not None and checkpoints.save is not None and checkpoints.save.due(step + 1, case.steps):
+                began = time.perf_counter()
+                save_training_state(checkpoints.save, step + 1, train_model, optimizer, is_writer=pg.rank == 0)
+                info["checkpoint_save_s"] = round(info.get("checkpoint_save_s", 0.0) + time.perf_counter() - began, 3)
             times_ms.append(step_ms)
             tps.append(tokens_per_s)
     with phases("teardown"):
@@ -265,7 +279,8 @@ class PersistentTraining:
         if pg.world != case.world_size:
             raise RunError(f"case {case.name} needs {case.world_size} ranks, this worker group has {pg.world}")
         return train_case(case, job["checkpoint"], job["tokens"], job["device"], pg, writer.step, sys.stdout,
-                          final_params_path=job.get("final_params_path"))
+                          final_params_path=job.get("final_params_path"),
+                          checkpoints=CheckpointPlan.from_dict(job.get("checkpoints")))
 
     def release(self, all_ranks_ok: bool) -> None:
         pass  # train_case's model and optimizer are its locals: gone once it returns
@@ -293,7 +308,8 @@ def main(argv: list[str]) -> int:
     try:
         writer = ResultsWriter(job["results_path"] if pg.reports else None)
         info = train_case(case, job["checkpoint"], job["tokens"], job["device"], pg, writer.step, sys.stdout,
-                          final_params_path=job.get("final_params_path"))
+                          final_params_path=job.get("final_params_path"),
+                          checkpoints=CheckpointPlan.from_dict(job.get("checkpoints")))
         writer.info(**info)
     finally:
         dist.destroy_process_group()

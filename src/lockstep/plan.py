@@ -376,12 +376,32 @@ def pair_skips(cases: list[CaseSpec], runners: list[FrameworkRunner], inputs: di
     """(case, framework) -> why the pair cannot run on this machine: the machine's reason for the
     case (devices, memory), else the runner's own."""
     skips = {}
+    order = {c.name: i for i, c in enumerate(cases)}
     for case in cases:
         for runner in runners:
-            reason = unrunnable.get(case.name) or case_skip_reason(runner, case, inputs[case.name])
+            reason = (unrunnable.get(case.name) or case_skip_reason(runner, case, inputs[case.name])
+                      or resume_source_problem(case, runner.name, order, skips))
             if reason:
                 skips[(case.name, runner.name)] = reason
     return skips
+
+
+def resume_source_problem(case: CaseSpec, framework: str, order: dict[str, int],
+                          skips: dict[tuple[str, str], str]) -> str | None:
+    """Why a case that resumes another case's checkpoint cannot run here: that case is not in
+    this run, comes after it, or is skipped by the framework (checkpoints.md). A case resuming
+    its own name resumes what an earlier run wrote into the same --out."""
+    spec = case.checkpoint
+    if spec is None or spec.resume_from is None or spec.resume_case in (None, case.name):
+        return None
+    source = spec.resume_case
+    if source not in order:
+        return f"resumes from {source}'s step-{spec.resume_from} checkpoint, which this run does not train (select {source} too)"
+    if order[source] > order[case.name]:
+        return f"resumes from {source}'s checkpoint, but {source} comes after it in the matrix"
+    if (source, framework) in skips:
+        return f"resumes from {source}'s checkpoint, which {framework} does not train here"
+    return None
 
 
 def skip_unpaired_baselines(cases: list[CaseSpec], runners: list[FrameworkRunner],

@@ -143,3 +143,24 @@ def test_gpt2_resume_is_exact_and_a_data_restart_is_told(tiny_checkpoint, traini
     broken = runner.run(dataclasses.replace(resumed_spec, name="broken"), inputs, tmp_path)
     verdict = judge_resume(full, broken, alternatives)
     assert verdict.verdict is ResumeVerdictClass.BROKEN and verdict.cause is ResumeCause.DATA_RESTARTED, verdict.sentence()
+
+
+def test_a_dp2_resume_is_exact_per_rank_and_one_restoring_only_rank_0_is_a_shard_not_restored(
+        llama_inputs, tmp_path, monkeypatch):
+    runner = PyTorchRunner()
+    dp2 = {"dp": 2, "total_batch": 128}
+    full = runner.run(dataclasses.replace(uninterrupted_case("llama3-tiny"), **dp2), llama_inputs, tmp_path)
+    assert full.ok, full.error
+    assert sorted(full.meta["rank_losses"], key=int) == [str(s) for s in range(1, STEPS + 1)]
+    assert all(len(losses) == 2 and losses[0] != losses[1] for losses in full.meta["rank_losses"].values())
+    resumed = runner.run(dataclasses.replace(resumed_case("llama3-tiny"), **dp2), llama_inputs, tmp_path)
+    assert resumed.ok, resumed.error
+    assert judge_resume(full, resumed).verdict is ResumeVerdictClass.EXACT
+    assert resumed.meta["rank_losses"][str(RESUME_AT + 1)] == full.meta["rank_losses"][str(RESUME_AT + 1)]
+
+    defects.worker_env("resume_rank0_only", monkeypatch)
+    broken = runner.run(dataclasses.replace(resumed_case("llama3-tiny", name="rank0-only"), **dp2), llama_inputs, tmp_path)
+    assert broken.ok, broken.error
+    verdict = judge_resume(full, broken)
+    assert verdict.verdict is ResumeVerdictClass.BROKEN and verdict.cause is ResumeCause.SHARD_NOT_RESTORED, verdict.sentence()
+    assert "rank(s) 1 differ" in verdict.cause_detail and "rank(s) 0 are bitwise equal" in verdict.cause_detail

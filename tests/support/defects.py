@@ -30,7 +30,9 @@ Broken resumes of the pytorch reference (the resume judge's negative controls, c
 each loads the checkpoint as the trainer does, then damages what it loaded:
 - resume_data_restarted: the data stream starts again at batch 0 after the load;
 - resume_moments_zeroed: Adam's exp_avg and exp_avg_sq are zeroed after the load;
-- resume_step_reset: Adam's step count is set back to 0 after the load.
+- resume_step_reset: Adam's step count is set back to 0 after the load;
+- resume_rank0_only: under DP, only rank 0 keeps what it loaded; the other ranks keep the
+  weights they were built with and a fresh optimizer (in torchrun workers: worker_env).
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ class BrokenTieGPT2(GPT2):
 
 REFERENCE_DEFECTS = {"exact_gelu": ExactGeluGPT2, "frozen_layernorm": FrozenLayerNormGPT2,
                      "transposed_bias_grad": TransposedBiasGradGPT2, "broken_tie": BrokenTieGPT2}
-RESUME_DEFECTS = ("resume_data_restarted", "resume_moments_zeroed", "resume_step_reset")
+RESUME_DEFECTS = ("resume_data_restarted", "resume_moments_zeroed", "resume_step_reset", "resume_rank0_only")
 OTHER_DEFECTS = ("data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
                  "megatron_layernorm_bias_grad_5pct", "megatron_batched_p2p", *RESUME_DEFECTS)
 DEFECTS = (*REFERENCE_DEFECTS, *OTHER_DEFECTS)
@@ -171,9 +173,10 @@ def inject(name: str, patch) -> None:
 
         patch.setattr(torch.nn.LayerNorm, "__init__", init_with_wrong_bias_grad)
     elif name in RESUME_DEFECTS:
-        from lockstep.runners.pytorch import train
+        # The module's attribute, which the trainer calls (a torchrun worker runs train.py as __main__).
+        from lockstep.runners.pytorch import checkpoint
 
-        patch.setattr(train, "load_training_state", _broken_load(name, train.load_training_state))
+        patch.setattr(checkpoint, "load_training_state", _broken_load(name, checkpoint.load_training_state))
     elif name == "megatron_batched_p2p":
         from lockstep.runners.megatron import model
 
@@ -184,6 +187,17 @@ def inject(name: str, patch) -> None:
 
 def _broken_load(name: str, load):
     def broken(plan, model, optimizer):
+        if name == "resume_rank0_only":
+            import torch.distributed as dist
+
+            built = [p.detach().clone() for p in model.parameters()]
+            shift = load(plan, model, optimizer)  # collective: every rank takes part
+            if dist.get_rank() != 0:
+                with torch.no_grad():
+                    for p, b in zip(model.parameters(), built):
+                        p.copy_(b)
+                optimizer.state.clear()
+            return shift
         shift = load(plan, model, optimizer)
         if name == "resume_data_restarted":
             return -plan.step  # the loop's step N reads step 0's window

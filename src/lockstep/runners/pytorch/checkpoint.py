@@ -207,3 +207,13 @@ def _what_if_optimizer(optimizer: torch.optim.Optimizer, what: str | None) -> No
                     state[key].zero_()
         elif what == "step_reset" and "step" in state:
             state["step"].zero_()
+
+
+def gather_rank_losses(loss: torch.Tensor, world: int) -> list[float]:
+    """Every DP rank's own loss of the step (before the average), in rank order: where a shard
+    that was not restored shows first (compare/resume.py)."""
+    import torch.distributed as dist
+
+    parts = [torch.zeros_like(loss) for _ in range(world)]
+    dist.all_gather(parts, loss.detach().clone())
+    return [float(p.item()) for p in parts]

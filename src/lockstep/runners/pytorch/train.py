@@ -34,8 +34,8 @@ from lockstep.capture.request import CaptureRequest
 from lockstep.formats.step_capture import StepCapture
 from lockstep.runners.nodes import reports_results
 from lockstep.runners.pytorch.capture import StepRecorder, capture_step
-from lockstep.runners.pytorch.checkpoint import (CheckpointPlan, ShiftedBatches, load_training_state,
-                                                 save_training_state)
+from lockstep.runners.pytorch import checkpoint as saved_state
+from lockstep.runners.pytorch.checkpoint import CheckpointPlan, ShiftedBatches, gather_rank_losses
 from lockstep.runners.memory import peak_memory_info
 from lockstep.models.reference import llmc_state
 from lockstep.runners.base import write_final_params
@@ -161,7 +161,7 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     first_step = 0
     if checkpoints is not None and checkpoints.resume is not None:
         with phases("weights"):
-            shift = load_training_state(checkpoints.resume, train_model, optimizer)
+            shift = saved_state.load_training_state(checkpoints.resume, train_model, optimizer)
         first_step = checkpoints.resume.step
         batches = ShiftedBatches(batches, shift) if shift else batches
     with fp32_matmul_precision(enabled_tf32=False), phases("training"):
@@ -207,6 +207,8 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
             # sequential sum would have logged for the same token losses (one process only).
             loss_sum = step_loss_fp64(micro_losses, case.accum)
             fp32_sum = fp32_sequential_of_tensors(micro_losses) if pg.world == 1 else None
+            if pg.world > 1 and checkpoints is not None:  # the resume judge's per-rank evidence
+                info.setdefault("rank_losses", {})[str(step + 1)] = gather_rank_losses(loss_sum, pg.world)
             if pg.world > 1:
                 dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if device.type == "cuda" else dist.ReduceOp.SUM)
                 if device.type != "cuda":
@@ -225,7 +227,7 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
                 emit(rec)
             if checkpoints is not None and checkpoints.save is not None and checkpoints.save.due(step + 1, case.steps):
                 began = time.perf_counter()
-                save_training_state(checkpoints.save, step + 1, train_model, optimizer, is_writer=pg.rank == 0)
+                saved_state.save_training_state(checkpoints.save, step + 1, train_model, optimizer, is_writer=pg.rank == 0)
                 info["checkpoint_save_s"] = round(info.get("checkpoint_save_s", 0.0) + time.perf_counter() - began, 3)
             times_ms.append(step_ms)
             tps.append(tokens_per_s)

@@ -61,6 +61,11 @@ def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: l
         bad = [m.get("case") or "?" for m in comp.get("missing", []) if isinstance(m, dict)]
         if bad:
             failing.append(f"  ERROR {pair}: missing {_names(bad)}")
+    # Resumes (compare/resume.py): a broken or unjudged one fails the run whatever its losses.
+    bad_resumes = [r for r in (summary or {}).get("resumes", []) if not r.get("passed")]
+    for r in bad_resumes:
+        why = r.get("sentence") or r.get("error")
+        failing.append(f"  resume {r['framework']}/{r['case']} (from {r['resume_case']}): {why}")
     n_err = len(counts[VerdictClass.ERROR])
     compared = sum(len(v) for v in counts.values())
 
@@ -76,10 +81,11 @@ def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: l
         lines.append(f"FAIL: nothing was compared: no case ran on both the baseline {frameworks[0]} and another "
                      f"framework | {head}")
     elif len(frameworks) == 1:
-        word, code = ("OK", 0) if not failed_runs else ("FAIL", 1)
+        word, code = ("OK", 0) if not (failed_runs or bad_resumes) else ("FAIL", 1)
         lines.append(f"{word}: {frameworks[0]} only, nothing to compare against | {head}")
     else:
-        passed = run_passes(len(failed_runs), counts) and (summary or {}).get("passed") is not False
+        passed = run_passes(len(failed_runs), counts) and (summary or {}).get("passed") is not False \
+            and not bad_resumes
         word, code = ("PASS", 0) if passed else ("FAIL", 1)
         lines.append(f"{word}: {head}")
     lines += failing

@@ -220,3 +220,30 @@ def _shard_not_restored(uninterrupted: RunRecord, resumed: RunRecord, n: int) ->
         return ""
     return (f"at step {n + 1} rank(s) {', '.join(map(str, differ))} differ from the uninterrupted run while "
             f"rank(s) {', '.join(map(str, equal))} are bitwise equal: their part of the state was not restored")
+
+
+def resume_entry(framework: str, case: str, resume_case: str, verdict: ResumeVerdict | None = None,
+                 error: str | None = None) -> dict:
+    """One resume's line of summary.json's "resumes" section."""
+    entry = {"framework": framework, "case": case, "resume_case": resume_case}
+    if verdict is not None:
+        entry.update(verdict.to_json(), passed=verdict.passes)
+    else:
+        entry.update(verdict=None, error=error, passed=False)
+    return entry
+
+
+def add_to_summary(summary_path, entries: list[dict]) -> dict:
+    """summary.json gains a "resumes" section; the comparison's sections stay as written."""
+    import json
+    from pathlib import Path
+
+    from lockstep.fsutil import atomic_write
+
+    summary_path = Path(summary_path)
+    summary = json.loads(summary_path.read_text())
+    summary["resumes"] = entries
+    with atomic_write(summary_path, "w", what="run summary") as f:
+        json.dump(summary, f, indent=2, allow_nan=True)
+        f.write("\n")
+    return summary

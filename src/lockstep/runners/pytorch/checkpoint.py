@@ -73,6 +73,16 @@ class CheckpointPlan:
     save: SavePlan | None = None
     resume: ResumePlan | None = None
 
+    def clear_earlier_saves(self) -> None:
+        """Remove the step folders an earlier run of this case saved (unless this run resumes from
+        one of them): a resumed case must never load what another run left behind."""
+        if self.save is None:
+            return
+        root = Path(self.save.root)
+        if self.resume is not None and Path(self.resume.directory).parent == root:
+            return
+        shutil.rmtree(root, ignore_errors=True)
+
     def to_dict(self) -> dict:
         return {"save": vars(self.save) if self.save else None, "resume": vars(self.resume) if self.resume else None}
 

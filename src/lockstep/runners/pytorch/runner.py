@@ -88,6 +88,8 @@ class PyTorchRunner(FrameworkRunner):
 
         params_path = str(final_params_path(log_path)) if inputs.save_final_params else None
         checkpoints = inputs.extra.get("pytorch_checkpoints") or plan_for(case, log_path)
+        if checkpoints is not None:
+            checkpoints.clear_earlier_saves()  # a resume after a failed save must not find an older run's
         if case.world_size == 1:
             # One process: step 1 is recorded as it trains (several ranks capture after the run).
             return run_in_process(log_path, on_step, lambda emit, log: train_case(

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.outdir import (LOCK_NAME, RUN_SCHEMA, STATUS_FINISHED, OutDirError, check_out_dir, open_run_dir)
+from lockstep.outdir import (LOCK_NAME, REPORT_MARK, RUN_SCHEMA, STATUS_FINISHED, OutDirError, check_out_dir,
+                             open_run_dir)
 
 FRAMEWORKS = ["pytorch", "megatron", "repeats"]
 MOVED = r"\.moved-by-lockstep-\d{8}T\d{6}Z"
@@ -25,9 +26,12 @@ def lockstep_run_dir(path: Path) -> Path:
     (path / "pytorch" / "gpt2_1.log").write_text("step 1\n")
     (path / "run.json").write_text(json.dumps({"schema": RUN_SCHEMA, "status": "finished", "frameworks": ["pytorch"],
                                                "cases": [{"name": "gpt2_1"}]}))
-    (path / "summary.json").write_text('{"passed": true}\n')
+    (path / "summary.json").write_text('{"run_dir": "o", "baseline": "pytorch", "frameworks": ["pytorch"], '
+                                       '"passed": null, "comparisons": []}\n')
     (path / "report_files").mkdir()
-    (path / "report_files" / "gpt2_1.png").write_bytes(b"png")
+    (path / "report_files" / "gpt2_1.png").write_bytes(b"\x89PNG tEXtSoftware matplotlib, " + REPORT_MARK.encode())
+    (path / "report.html").write_text(f'<html><head><meta name="generator" content="{REPORT_MARK}"></head></html>\n')
+    (path / "report.md").write_text(f"# lockstep report: o\n\n<!-- written by lockstep ({REPORT_MARK}) -->\n")
     return path
 
 
@@ -144,6 +148,39 @@ def test_reusing_its_own_dir_removes_only_what_the_earlier_run_wrote(tmp_path):
         assert not (out / "repeats").exists()  # emptied, and it was lockstep's
         assert json.loads((out / "run.json").read_text())["moved_aside"] == [
             {"from": k, "to": v} for k, v in moved.items()]
+
+
+def test_reports_and_summary_it_did_not_write_are_moved_aside_not_deleted(tmp_path):
+    # issue 36, item 1: the user's own report.md / report.html in a run dir of lockstep's were deleted.
+    out = lockstep_run_dir(tmp_path / "o")
+    mine = {"report.md": "# my notes on the run\n", "report.html": "<p>my report</p>\n",
+            "summary.json": '{"passed": true}\n', "report_files/gpt2_1.png": "my plot"}
+    for name, text in mine.items():
+        (out / name).write_text(text)
+    with open_run_dir(out, FRAMEWORKS, {"cases": [{"name": "gpt2_1"}]}) as rd:
+        moved = {m.original: m.moved_to for m in rd.moved_aside}
+    assert sorted(moved) == sorted(mine)
+    for name, text in mine.items():
+        assert re.fullmatch(re.escape(name) + MOVED, moved[name])
+        assert (out / moved[name]).read_text() == text  # nothing lost
+        assert not (out / name).exists()  # out of this run's way
+    assert json.loads((out / "run.json").read_text())["moved_aside"] == [
+        {"from": k, "to": v} for k, v in moved.items()]
+
+
+def test_the_reports_lockstep_writes_carry_its_mark(tmp_path):
+    # Negative control of the test above: lockstep's own reports are recognised, so they are cleared.
+    from lockstep.outdir import is_lockstep_output
+    from lockstep.report.html import render_html
+    from lockstep.report.markdown import render_markdown
+    from lockstep.report.data import ReportData
+
+    data = ReportData(tmp_path, "pytorch", ["pytorch"])
+    for name, text in (("report.html", render_html(data, {})), ("report.md", render_markdown(data, {}))):
+        (tmp_path / name).write_text(text)
+        assert is_lockstep_output(tmp_path / name)
+        (tmp_path / name).write_text(text.replace(REPORT_MARK, "lockstep.report/0"))
+        assert not is_lockstep_output(tmp_path / name)
 
 
 def test_a_held_lock_refuses_the_second_run_and_touches_nothing(tmp_path):

@@ -42,11 +42,18 @@ LOCK_NAME = ".lockstep.lock"
 # only these are cleared when a lockstep run directory is reused.
 RUN_OUTPUT_FILES = ("summary.json", "report.html", "report.md")
 RUN_OUTPUT_DIRS = ("report_files",)
+# How lockstep knows these files for its own when a run reuses the directory (a user's file of
+# the same name is moved aside, never deleted): the reports carry REPORT_MARK (report.html in its
+# <head>, report.md in its last line), their plots carry it as the PNG's "Software" text chunk, and
+# summary.json is a JSON object with the keys compare_run_dir writes.
+REPORT_MARK = "lockstep.report/1"
+SUMMARY_KEYS = ("run_dir", "baseline", "frameworks", "comparisons")
 # What a run writes per case inside a framework directory (`<case>.save`: InfiniTrain's own
 # checkpoint, made to read its final parameters back; `.certificate.json`: the pair's step-1
 # certificate), in step1/<framework>/ (`<case>.npz`, the captures, and work/, what a capture
-# run wrote on the way) and in evidence/ (`<case>.fp64.jsonl`).
-CASE_OUTPUT_SUFFIXES = (".log", ".jsonl", ".final.npz", ".certificate.json", ".npz", ".fp64.jsonl")
+# run wrote on the way) and in evidence/ (`<case>.fp64.jsonl`); `<case>.log.partial` is the log of a
+# case that was stopped before it ended (runners/base.py).
+CASE_OUTPUT_SUFFIXES = (".log", ".jsonl", ".final.npz", ".certificate.json", ".npz", ".fp64.jsonl", ".log.partial")
 CASE_OUTPUT_DIR_SUFFIX = ".save"
 CAPTURE_WORK_DIR = "work"
 
@@ -313,12 +320,17 @@ def _clear_earlier_outputs(out: Path, framework_dirs: list[str], earlier: dict, 
     moved: list[MovedAside] = []
     try:
         for name in RUN_OUTPUT_FILES:
-            if (out / name).is_file() and not (out / name).is_symlink():
-                (out / name).unlink()
+            path = out / name
+            if path.is_file() and not path.is_symlink() and is_lockstep_output(path):
+                path.unlink()
+            elif os.path.lexists(path):  # a user's file of that name: this run would write over it
+                moved.append(MovedAside(name, _move(out, path, stamp)))
         images = out / RUN_OUTPUT_DIRS[0]
         if images.is_dir() and not images.is_symlink():
             for case in cases:
-                (images / report_image_name(case)).unlink(missing_ok=True)
+                path = images / report_image_name(case)
+                if path.is_file() and not path.is_symlink() and is_lockstep_output(path):
+                    path.unlink()
             for case in coming_cases:  # a plot this run would write over
                 if os.path.lexists(images / report_image_name(case)):
                     path = images / report_image_name(case)
@@ -330,6 +342,27 @@ def _clear_earlier_outputs(out: Path, framework_dirs: list[str], earlier: dict, 
     except OSError as e:
         raise OutDirError(f"{e.filename or out}: cannot clear the earlier run's outputs ({os_problem(e)})") from None
     return moved
+
+
+def is_lockstep_output(path: Path) -> bool:
+    """Whether a file at the top of a run directory (or one of its report plots) is one lockstep
+    wrote, by its content: a user's report.md or summary.json of the same name is not."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            tail = f.read()
+    except OSError:
+        return False
+    if path.name == "summary.json":
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(doc, dict) and all(k in doc for k in SUMMARY_KEYS)
+    mark = REPORT_MARK.encode()
+    return mark in head or mark in tail
 
 
 def _clear_tree(out: Path, top: Path, cases: list[str], frameworks: set[str], stamp: str) -> list[MovedAside]:

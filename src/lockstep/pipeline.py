@@ -197,7 +197,8 @@ def run_pipeline(request: RunRequest, *, options: CompareOptions | None = None, 
         if outputs.junit is not None:
             from lockstep.report.junit import cases_from_comparisons, write_junit
 
-            write_junit(outputs.junit, cases_from_comparisons(result.summary.get("comparisons", [])))
+            write_junit(outputs.junit, cases_from_comparisons(result.summary.get("comparisons", []),
+                                                              nothing_compared_is_error=not result.summary.get("determinism")))
             result.junit_path = Path(outputs.junit)
         # One account of the run's time, frozen here: run.json, the report and the terminal show it.
         result.timing = timing.to_json(result.outcomes)

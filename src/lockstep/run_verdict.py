@@ -69,7 +69,8 @@ def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: l
     n_err = len(counts[VerdictClass.ERROR])
     compared = sum(len(v) for v in counts.values())
 
-    head = ", ".join(f"{len(counts[c])} {c.value}" for c in VerdictClass if c is not VerdictClass.ERROR) + \
+    head = ", ".join(f"{len(counts[c])} {c.value}" for c in VerdictClass if c is not VerdictClass.ERROR
+                     and (c is not VerdictClass.NOT_COMPARABLE or counts[c])) + \
         f", {_plural(n_err, 'error')} | {_plural(len(failed_runs), 'failed run')} | {len(skipped)} skipped"
     lines: list[str] = []
     if not ran:
@@ -80,9 +81,19 @@ def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: l
         word, code = "FAIL", 1
         lines.append(f"FAIL: nothing was compared: no case ran on both the baseline {frameworks[0]} and another "
                      f"framework | {head}")
-    elif len(frameworks) == 1:
+    elif len(frameworks) == 1 and (summary or {}).get("determinism"):
+        # One framework run several times (--repeat): its repeats were compared with each other.
         word, code = ("OK", 0) if not (failed_runs or bad_resumes) else ("FAIL", 1)
-        lines.append(f"{word}: {frameworks[0]} only, nothing to compare against | {head}")
+        lines.append(f"{word}: {frameworks[0]} only, its repeats compared with each other | {head}")
+    elif len(frameworks) == 1 and (summary or {}).get("resumes"):
+        # One framework's resumes were compared with the runs that saved them (compare/resume.py).
+        word, code = ("OK", 0) if not (failed_runs or bad_resumes) else ("FAIL", 1)
+        lines.append(f"{word}: {frameworks[0]} only, its resumes compared with the runs that saved them | {head}")
+    elif len(frameworks) == 1:
+        # Nothing was compared, so nothing was shown to agree: not a pass (docs/reference/comparison.md, Exit status).
+        word, code = "FAIL", 1
+        lines.append(f"FAIL: nothing was compared: {frameworks[0]} ran alone; name a framework to compare it with "
+                     f"(--frameworks {frameworks[0]},megatron) or --repeat N to compare its repeats | {head}")
     else:
         passed = run_passes(len(failed_runs), counts) and (summary or {}).get("passed") is not False \
             and not bad_resumes

@@ -43,9 +43,9 @@ def test_the_run_ends_with_the_verdict_and_where_everything_is(capsys, tmp_path,
     rc, out, err = run_cli(capsys, "--cases", "gpt2_1,gpt2_3", "--frameworks", "pytorch", "--steps", "2",
                            "--llmc", str(tiny_checkpoint), "--data", str(tiny_shakespeare_train),
                            "--device", "cpu", "--out", str(out_dir))
-    assert rc == 0, err
+    assert rc == 1, err  # one framework: nothing compared, nothing proven
     tail = out.strip().splitlines()[-3:]
-    assert tail[0] == "OK: pytorch only, nothing to compare against | 0 PASS, 0 PASS within logging precision, 0 FAIL, 0 FAIL unexplained, 0 errors | 0 failed runs | 1 skipped"
+    assert tail[0] == "FAIL: nothing was compared: pytorch ran alone; name a framework to compare it with (--frameworks pytorch,megatron) or --repeat N to compare its repeats | 0 PASS, 0 PASS within logging precision, 0 FAIL, 0 FAIL unexplained, 0 errors | 0 failed runs | 1 skipped"
     assert tail[1].startswith("  skipped (1): needs 8 devices") and tail[1].endswith(": pytorch/gpt2_3")
     assert tail[2] == (f"  report: {out_dir / 'report.html'}, {out_dir / 'report.md'} | "
                        f"summary: {out_dir / 'summary.json'} | run: {out_dir / 'run.json'}")
@@ -58,7 +58,7 @@ def test_the_run_ends_with_the_verdict_and_where_everything_is(capsys, tmp_path,
     rc, out, err = run_cli(capsys, "--cases", "gpt2_1", "--frameworks", "pytorch", "--steps", "1",
                            "--llmc", str(tiny_checkpoint), "--data", str(tiny_shakespeare_train),
                            "--device", "cpu", "--out", str(out_dir), "--no-report")
-    assert rc == 0, err
+    assert rc == 1, err  # pytorch alone: nothing compared
     names = sorted(p.name for p in (out_dir / "pytorch").iterdir())
     assert names[:3] == ["gpt2_1.jsonl", "gpt2_1.log", "notes.txt"] and len(names) == 4
     assert re.fullmatch(r"stale\.jsonl\.moved-by-lockstep-\d{8}T\d{6}Z", names[3])
@@ -143,7 +143,7 @@ def test_force_writes_into_a_foreign_directory_and_keeps_its_files(capsys, tmp_p
     rc, out, err = run_cli(capsys, "--cases", "gpt2_1", "--frameworks", "pytorch", "--steps", "1", "--force",
                            "--llmc", str(tiny_checkpoint), "--data", str(tiny_shakespeare_train),
                            "--device", "cpu", "--out", str(out_dir), "--no-report")
-    assert rc == 0, err
+    assert rc == 1 and "FAIL: nothing was compared: pytorch ran alone" in out, err
     assert (out_dir / "thesis.tex").read_text() == "keep me" and (out_dir / "pytorch" / "gpt2_1.jsonl").is_file()
 
 
@@ -165,7 +165,7 @@ def test_another_tools_folder_is_refused_and_with_force_moved_aside_not_deleted(
     assert sorted(p.name for p in out_dir.rglob("*")) == ["model.pt", "pytorch", "run.json"]
 
     rc, out, err = run_cli(capsys, *args, "--force")
-    assert rc == 0, err
+    assert rc == 1 and "FAIL: nothing was compared: pytorch ran alone" in out, err  # written all the same
     manifest = json.loads((out_dir / "run.json").read_text())
     moved = {m["from"]: m["to"] for m in manifest["moved_aside"]}
     assert sorted(moved) == ["pytorch", "run.json"] and manifest["schema"] == "lockstep.run/1"

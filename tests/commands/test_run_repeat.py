@@ -54,20 +54,21 @@ def test_gpt2_tiny_pytorch_repeat_2_is_bitwise_identical(tmp_path, capsys, tiny_
     assert junit.is_file()
 
 
-def test_unwritable_history_keeps_the_run_and_fails_the_exit_code(tmp_path, capsys, tiny_checkpoint, random_tokens):
+def test_unusable_history_is_refused_before_any_case_trains(tmp_path, capsys, tiny_checkpoint, random_tokens):
+    # Every output is checked before the first case (issue 36, item 3): a history file that is not
+    # lockstep's database stops the run before it trains, naming the file; no out dir is left.
     bad = tmp_path / "history.sqlite"
     bad.write_bytes(b"not a database" * 100)
     out = tmp_path / "out"
     rc = main(["run", "--frameworks", "pytorch", "--cases", "gpt2_1", "--steps", "2", "--llmc", str(tiny_checkpoint),
                "--data", str(random_tokens), "--device", "cpu", "--out", str(out), "--no-report", "--history", str(bad)])
-    stdout, _ = capsys.readouterr()
-    assert rc == 1 and (out / "summary.json").is_file() and read_run_record(out / "pytorch" / "gpt2_1.jsonl").ok
-    assert f"history not written: {bad}: cannot use it as the lockstep history database (SQLite: file is not a" \
-           in " ".join(stdout.split())
+    _, stderr = capsys.readouterr()
+    assert rc == 1 and not out.exists()
+    assert f"{bad}: cannot use it as the lockstep history database (SQLite: file is not a" in " ".join(stderr.split())
 
 
 def test_no_history_appends_nothing(tmp_path, capsys, tiny_checkpoint, random_tokens, private_history):
     rc = main(["run", "--frameworks", "pytorch", "--cases", "gpt2_1", "--steps", "2", "--llmc", str(tiny_checkpoint),
                "--data", str(random_tokens), "--device", "cpu", "--out", str(tmp_path / "out"), "--no-report",
                "--no-history"])
-    assert rc == 0 and not private_history.exists()
+    assert rc == 1 and not private_history.exists()  # rc 1: pytorch alone compared nothing

@@ -97,7 +97,7 @@ def test_sigterm_stops_torchrun_and_its_workers_and_marks_nothing_passed(tmp_pat
     proc = start_run(tmp_path, tiny_checkpoint, tiny_shakespeare_train, dp=2, out=out)
     tree: dict[int, str] = {}
     try:
-        wait_for_first_step(proc, out / "pytorch" / "long_dp2.log")
+        wait_for_first_step(proc, out / "pytorch" / "long_dp2.log.partial")
         tree = descendants(proc.pid)
         assert len(tree) >= 3, tree  # torchrun and its two workers (at least)
         proc.send_signal(signal.SIGTERM)
@@ -134,7 +134,7 @@ def test_sigterm_stops_an_infinitrain_subprocess_and_what_it_started(tmp_path, t
                             env={**os.environ, "PYTHONPATH": str(SRC)}, start_new_session=True)
     tree: dict[int, str] = {}
     try:
-        wait_for_first_step(proc, out / "infinitrain" / "gpt2_1.log", timeout_s=60)
+        wait_for_first_step(proc, out / "infinitrain" / "gpt2_1.log.partial", timeout_s=60)
         tree = descendants(proc.pid)
         assert len(tree) >= 3, tree  # the shell and its two sleeps
         proc.send_signal(signal.SIGTERM)
@@ -151,7 +151,7 @@ def test_second_run_into_the_same_out_is_refused_and_sighup_stops_the_first(tmp_
     out = tmp_path / "out"
     first = start_run(tmp_path, tiny_checkpoint, tiny_shakespeare_train, dp=1, out=out)
     try:
-        wait_for_first_step(first, out / "pytorch" / "long_dp1.log")
+        wait_for_first_step(first, out / "pytorch" / "long_dp1.log.partial")
         first.send_signal(signal.SIGSTOP)  # frozen, so that any change below is the second run's
         before = sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in out.rglob("*"))
         rc = main(["run", "--cases", "gpt2_1", "--frameworks", "pytorch", "--llmc", str(tiny_checkpoint),
@@ -171,6 +171,46 @@ def test_second_run_into_the_same_out_is_refused_and_sighup_stops_the_first(tmp_
     assert rc_first == 128 + signal.SIGHUP
     assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
     assert not (out / "pytorch" / "long_dp1.jsonl").exists()
+
+
+def test_ctrl_c_leaves_no_partial_log_under_its_final_name_and_report_marks_the_case_interrupted(
+        tmp_path, tiny_checkpoint, tiny_shakespeare_train, capsys):
+    # issue 36, item 9: after Ctrl-C, `pytorch/gpt2_2.log` held only its header line and
+    # `lockstep report` of the directory exited 1 ("report is incomplete").
+    matrix = tmp_path / "m.toml"
+    matrix.write_text("".join(
+        f'[[case]]\nname = "{name}"\nmodel = "gpt2"\ndtype = "float32"\nmicro_batch = 2\nseq_len = 32\n'
+        f'total_batch = 64\nsteps = {steps}\nlr = 1e-4\n' for name, steps in (("short", 2), ("long", 400))))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "lockstep", "run", "--matrix", str(matrix), "--frameworks", "pytorch", "--llmc",
+           str(tiny_checkpoint), "--data", str(tiny_shakespeare_train), "--device", "cpu", "--out", str(out),
+           "--no-report", "--no-persistent-workers"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "stderr.txt", "w"),
+                            env={**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        wait_for_first_step(proc, out / "pytorch" / "long.log.partial")
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        rc = proc.wait(timeout=60)
+    finally:
+        kill_everything(proc, {})
+    assert rc == 130, (tmp_path / "stderr.txt").read_text()
+    names = sorted(p.name for p in (out / "pytorch").iterdir())
+    assert names == ["long.log.partial", "short.jsonl", "short.log"]  # no long.log, no long.jsonl
+    assert STEP_LINE.search((out / "pytorch" / "short.log").read_text())  # the finished case's log, renamed
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+
+    assert main(["report", str(out), "--no-history"]) == 0
+    said = capsys.readouterr()
+    line = ("INTERRUPTED: the run was stopped before it ended; this report covers the cases that finished, "
+            "1 (case, framework) pair(s) did not: pytorch/long.")
+    assert line in said.out and "incomplete" not in said.err
+    md = (out / "report.md").read_text()
+    assert f"**{line}**" in md and "### short" in md and "not run: pytorch interrupted before it finished" in md
+    # A later run into the directory clears the stopped case's partial log with the rest of its outputs.
+    from lockstep.outdir import open_run_dir
+
+    with open_run_dir(out, ["pytorch"], {"cases": []}) as rd:
+        assert rd.moved_aside == [] and not (out / "pytorch").exists()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])

@@ -34,6 +34,45 @@ def test_pytorch_vs_megatron_from_the_command_line(inputs, tmp_path, capsys):
     assert verdict["findings"] == [] and verdict["first_diverging_module"] is None
     assert {r["kind"] for r in verdict["ranked"]} == {"forward", "gradient"}
     assert max(r["rel_error"] for r in verdict["ranked"]) < 1e-6
+    # issue 36, item 18: the captures kept ~210 MB of whole tensors for this 5M-parameter model;
+    # once the verdict is written they hold only sketches (every tensor still named), ~1 MB.
+    from lockstep.formats.step_capture import StepCapture
+
+    kept = sorted((tmp_path / "diagnose").glob("*.npz"))
+    assert [p.name for p in kept] == ["megatron_gpt2_1_step1.npz", "pytorch_gpt2_1_step1.npz"]
+    assert "step-1 captures kept as sketches:" in out and "--keep-tensors keeps them whole" in out
+    for path in kept:
+        assert path.stat().st_size < 2_000_000, path.stat().st_size
+        capture = StepCapture.load(path)
+        assert not capture.grads and not capture.forward and not capture.output_grads
+        assert len(capture.names("grad")) == 28 and len(capture.names("fwd")) == 16
+        assert {r["tensor"] for r in verdict["ranked"] if r["kind"] == "gradient"} <= set(capture.names("grad"))
+
+
+def test_keep_sketches_only_replaces_whole_tensors_by_their_sketches(tmp_path):
+    """What a diagnose keeps by default, on a capture of whole tensors; `--keep-tensors` (the
+    negative control: the capture as written) keeps them whole."""
+    from lockstep.capture.request import make_sketch
+    from lockstep.diagnose.run import keep_sketches_only
+    from lockstep.formats.step_capture import StepCapture
+
+    rng = np.random.default_rng(1)
+    grads = {"wte": rng.standard_normal((500, 96)).astype(np.float32), "lnfb": rng.standard_normal(96).astype(np.float32)}
+    forward = {"embedding": rng.standard_normal((4, 64, 96)).astype(np.float32)}
+    path = tmp_path / "pytorch_gpt2_1_step1.npz"
+    StepCapture("pytorch", loss=10.9, forward=forward, forward_order=["embedding"], grads=grads,
+                token_losses=np.ones((1, 8), np.float32)).save(path)
+    whole = path.stat().st_size
+    assert set(StepCapture.load(path).grads) == {"wte", "lnfb"}  # as written: whole
+    keep_sketches_only(path)
+    slim = StepCapture.load(path)
+    assert path.stat().st_size < whole / 4 and not slim.grads and not slim.forward
+    assert slim.loss == 10.9 and slim.forward_order == ["embedding"] and slim.token_losses.shape == (1, 8)
+    for kind, tensors in (("grad", grads), ("fwd", forward)):
+        for name, array in tensors.items():
+            expected, got = make_sketch(array), slim.sketch(kind, name)
+            assert got.shape == array.shape and got.norm == expected.norm
+            assert np.array_equal(got.values, expected.values)
 
 
 def test_the_reference_beside_the_other_framework_finds_a_planted_defect(inputs, tmp_path, capsys, monkeypatch):

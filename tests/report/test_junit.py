@@ -93,3 +93,33 @@ def test_junit_follows_the_strict_schema_layout(tmp_path):
             assert sum(child.tag in ("skipped", "error", "failure") for child in tc) <= 1
     assert int(root.get("tests")) == sum(int(s.get("tests")) for s in root)
     assert "max_abs_diff: 3.000e-08" in root.find(".//testcase[@name='a'][@classname='lockstep.megatron']/system-out").text
+
+
+def test_a_one_framework_run_compared_nothing_so_it_exits_1_and_junit_says_so(tmp_path, capsys, tiny_checkpoint,
+                                                                               tiny_shakespeare_train):
+    # issue 36, item 10: a pytorch-only run with --junit wrote tests="0" and exited 0.
+    junit = tmp_path / "junit.xml"
+    rc = main(["run", "--frameworks", "pytorch", "--cases", "gpt2_1", "--steps", "1", "--llmc", str(tiny_checkpoint),
+               "--data", str(tiny_shakespeare_train), "--device", "cpu", "--no-certify", "--no-report",
+               "--out", str(tmp_path / "o"), "--junit", str(junit)])
+    out = " ".join(capsys.readouterr().out.split())
+    assert rc == 1
+    assert ("FAIL: nothing was compared: pytorch ran alone; name a framework to compare it with "
+            "(--frameworks pytorch,megatron) or --repeat N to compare its repeats") in out
+    root = ET.parse(junit).getroot()
+    assert (root.get("tests"), root.get("errors"), root.get("failures")) == ("1", "1", "0")
+    error = root.find("testsuite/testcase/error")
+    assert error.get("message") == ("nothing was compared: one framework ran alone: no test framework was compared "
+                                    "with the baseline")
+
+
+def test_junit_of_a_comparison_that_judged_something_has_no_nothing_compared_error(tmp_path):
+    # Negative control of the test above, and the other way to compare nothing: every pair skipped.
+    summary = compare_run_dir(make_run(tmp_path / "run"), "pytorch")
+    assert all(c.name != "(comparison)" for c in cases_from_comparisons(summary["comparisons"]))
+    skipped_only = [{"baseline_framework": "pytorch", "test_framework": "megatron", "cases": [],
+                     "skipped": [{"case": "a", "reason": "BF16 on CPU"}]}]
+    cases = cases_from_comparisons(skipped_only)
+    assert [(c.name, c.outcome) for c in cases] == [("a", "skipped"), ("(comparison)", "error")]
+    assert cases[-1].message == "nothing was compared: no case ran on both the baseline and a test framework"
+    assert cases_from_comparisons([], nothing_compared_is_error=False) == []

@@ -113,3 +113,42 @@ def test_where_the_time_went(tmp_path):
     manifest.pop("timing")
     (run / "run.json").write_text(json.dumps(manifest))
     assert "Where the time went" not in write_report(run)[1].read_text()  # an older run says nothing
+
+
+def test_the_step1_certificates_are_in_both_reports(tmp_path):
+    # issue 36, item 13: the terminal showed each pair's certificate, report.html and report.md did not.
+    from lockstep.certify.certificate import Certificate, certificate_path, write_certificate
+    from lockstep.certify.classify import GRADIENT_ONLY, Finding
+    from lockstep.certify.tensors import FORWARD, GRADIENT, TensorDiff
+
+    run = make_run(tmp_path / "run", {"name": "gpt2-tiny", **TINY})
+    worst = {"forward": TensorDiff("lnf", FORWARD, 1e-7, 3.2e-7, 1.0, 8.0, (4, 64, 96)),
+             "gradient": TensorDiff("wte", GRADIENT, 1e-9, 4.5e-7, 1.0, 2.0, (50304, 96))}
+    write_certificate(certificate_path(run / "megatron", "gpt2_1"), Certificate(
+        "gpt2_1", "pytorch", "megatron", tolerance=1e-5, worst=worst, compared={"forward": 27, "gradient": 26}))
+    ln1b = TensorDiff("ln1b[0]", GRADIENT, 1e-3, 2.0e-2, 0.99, 1.0, (96,))
+    write_certificate(certificate_path(run / "megatron", "gpt2_2"), Certificate(
+        "gpt2_2", "pytorch", "megatron", tolerance=1e-5, worst={**worst, "gradient": ln1b},
+        compared={"forward": 27, "gradient": 26},
+        findings=[Finding(GRADIENT_ONLY, "ln1b[0]", "gradient of ln1b[0] only: the backward kernel of ln1[0]")]))
+    data = gather(run)
+    rows = {(r[0], r[1]): r[2:] for r in tables.certificate_rows(data)}
+    assert rows == {
+        ("megatron", "gpt2_1"): ["holds", "27 forward, 26 gradient", "forward 3.2e-07 (lnf); gradient 4.5e-07 (wte)",
+                                 "1e-05", "none"],
+        ("megatron", "gpt2_2"): ["differs", "27 forward, 26 gradient",
+                                 "forward 3.2e-07 (lnf); gradient 2.0e-02 (ln1b[0])", "1e-05",
+                                 "gradient of ln1b[0] only: the backward kernel of ln1[0]"]}
+    html_path, md_path = write_report(run, history_path=None, data=data)
+    html, md = html_path.read_text(), md_path.read_text()
+    assert "<h2>Step-1 certificates</h2>" in html and "## Step-1 certificates" in md
+    for text in (html, md):
+        assert "gradient of ln1b[0] only: the backward kernel of ln1[0]" in text
+        assert "gradient 2.0e-02 (ln1b[0])" in text and "gradient 4.5e-07 (wte)" in text
+    # Negative control: a run without certificates (--no-certify) has no such section.
+    for cert in run.glob("megatron/*.certificate.json"):
+        cert.unlink()
+    data = gather(run)
+    assert tables.certificate_rows(data) == []
+    html_path, md_path = write_report(run, history_path=None, data=data)
+    assert "Step-1 certificates" not in html_path.read_text() and "Step-1 certificates" not in md_path.read_text()

@@ -167,6 +167,8 @@ def _verdict_label(c: CaseVerdict) -> str:
     verdict = c.verdict
     if verdict is VerdictClass.ERROR:
         return "[bold yellow]ERROR[/]"
+    if verdict is VerdictClass.NOT_COMPARABLE:
+        return "[bold yellow]not comparable[/]"
     if c.throughput_passed is False and c.loss_passed:
         return "[bold red]FAIL (tok/s)[/]"
     return f"[bold {'green' if verdict.passes else 'red'}]{verdict.value}[/]"
@@ -251,12 +253,25 @@ def print_report(console: Console, report: ComparisonReport) -> None:
         console.print(f"[yellow]missing:[/] {escape(m.message)}")
     for case, reason in sorted(report.skipped.items()):
         console.print(f"[dim]skipped: {escape(case)} ({escape(reason)})[/]")
-    from lockstep.diagnose import hint
-
     for c in report.cases:
         if c.verdict in (VerdictClass.FAIL, VerdictClass.FAIL_UNEXPLAINED):
-            base, test = c.baseline.framework or "BASE", c.test.framework or "TEST"
-            console.print(f"where they part on {escape(c.case)}: {escape(hint(c.case, base, test))} "
-                          "[dim](with --model/--llmc/--data of the run, or RUN_DIR)[/]")
+            console.print(f"where they part on {escape(c.case)}: {escape(diagnose_suggestion(c))}")
     style = "bold green" if report.passed else "bold red"
     console.print(f"[{style}]{escape(report.summary_line())}[/]")
+
+
+def diagnose_suggestion(c: CaseVerdict) -> str:
+    """How to find where the two sides of a failing case part: a `lockstep diagnose` command that
+    can run (two different frameworks of lockstep's, the bare case name), else what to look at."""
+    from lockstep.compare.pairing import bare_case_name
+    from lockstep.diagnose import hint
+    from lockstep.runners import RUNNERS
+
+    base, test, case = c.baseline.framework, c.test.framework, bare_case_name(c.case)
+    if base in RUNNERS and test in RUNNERS and base != test:
+        return f"{hint(case, base, test)} (with --model/--llmc/--data of the run, or its RUN_DIR)"
+    if base and base == test:
+        return (f"both sides are {base}, and diagnose compares two frameworks: compare the two runs' run.json and "
+                f"the records' meta (versions, device, command) to see what changed between them")
+    return (f"diagnose runs lockstep's own frameworks ({', '.join(RUNNERS)}), and this pair is "
+            f"{base or 'unknown'} vs {test or 'unknown'}: rerun the case with `lockstep run` to diagnose it")

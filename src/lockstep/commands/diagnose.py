@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 
 from lockstep.commands.arguments import split_list
@@ -32,6 +34,13 @@ def add_parser(sub) -> None:
     p.add_argument("--infinitrain-build", help="InfiniTrain build dir (or LOCKSTEP_INFINITRAIN_BUILD)")
     p.add_argument("--drift-steps", type=int, default=5, help="steps per lr of the drift runs (default 5)")
     p.add_argument("--no-drift", action="store_true", help="skip the loss drift at lr 1e-12, 1e-5 and the case's lr")
+    p.add_argument("--keep-tensors", action="store_true",
+                   help="keep the step-1 captures' whole tensors in OUT/diagnose/*.npz (default: only their sketches "
+                        "and norms once the verdict is written, a few MB instead of hundreds)")
+    p.add_argument("--history", type=Path, default=None, metavar="FILE",
+                   help="with RUN_DIR: history database whose trends the rewritten report.html shows (default: as "
+                        "`lockstep report`, $LOCKSTEP_HISTORY, else the user's data dir)")
+    p.add_argument("--no-history", action="store_true", help="with RUN_DIR: the rewritten report has no history section")
     p.set_defaults(handler=run)
 
 
@@ -44,19 +53,29 @@ def run(args) -> int:
                           matrix=args.matrix, model=args.model, llmc=args.llmc, data=args.data, text=args.text,
                           device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
                           infinitrain_build=args.infinitrain_build, drift=not args.no_drift,
-                          drift_steps=args.drift_steps)
+                          drift_steps=args.drift_steps, keep_tensors=args.keep_tensors)
     plan = plan_diagnose(req)
     console.print(f"diagnose {plan.case.name} ({plan.case.dtype} {plan.case.parallel_label}, {plan.inputs.model_name}) | "
                   f"{', '.join(plan.frameworks[1:])} vs {plan.frameworks[0]} | device {plan.inputs.device} | "
                   f"out {plan.out_dir}", highlight=False)
     verdicts = run_diagnose(plan, drift=req.drift, drift_steps=req.drift_steps,
-                            say=lambda text: console.print(f"[dim]{text}[/dim]", highlight=False))
+                            say=lambda text: console.print(f"[dim]{text}[/dim]", highlight=False),
+                            keep_tensors=req.keep_tensors)
     for v in verdicts:
         print_verdict(console, v.to_json())
         console.print(f"verdict: {verdict_path(plan.out_dir, v)}")
     if plan.run_dir is not None and run_manifest_path(plan.run_dir).is_file():
-        from lockstep.report import write_report
+        from lockstep.commands.ci_options import history_path
 
-        html, _ = write_report(plan.run_dir, baseline_framework=plan.frameworks[0])
+        html = rewrite_report(plan.run_dir, plan.frameworks[0], history_path(args))
         console.print(f"report (with a diagnose section): {html}")
     return 1 if any(v.findings for v in verdicts) else 0
+
+
+def rewrite_report(run_dir: Path, baseline: str, history: Path | None) -> Path:
+    """The run's report again, now with the diagnose section, and with everything else it had: the
+    History section too (it was left out when diagnose rewrote it without the history database)."""
+    from lockstep.report import write_report
+
+    html, _ = write_report(run_dir, baseline_framework=baseline, history_path=history)
+    return html

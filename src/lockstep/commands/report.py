@@ -40,6 +40,11 @@ def run(args: argparse.Namespace) -> int:
     html_path, md_path = write_report(args.run_dir, args.baseline, options, history_path=history_path(args), data=data)
     print(f"wrote {html_path}")
     print(f"wrote {md_path}")
+    from lockstep.report.tables import interrupted_line
+
+    line = interrupted_line(data)
+    if line:  # what finished is reported whole; the rest is marked, not an unreadable file
+        print(line)
     unreadable = data.unreadable_files()
     if unreadable:
         # The report of the rest is still worth having; the exit status must not call it whole.

@@ -65,7 +65,8 @@ class ComparisonReport:
     @property
     def counts(self) -> dict[str, int]:
         return {"passed": sum(c.passed for c in self.cases),
-                "failed": sum(c.error is None and not c.passed for c in self.cases),
+                "failed": sum(c.error is None and c.not_comparable is None and not c.passed for c in self.cases),
+                "not_comparable": sum(c.not_comparable is not None and c.error is None for c in self.cases),
                 "missing": len(self.missing),
                 "errors": len(self.errors),
                 "skipped": len(self.skipped)}
@@ -78,6 +79,7 @@ class ComparisonReport:
     def summary_line(self) -> str:
         n = self.counts
         line = f"{n['passed']} passed, {n['failed']} failed, {n['missing']} missing, {n['errors']} errors"
+        line += f", {n['not_comparable']} not comparable" if n["not_comparable"] else ""
         return line + (f", {n['skipped']} skipped" if n["skipped"] else "")
 
     def to_json(self) -> dict:

@@ -31,6 +31,8 @@ IGNORED_FILE_PATTERNS = ("build*", "ctest_*", "*_profile.log", "run_metadata.*",
 # captures the step-1 certificates are made from; <out>/evidence/<case>.fp64.jsonl, the policy's
 # FP64 reference runs; diagnose/, `lockstep diagnose`'s outputs.
 STEP1_DIR, EVIDENCE_DIR, DIAGNOSE_DIR = "step1", "evidence", "diagnose"
+# `lockstep run --repeat N` writes repeats 2..N under repeats/<k>/<framework>/ (determinism.py).
+REPEATS_DIR = "repeats"
 IGNORED_DIR_PATTERNS = ("build*", "report_files", ".*", "__pycache__", f"*{MOVED_ASIDE_MARK}*", STEP1_DIR, EVIDENCE_DIR,
                         DIAGNOSE_DIR)
 
@@ -84,13 +86,28 @@ def collect_cases(path: str | os.PathLike) -> CaseTree:
         raise FormatError(root, "no such file or directory")
     if is_run_dir(root):
         tree = CaseTree(root, is_run_dir=True)
-        for fw_dir in sorted(p for p in root.iterdir() if p.is_dir() and not _ignored_dir(p.name)):
+        for fw_dir, label in _run_dir_framework_dirs(root):
             sub = _walk(fw_dir, CaseTree(fw_dir))
-            tree.files.update({f"{fw_dir.name}/{c}": CaseFile(f"{fw_dir.name}/{c}", f.path) for c, f in sub.files.items()})
-            tree.conflicts.update({f"{fw_dir.name}/{c}": paths for c, paths in sub.conflicts.items()})
+            tree.files.update({f"{label}/{c}": CaseFile(f"{label}/{c}", f.path) for c, f in sub.files.items()})
+            tree.conflicts.update({f"{label}/{c}": paths for c, paths in sub.conflicts.items()})
             tree.unreadable += sub.unreadable
         return tree
     return _walk(root, CaseTree(root))
+
+
+def _run_dir_framework_dirs(root: Path) -> list[tuple[Path, str]]:
+    """(directory, how its cases are named) for every framework directory of a run dir; with
+    `--repeat N`, repeat k's (`repeats/<k>/<framework>/`) are named `repeats/<k>/<framework>`, so
+    that each repeat of a case is paired with the same repeat of the other run, never taken for a
+    second file of the case."""
+    out = [(p, p.name) for p in sorted(root.iterdir()) if p.is_dir() and not _ignored_dir(p.name)
+           and p.name != REPEATS_DIR]
+    repeats = root / REPEATS_DIR
+    if repeats.is_dir() and not repeats.is_symlink():
+        for k in sorted((p for p in repeats.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)):
+            out += [(p, f"{REPEATS_DIR}/{k.name}/{p.name}") for p in sorted(k.iterdir())
+                    if p.is_dir() and not _ignored_dir(p.name)]
+    return out
 
 
 def _ignored_dir(name: str) -> bool:

@@ -14,6 +14,8 @@
     the amplification of last-bit differences by Adam, shown by evidence (certificate holds,
     step-1 loss equal, the test no farther from an FP64 reference than the FP32 reference is);
   * FAIL unexplained: the loss parts and nothing above explains it (say so, and how to look);
+  * not comparable: the two records trained from different inputs (initial weights, tokens,
+    lr, batch, steps: compare/inputs.py), so their losses say nothing about the frameworks;
   * ERROR: the pair could not be compared (a file, a missing step).
   A threshold is never loosened: a PASS within logging precision needs both the computed bound
   and a certificate that holds.
@@ -48,6 +50,9 @@ class VerdictClass(str, Enum):
     PASS_WITHIN_PRECISION = "PASS within logging precision"
     FAIL = "FAIL"
     FAIL_UNEXPLAINED = "FAIL unexplained"
+    # The two records trained from different inputs (weights, tokens, hyper-parameters, steps):
+    # no verdict on the frameworks, never a FAIL (compare/inputs.py).
+    NOT_COMPARABLE = "not comparable"
     ERROR = "ERROR"
 
     @property
@@ -56,7 +61,8 @@ class VerdictClass(str, Enum):
 
     @property
     def short(self) -> str:
-        return {"PASS within logging precision": "PASS*", "FAIL unexplained": "FAIL?"}.get(self.value, self.value)
+        return {"PASS within logging precision": "PASS*", "FAIL unexplained": "FAIL?",
+                "not comparable": "N/C"}.get(self.value, self.value)
 
 
 def class_of(entry: dict) -> VerdictClass:

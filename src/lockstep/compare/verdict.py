@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.cases.spec import DTYPES, dtype_of_case_name
+from lockstep.compare.inputs import input_differences
 from lockstep.compare.loading import LoadedSide
 from lockstep.compare.options import CompareOptions
 from lockstep.compare.policy import (PairJudgement, VerdictClass, amplification_evidence, judge_pair,
@@ -79,6 +80,7 @@ class CaseVerdict:
     certificate: dict | None = None  # the pair's step-1 certificate (certify.Certificate.to_json())
     judgement: PairJudgement | None = None
     evidence_wanted: str | None = None  # what would explain this pair further ("fp64-reference")
+    not_comparable: str | None = None  # what differs between the inputs the two sides trained from
 
     @property
     def max_abs_diff(self) -> float | None:
@@ -98,6 +100,8 @@ class CaseVerdict:
     def verdict(self) -> VerdictClass:
         if self.error is not None:
             return VerdictClass.ERROR
+        if self.not_comparable is not None:
+            return VerdictClass.NOT_COMPARABLE
         verdict = self.judgement.verdict if self.judgement else (VerdictClass.PASS if self.loss_passed else
                                                                  VerdictClass.FAIL_UNEXPLAINED)
         return VerdictClass.FAIL if verdict.passes and self.throughput_passed is False else verdict
@@ -106,6 +110,8 @@ class CaseVerdict:
     def cause(self) -> str | None:
         if self.error is not None:
             return self.error
+        if self.not_comparable is not None:
+            return f"not comparable: {self.not_comparable}"
         if self.throughput_passed is False:
             return f"too slow: tok/s ratio {self.throughput_ratio} < {self.min_tps_ratio}"
         return self.judgement.cause if self.judgement else None
@@ -156,7 +162,7 @@ class CaseVerdict:
             "baseline": self.baseline.to_json(), "test": self.test.to_json(),
             "throughput_ratio": self.throughput_ratio, "throughput_ratio_definition": "test / baseline tok/s",
             "min_tps_ratio": self.min_tps_ratio, "throughput_passed": self.throughput_passed,
-            "config": self.config, "notes": self.notes, "error": self.error,
+            "config": self.config, "notes": self.notes, "error": self.error, "not_comparable": self.not_comparable,
         }
 
 
@@ -256,6 +262,11 @@ def judge_case(case: str, baseline: LoadedSide, test: LoadedSide, options: Compa
             verdict.notes.append(f"{name}: Megatron-LM step-2 running mean corrected "
                                  f"(logged {rec.meta.get('megatron_step2_logged_loss'):.6f} -> "
                                  f"{next(s.loss for s in rec.steps if s.step == 2):.6f})")
+    differs = input_differences(b, t)
+    if differs:
+        # Different inputs: the losses part because the inputs do (compare/inputs.py); no verdict.
+        verdict.not_comparable = "; ".join(differs)
+        return verdict
     try:
         verdict.dtype = _dtype(case, b, t)
         verdict.threshold, verdict.threshold_source = loss_threshold(case, verdict.dtype, b, t, options.threshold_fp32,

@@ -14,12 +14,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lockstep.capture.request import CAPTURE_ROWS, CaptureRequest
+from lockstep.capture.request import CAPTURE_ROWS, CaptureRequest, make_sketch
 from lockstep.certify.certificate import close_call
 from lockstep.cases.spec import CaseSpec
 from lockstep.compare.pairing import DIAGNOSE_DIR
 from lockstep.diagnose.verdict import DriftRun, DriftStep, Verdict, diagnose_captures
-from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, GRAD_EXACT, StepCapture
+from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, GRAD_EXACT, SKETCH_KINDS, StepCapture
 from lockstep.step_contract import LOGGED_LOSS_WORDS
 from lockstep.errors import LockstepError
 from lockstep.formats import run_manifest
@@ -54,6 +54,7 @@ class DiagnoseRequest:
     infinitrain_build: str | None = None
     drift: bool = True
     drift_steps: int = DEFAULT_DRIFT_STEPS
+    keep_tensors: bool = False  # keep the step-1 captures' whole tensors, not only their sketches
 
 
 @dataclass
@@ -236,7 +237,37 @@ def _run_dir_losses(plan: DiagnosePlan, framework: str) -> dict[int, float] | No
 
 
 def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFAULT_DRIFT_STEPS,
-                 say=lambda text: None) -> list[Verdict]:
+                 say=lambda text: None, keep_tensors: bool = False) -> list[Verdict]:
+    """The verdicts of every test against the baseline, written to plan.out_dir. The step-1
+    captures are kept as sketches only once the verdicts are written (`keep_sketches_only`), unless
+    `keep_tensors`."""
+    verdicts, kept = _run_diagnose(plan, drift, drift_steps, say)
+    if not keep_tensors:
+        before = sum(p.stat().st_size for p in kept)
+        for path in kept:
+            keep_sketches_only(path)
+        after = sum(p.stat().st_size for p in kept)
+        say(f"step-1 captures kept as sketches: {after / 1e6:.1f} MB instead of {before / 1e6:.1f} MB of whole "
+            "tensors (--keep-tensors keeps them whole)")
+    return verdicts
+
+
+def keep_sketches_only(path: Path) -> None:
+    """Rewrite a diagnose capture with every whole tensor replaced by its sketch and exact norm
+    (capture/sketch.py: what the certificate of `lockstep run` keeps, a few MB whatever the model):
+    the verdict is made from the whole tensors, and what is left can still be compared and named."""
+    capture = StepCapture.load(path)
+    sketches = dict(capture.sketches)
+    for kind in SKETCH_KINDS:
+        store = capture.store(kind)
+        for name in store:
+            sketches.setdefault(f"{kind}/{name}", make_sketch(store[name]))
+    dataclasses.replace(capture, forward={}, output_grads={}, grads={}, updates={}, tie_parts={}, sketches=sketches,
+                        meta={**capture.meta, "whole_tensors": "sketched after the verdict (--keep-tensors keeps them)"}
+                        ).save(path)
+
+
+def _run_diagnose(plan: DiagnosePlan, drift: bool, drift_steps: int, say) -> tuple[list[Verdict], list[Path]]:
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     base, tests = plan.frameworks[0], plan.frameworks[1:]
     for fw in plan.frameworks:
@@ -335,7 +366,8 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
         verdicts.append(verdict)
     if not fp64_used and "fp64" in captures:
         fp64_path.unlink(missing_ok=True)  # made in advance for a close call that did not come
-    return verdicts
+    kept = [Path(c.source) for c in captures.values() if c.source and Path(c.source).is_file()]
+    return verdicts, sorted(set(kept))
 
 
 def beside_fits(plan: DiagnosePlan, extra: int = 0) -> bool:

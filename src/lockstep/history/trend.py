@@ -107,17 +107,25 @@ def trend_png(points: list[TrendPoint], title: str) -> bytes:
         ax_diff.set_yscale("log")
         if ax_diff.get_legend_handles_labels()[0]:
             ax_diff.legend(fontsize="small")
+        ax_diff.set_ylabel("max |Δloss|")
     else:
-        ax_diff.text(0.5, 0.5, "no comparison (baseline or not compared)", ha="center", va="center",
-                     transform=ax_diff.transAxes)
-    ax_diff.set_title("max |Δloss| vs baseline (0 drawn at 1e-12)", fontsize="medium")
+        # No empty 0-1 axes: say why there is nothing to draw.
+        ax_diff.set_axis_off()
+        ax_diff.text(0.5, 0.5, "no |Δloss|: the baseline, or never compared with it", ha="center", va="center",
+                     transform=ax_diff.transAxes, color="0.35")
+    ax_diff.set_title("max |Δloss| vs baseline" + (" (0 drawn at 1e-12)" if diff else ""), fontsize="medium")
     tps = [(x, p) for x, p in zip(xs, points) if p.tps_median is not None]
     if tps:
         med = [p.tps_median for _, p in tps]
         lo = [p.tps_median - (p.tps_min if p.tps_min is not None else p.tps_median) for _, p in tps]
         hi = [(p.tps_max if p.tps_max is not None else p.tps_median) - p.tps_median for _, p in tps]
         ax_tps.errorbar([x for x, _ in tps], med, yerr=[lo, hi], marker="o", capsize=3)
-    ax_tps.set_title("tok/s: median, bar from min to max over steps 2..N", fontsize="medium")
+        ax_tps.set_ylabel("tokens/s")
+    else:
+        ax_tps.text(0.5, 0.5, "no tok/s recorded", ha="center", va="center", transform=ax_tps.transAxes,
+                    color="0.35")
+        ax_tps.set_yticks([])
+    ax_tps.set_title("tok/s per run: median after warm-up, bar from min to max", fontsize="medium")
     ax_tps.set_xticks(xs)
     ax_tps.set_xticklabels([p.commit for p in points], rotation=30, ha="right", fontsize="small")
     ax_tps.set_xlabel("commit (history order)")

@@ -12,7 +12,7 @@ from pathlib import Path
 from lockstep.compare import CompareOptions
 from lockstep.errors import FormatError
 from lockstep.fsutil import atomic_write, read_head
-from lockstep.outdir import RUN_OUTPUT_DIRS, report_image_name
+from lockstep.outdir import RUN_OUTPUT_DIRS, is_lockstep_output, report_image_name
 from lockstep.report.data import ReportData, gather
 from lockstep.report.html import render_html
 from lockstep.report.markdown import render_markdown
@@ -23,18 +23,13 @@ MARKDOWN_NAME = "report.md"
 IMAGES_DIR = RUN_OUTPUT_DIRS[0]  # report_files/, which a later run clears of the plots it knows
 
 
-# How lockstep's reports begin: a file of that name that does not is someone else's.
-HTML_MARK = "<title>lockstep report: "
-MARKDOWN_MARK = "# lockstep report: "
-
-
-def refuse_to_overwrite_foreign(path: Path, mark: str) -> None:
+def refuse_to_overwrite_foreign(path: Path) -> None:
     """`lockstep report DIR` may be pointed at any directory: a report.html there that lockstep did
-    not write is refused (before anything is written), never overwritten."""
+    not write (it lacks outdir.REPORT_MARK) is refused (before anything is written), never overwritten."""
     if not os.path.lexists(path):
         return
-    head = read_head(path, 4096, "report").decode("utf-8", errors="replace")
-    if mark not in head:
+    read_head(path, 1, "report")  # an unreadable file is said as such
+    if not is_lockstep_output(path):
         raise FormatError(path, "exists and was not written by lockstep; lockstep does not overwrite it: move it "
                                 "away, or report into a directory of lockstep's")
 
@@ -51,8 +46,8 @@ def write_report(run_dir: str | os.PathLike, baseline_framework: str = "pytorch"
         data = gather(run_dir, baseline_framework, options)
     run_dir = Path(run_dir)
     html_path, md_path = run_dir / HTML_NAME, run_dir / MARKDOWN_NAME
-    for path, mark in ((html_path, HTML_MARK), (md_path, MARKDOWN_MARK)):
-        refuse_to_overwrite_foreign(path, mark)
+    for path in (html_path, md_path):
+        refuse_to_overwrite_foreign(path)
     from lockstep.report.plots import case_figure_png  # matplotlib: imported when a report is drawn
 
     images = {case: case_figure_png(data, case) for case in data.cases if data.records.get(case)}

@@ -3,6 +3,7 @@ case, the verdicts of each framework against the baseline, and the run's metadat
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,10 +34,16 @@ class ReportData:
     # report's overall line is their first, so the report and the terminal count alike.
     run_lines: list[str] | None = None
 
+    @functools.cached_property
+    def interrupted(self) -> dict[str, list[str]]:
+        """framework -> the cases of a run stopped by a signal that have no record: they never finished."""
+        return interrupted_pairs(self.run_dir, self)
+
     @property
     def cases(self) -> list[str]:
         skipped = {c for by_case in self.skipped.values() for c in by_case}
-        return sorted(set(self.records) | set(self.unreadable) | skipped)
+        stopped = {c for cases in self.interrupted.values() for c in cases}
+        return sorted(set(self.records) | set(self.unreadable) | skipped | stopped)
 
     def skip_reasons(self, case: str) -> dict[str, str]:
         """framework -> why `lockstep run` skipped this case on it."""
@@ -47,6 +54,7 @@ class ReportData:
         """Why no framework was compared with the baseline on this case, in a few words."""
         reasons = [f"{fw} skipped ({why})" for fw, why in self.skip_reasons(case).items()]
         reasons += [f"{fw} unreadable" for fw in self.unreadable.get(case, {})]
+        reasons += [f"{fw} interrupted before it finished" for fw, cases in self.interrupted.items() if case in cases]
         if not reasons:
             ran = sorted(self.records.get(case, {}))
             reasons = [f"only {', '.join(ran)} ran it" if ran else "no framework ran it"]
@@ -75,6 +83,23 @@ class ReportData:
         if not judged:
             return None
         return all(r.passed for r in judged)
+
+
+def interrupted_pairs(run_dir: Path, data: "ReportData") -> dict[str, list[str]]:
+    """For a run that run.json says was interrupted: framework -> the cases it planned that have
+    no record (and were neither skipped nor unreadable): the case that was stopped and those that
+    never started. Empty for a run that ended."""
+    manifest = read_manifest(run_dir)
+    if manifest.get("status") != "interrupted":
+        return {}
+    cases = [c.get("name") for c in manifest.get("cases", []) if isinstance(c, dict) and isinstance(c.get("name"), str)]
+    out: dict[str, list[str]] = {}
+    for fw in [f for f in manifest.get("frameworks", []) if isinstance(f, str)]:
+        missing = [c for c in cases if fw not in data.records.get(c, {}) and fw not in data.unreadable.get(c, {})
+                   and c not in data.skipped.get(fw, {})]
+        if missing:
+            out[fw] = missing
+    return out
 
 
 def gather(run_dir: str | Path, baseline_framework: str = "pytorch",

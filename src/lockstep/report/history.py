@@ -26,8 +26,11 @@ def history_trends(data: ReportData, history_path: str | os.PathLike | None, pen
     try:
         for case in data.cases:
             for fw in data.frameworks:
-                points = trend(store, case, fw) + [point_of(pending, r) for r in (pending.results if pending else [])
-                                                   if r.case == case and r.framework == fw]
+                # A run that skipped the pair measured nothing: no point of the trend (it drew empty axes).
+                points = [p for p in trend(store, case, fw) + [point_of(pending, r) for r in
+                                                               (pending.results if pending else [])
+                                                               if r.case == case and r.framework == fw]
+                          if p.verdict != "SKIPPED" and (p.max_abs_diff is not None or p.tps_median is not None)]
                 if len(points) >= MIN_POINTS:
                     label = f"{case} on {fw}: {len(points)} runs"
                     out[label] = trend_png(points, label)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 
+from lockstep.outdir import REPORT_MARK
 from lockstep.report import tables
 from lockstep.report.data import ReportData
 
@@ -17,9 +18,17 @@ th { background: #f2f2f2; }
 td.PASS { color: #107010; font-weight: bold; }
 td.FAIL, td.ERROR { color: #b00000; font-weight: bold; }
 td.SKIPPED { color: #777; }
+td.not { color: #a06000; font-weight: bold; }
 img { max-width: 100%; }
 .overall-pass { color: #107010; } .overall-fail { color: #b00000; }
 """
+
+
+HISTORY_NOTE = ("Earlier runs of this run's cases from the history database, one point per run in the order "
+                "they were recorded, labelled with the commit. Top: the largest |Δloss| of the run against the "
+                "baseline (log axis; red dashes: the threshold; a red point: a FAIL). Bottom: that run's tok/s, "
+                "the median over the steps after warm-up with a bar from the slowest to the fastest step. Pairs "
+                "a run skipped are left out.")
 
 
 def _table(header: list[str], rows: list[list[str]], verdict_col: int | None = None) -> str:
@@ -40,16 +49,23 @@ def render_html(data: ReportData, images: dict[str, bytes], trends: dict[str, by
     overall_cls = "overall-pass" if data.passed else "overall-fail"
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(title)}</title>",
+        f'<meta name="generator" content="{REPORT_MARK}">',  # how a later run knows the file for lockstep's
         f"<style>{CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         *([f'<p class="overall-fail"><strong>{html.escape(line)}</strong></p>']
           if (line := tables.incomplete_line(data)) else []),
+        *([f'<p class="overall-fail"><strong>{html.escape(line)}</strong></p>']
+          if (line := tables.interrupted_line(data)) else []),
         f'<p class="{overall_cls}"><strong>{html.escape(tables.overall_line(data))}</strong></p>',
         "<h2>Verdicts</h2>",
         _table(tables.VERDICT_HEADER, tables.verdict_rows(data), verdict_col=tables.VERDICT_HEADER.index("verdict")),
         "<h2>Throughput</h2>", f"<p>{html.escape(tables.THROUGHPUT_NOTE)}</p>",
         _table(tables.THROUGHPUT_HEADER, tables.throughput_rows(data)),
     ]
+    certificates = tables.certificate_rows(data)
+    if certificates:
+        parts += ["<h2>Step-1 certificates</h2>", f"<p>{html.escape(tables.CERTIFICATE_NOTE)}</p>",
+                  _table(tables.CERTIFICATE_HEADER, certificates)]
     if data.timing:
         parts += ["<h2>Where the time went</h2>", f"<p>{html.escape(tables.timing_note(data))}</p>",
                   _table(tables.TIMING_HEADER, tables.timing_rows(data))]
@@ -70,12 +86,12 @@ def render_html(data: ReportData, images: dict[str, bytes], trends: dict[str, by
         else:
             parts.append(f"<p>not run: {html.escape(data.not_compared_reason(case))}</p>")
     if trends:
-        parts.append("<h2>History</h2>")
+        parts += ["<h2>History</h2>", f"<p>{html.escape(HISTORY_NOTE)}</p>"]
         for label, png in trends.items():
             b64 = base64.b64encode(png).decode("ascii")
-            parts += [f"<h3>{html.escape(label)}</h3>",
-                      f'<img alt="{html.escape(label)}: max |Δloss| and tok/s across commits" '
-                      f'src="data:image/png;base64,{b64}">']
+            # The plot's own title names the case, framework and number of runs: no heading repeats it.
+            parts.append(f'<img alt="{html.escape(label)}: max |Δloss| and tok/s across commits" '
+                         f'src="data:image/png;base64,{b64}">')
     from lockstep.diagnose.render import html_section, load_verdicts
 
     diagnosed = html_section(load_verdicts(data.run_dir))  # `lockstep diagnose` verdicts of this run, if any

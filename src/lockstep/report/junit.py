@@ -4,7 +4,7 @@ the machine-readable truth; this is what a CI page shows."""
 
 from __future__ import annotations
 
-from lockstep.compare.policy import class_of
+from lockstep.compare.policy import VerdictClass, class_of
 
 import os
 import xml.etree.ElementTree as ET
@@ -28,10 +28,21 @@ def _fmt(x) -> str:
     return "-" if x is None else f"{x:.3e}"
 
 
-def cases_from_comparisons(comparisons: list[dict]) -> list[JUnitCase]:
+def cases_from_comparisons(comparisons: list[dict], nothing_compared_is_error: bool = True) -> list[JUnitCase]:
     """From summary.json's comparisons (or one ComparisonReport.to_json() with the framework names
     added): PASS -> passed, FAIL -> failure with max |Δloss| and step, ERROR and missing -> error,
-    skipped pairs -> skipped."""
+    skipped pairs -> skipped. When no case was judged at all, one error testcase says so (a CI page
+    must not show a green 0 tests for a run that proved nothing); `nothing_compared_is_error=False`
+    where something else was compared (a one-framework run's --repeat repeats)."""
+    out = _judged_cases(comparisons)
+    if nothing_compared_is_error and all(c.outcome == "skipped" for c in out):
+        why = ("one framework ran alone: no test framework was compared with the baseline" if not comparisons
+               else "no case ran on both the baseline and a test framework")
+        out.append(JUnitCase("lockstep", "lockstep.run", "(comparison)", "error", f"nothing was compared: {why}"))
+    return out
+
+
+def _judged_cases(comparisons: list[dict]) -> list[JUnitCase]:
     out = []
     for comp in comparisons:
         base, test = comp["baseline_framework"], comp["test_framework"]
@@ -44,6 +55,8 @@ def cases_from_comparisons(comparisons: list[dict]) -> list[JUnitCase]:
             props["verdict"] = verdict.value
             if c.get("error"):
                 out.append(JUnitCase(suite, cls, c["case"], "error", c["error"], properties=props))
+            elif verdict is VerdictClass.NOT_COMPARABLE:  # different inputs: no verdict on the frameworks
+                out.append(JUnitCase(suite, cls, c["case"], "error", c.get("cause") or verdict.value, properties=props))
             elif not verdict.passes:
                 if c.get("loss_passed", c.get("passed")):  # the certificate failed it
                     msg = f"{verdict.value}: {c.get('cause')}"

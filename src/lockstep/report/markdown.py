@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lockstep.outdir import REPORT_MARK
 from lockstep.report import tables
 from lockstep.report.data import ReportData
 
@@ -19,11 +20,17 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def render_markdown(data: ReportData, image_paths: dict[str, str]) -> str:
     """`image_paths`: case -> path of its PNG relative to the report."""
     incomplete = tables.incomplete_line(data)
+    interrupted = tables.interrupted_line(data)
     parts = [f"# lockstep report: {data.run_dir.name}", "", *([f"**{incomplete}**", ""] if incomplete else []),
+             *([f"**{interrupted}**", ""] if interrupted else []),
              f"**{tables.overall_line(data)}**", "",
              "## Verdicts", "", _table(tables.VERDICT_HEADER, tables.verdict_rows(data)), ""]
     parts += ["## Throughput", "", tables.THROUGHPUT_NOTE, "",
               _table(tables.THROUGHPUT_HEADER, tables.throughput_rows(data)), ""]
+    certificates = tables.certificate_rows(data)
+    if certificates:
+        parts += ["## Step-1 certificates", "", tables.CERTIFICATE_NOTE, "",
+                  _table(tables.CERTIFICATE_HEADER, certificates), ""]
     if data.timing:
         parts += ["## Where the time went", "", tables.timing_note(data), "",
                   _table(tables.TIMING_HEADER, tables.timing_rows(data)), ""]
@@ -41,5 +48,7 @@ def render_markdown(data: ReportData, image_paths: dict[str, str]) -> str:
         else:
             parts += [f"not run: {data.not_compared_reason(case)}", ""]
     parts += ["## Run metadata", "", _table(tables.METADATA_HEADER, tables.metadata_rows(data)), "",
-              _table(tables.FRAMEWORK_HEADER, tables.framework_rows(data)), ""]
+              _table(tables.FRAMEWORK_HEADER, tables.framework_rows(data)), "",
+              # Invisible when rendered; how a later run into this directory knows the file for lockstep's.
+              f"<!-- written by lockstep ({REPORT_MARK}) -->", ""]
     return "\n".join(parts)

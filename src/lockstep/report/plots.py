@@ -12,6 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from lockstep.compare.throughput import throughput_of
+from lockstep.outdir import REPORT_MARK
 from lockstep.report.data import ReportData
 
 # A log axis cannot show an exact match (|Δloss| = 0); such steps are drawn at this floor and said so.
@@ -106,5 +107,6 @@ def case_figure_png(data: ReportData, case: str) -> bytes:
     ax_tps.set_title(f"tok/s (median, min-max, after step {data.options.warmup_steps})")
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    # The mark tells a later run into this directory that report_files/<case>.png is lockstep's.
+    fig.savefig(buf, format="png", metadata={"Software": f"matplotlib, {REPORT_MARK}"})
     return buf.getvalue()

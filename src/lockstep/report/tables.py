@@ -111,6 +111,34 @@ def problem_lines(data: ReportData) -> list[str]:
     return lines
 
 
+CERTIFICATE_HEADER = ["test framework", "case", "step 1 inside", "tensors compared", "worst relative error (tensor)",
+                      "tolerance", "findings"]
+CERTIFICATE_NOTE = ("The step-1 certificate: every module output and gradient of step 1 of the test compared with "
+                    "the baseline's under canonical names (docs/reference/comparison.md). It holds when no finding "
+                    "says the frameworks compute differently.")
+
+
+def certificate_rows(data: ReportData) -> list[list[str]]:
+    """One row per pair that has a certificate (what the terminal's "step 1 inside" column says,
+    with the numbers behind it): holds / differs / none, the worst tensor per kind, the findings."""
+    rows = []
+    for fw, report in data.comparisons.items():
+        for c in report.cases:
+            cert = c.certificate
+            if not cert:
+                continue
+            if not cert.get("available", True):
+                rows.append([fw, c.case, "none", "-", "-", "-", cert.get("problem") or "no certificate"])
+                continue
+            compared = ", ".join(f"{n} {what}" for what, n in (cert.get("compared") or {}).items() if n) or "-"
+            worst = "; ".join(f"{what} {d['rel_error']:.1e} ({d['tensor']})"
+                              for what, d in (cert.get("worst") or {}).items() if d) or "-"
+            findings = "; ".join(f.get("classification") or f.get("where", "") for f in cert.get("findings") or [])
+            rows.append([fw, c.case, "holds" if cert.get("holds") else "differs", compared, worst,
+                         _num(cert.get("tensor_tolerance"), ".0e"), findings or "none"])
+    return rows
+
+
 METADATA_HEADER = ["key", "value"]
 
 
@@ -141,6 +169,16 @@ def incomplete_line(data: ReportData) -> str | None:
             "Problems); the verdicts below leave them out.")
 
 
+def interrupted_line(data: ReportData) -> str | None:
+    """Said at the top of the report of a run stopped by a signal: what it holds is what finished."""
+    pairs = [f"{fw}/{case}" for fw, cases in data.interrupted.items() for case in cases]
+    if not pairs:
+        return None
+    shown = ", ".join(pairs[:6]) + (f" and {len(pairs) - 6} more" if len(pairs) > 6 else "")
+    return (f"INTERRUPTED: the run was stopped before it ended; this report covers the cases that finished, "
+            f"{len(pairs)} (case, framework) pair(s) did not: {shown}.")
+
+
 def overall_line(data: ReportData) -> str:
     if data.run_lines:
         return data.run_lines[0]  # the run's own verdict, as the terminal said it
@@ -156,5 +194,6 @@ def overall_line(data: ReportData) -> str:
     unexplained = counts.get(VerdictClass.FAIL_UNEXPLAINED.value, 0)
     return (f"{word}: {counts.get('passed', 0)} passed" + (f" ({within} within logging precision)" if within else "")
             + f", {counts.get('failed', 0)} failed" + (f" ({unexplained} unexplained)" if unexplained else "")
-            + f", {counts.get('missing', 0)} missing, {counts.get('errors', 0)} errors{skipped} "
+            + f", {counts.get('missing', 0)} missing, {counts.get('errors', 0)} errors"
+            + (f", {counts['not_comparable']} not comparable" if counts.get("not_comparable") else "") + f"{skipped} "
             f"(against baseline {data.baseline})")

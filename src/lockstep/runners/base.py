@@ -177,7 +177,11 @@ class FrameworkRunner(ABC):
             out_dir = out_dir / f"node{inputs.nodes.node_rank}"
         out_dir = out_dir / self.name
         out_dir.mkdir(parents=True, exist_ok=True)
-        log_path, record_path = out_dir / f"{case.name}.log", out_dir / f"{case.name}.jsonl"
+        final_log, record_path = out_dir / f"{case.name}.log", out_dir / f"{case.name}.jsonl"
+        # The log is written under a partial name and renamed once the case has ended (finished or
+        # failed): a case stopped by a signal (or a kill) leaves `<case>.log.partial`, never a
+        # `<case>.log` that compare and report would read as the case's log.
+        log_path = out_dir / f"{case.name}{PARTIAL_LOG_SUFFIX}"
         meta = base_meta(self, case, inputs)
         record = RunRecord(framework=self.name, case=case.name, meta=meta, source=str(record_path))
         began = time.time()
@@ -198,6 +202,10 @@ class FrameworkRunner(ABC):
             record.status, record.error = "failed", f"{type(e).__name__}: {os_error_sentence(e)}"
         except Exception as e:  # a bug or framework crash in-process: still a failed record, never a good one
             record.status, record.error = "failed", f"{type(e).__name__}: {e}"
+        if os.path.lexists(log_path):
+            os.replace(log_path, final_log)
+        if record.error:  # the messages name the log by the name it has now
+            record.error = record.error.replace(str(log_path), str(final_log))
         record.meta["finished_at"] = now_iso()
         if inputs.nodes.writes_records:
             write_record_or_fail(record_path, record)
@@ -321,8 +329,11 @@ def write_record_or_fail(record_path: Path, record: RunRecord) -> None:
 
 
 def final_params_path(log_path: Path) -> Path:
-    """Where a run's final canonical parameters go: next to its log, `<case>.final.npz`."""
-    return log_path.with_name(log_path.stem + ".final.npz")
+    """Where a run's final canonical parameters go: next to its log, `<case>.final.npz` (also for
+    the log's partial name while the case runs, `<case>.log.partial`)."""
+    name = Path(log_path).name
+    case = name[:-len(PARTIAL_LOG_SUFFIX)] if name.endswith(PARTIAL_LOG_SUFFIX) else Path(log_path).stem
+    return Path(log_path).with_name(case + ".final.npz")
 
 
 def write_final_params(path: str | os.PathLike, tensors: dict) -> None:
@@ -333,6 +344,10 @@ def write_final_params(path: str | os.PathLike, tensors: dict) -> None:
     arrays = {name: np.asarray(t, dtype=np.float32) for name, t in tensors.items()}
     with atomic_write(path, "wb", what="final parameters", size=sum(a.nbytes for a in arrays.values())) as f:
         np.savez(f, **arrays)
+
+
+# What a case's log is called while the case runs (renamed to `<case>.log` when it ends).
+PARTIAL_LOG_SUFFIX = ".log.partial"
 
 
 def first_step(case: CaseSpec) -> int:

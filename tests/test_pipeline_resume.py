@@ -56,3 +56,15 @@ def test_a_run_judges_its_resume_and_a_broken_one_fails_the_run(tmp_path, capsys
     assert entry["verdict"] == "resume broken" and entry["cause"] == "data stream restarted at batch 0"
     assert "resume pytorch/resumed (from saving): resume broken (data stream restarted at batch 0)" in text
     assert (out / "evidence" / "resume" / "pytorch" / "resumed.what-if-data-restarted.jsonl").is_file()
+
+
+def test_the_baseline_keeps_its_resume_pair_where_no_other_framework_runs_it(tmp_path, tiny_checkpoint):
+    from lockstep.plan import RunRequest, plan_run
+
+    matrix = tmp_path / "resume.toml"
+    matrix.write_text(MATRIX)
+    plan = plan_run(RunRequest(matrix=str(matrix), frameworks=["pytorch", "megatron"], device="cpu",
+                               llmc=str(tiny_checkpoint), out=str(tmp_path / "o")), make_files=False)
+    assert plan.skips == {
+        ("saving", "megatron"): "checkpoint (save/resume) cases are not supported by megatron yet",
+        ("resumed", "megatron"): "checkpoint (save/resume) cases are not supported by megatron yet"}

@@ -413,7 +413,11 @@ def skip_unpaired_baselines(cases: list[CaseSpec], runners: list[FrameworkRunner
     if len(runners) < 2 or repeat > 1:
         return []
     baseline, tests = runners[0].name, runners[1:]
-    unpaired = [c for c in cases if (c.name, baseline) not in skips
+    # A resume and the case it resumes are compared with each other (compare/resume.py) even
+    # where no other framework runs them.
+    resumed = {c.name for c in cases if c.checkpoint is not None and c.checkpoint.resume_case}
+    resumed |= {c.checkpoint.resume_case for c in cases if c.name in resumed}
+    unpaired = [c for c in cases if (c.name, baseline) not in skips and c.name not in resumed
                 and all((c.name, r.name) in skips for r in tests)]
     for c in unpaired:
         why = "; ".join(f"{r.name}: {skips[(c.name, r.name)]}" for r in tests)

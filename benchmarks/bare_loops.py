@@ -7,7 +7,7 @@ per-step loss read-back). What `benchmarks/harness_overhead.py` divides lockstep
 
 Building the model and the data uses lockstep's own pieces (the reference module; megatron-core's
 GPTModel, DDP, optimizer and GPTDataset as lockstep's megatron runner configures them), so both
-sides train the same thing; only the loop is bare. Each step is timed as SPEC section 4 says
+sides train the same thing; only the loop is bare. Each step is timed as docs/reference/training-contract.md#timing says
 (synchronize, start; data, forward, loss, backward, gradient communication, optimizer step;
 synchronize, stop), so the two are timed alike. One device only (the single-GPU cases).
 

@@ -12,7 +12,8 @@ model, data, loss and optimizer as lockstep's megatron runner).
 
 Per step: `issue ms` = host time from the step's start until the last call returns (before the
 closing synchronize; when it is close to `step ms`, the step is CPU-bound), `step ms` = the
-SPEC-timed step; from the profiled steps: CUDA kernels, Memcpy DtoH / HtoD, and the host's
+step as docs/reference/training-contract.md#timing times it; from the profiled steps: CUDA kernels,
+Memcpy DtoH / HtoD, and the host's
 cudaStreamSynchronize / cudaDeviceSynchronize / cudaEventSynchronize calls (the closing
 synchronize of the timing itself is one cudaDeviceSynchronize per step). On a CPU the counts
 of CUDA events are 0 and only the timings mean something.

@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lockstep.compare.policy import THRESHOLDS
+from lockstep.compare.policy import loss_threshold
 from lockstep.compare.throughput import RepeatedThroughput, throughput_over_repeats
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import read_run_record
@@ -66,7 +66,7 @@ class DeterminismReport:
         out = []
         for p in self.pairs:
             if p.framework == self.baseline and not p.bitwise_identical and p.repeats > 1:
-                threshold = THRESHOLDS.get(p.dtype or "")
+                threshold = loss_threshold(p.case, p.dtype)[0] if p.dtype in ("float32", "bfloat16") else None
                 beyond = (f", which exceeds the {p.dtype} threshold {threshold:.0e}: its verdicts at that threshold "
                           "are noise" if threshold is not None and p.max_abs_diff > threshold else "")
                 out.append(f"baseline {p.framework} is not deterministic on {p.case}: its own repeats differ by up to "

@@ -161,7 +161,7 @@ def resolve_case_models(cases: list[CaseSpec], req: RunRequest, device: str,
                         notes: list[str]) -> tuple[list[CaseSpec], dict[str, PlannedModel]]:
     """The model every case trains, with one meaning of "model": a case names a registered shape;
     `--model` replaces it with another shape of the same family; `--llmc FILE` replaces it with
-    the file's header. The case's family, the shape and the file must agree (SPEC section 5).
+    the file's header. The case's family, the shape and the file must agree (docs/reference/case-matrices.md).
 
     Returns the cases with `model` set to what will run, and the models by name.
     """

@@ -1,10 +1,11 @@
-"""The training contract's rules for one step (SPEC section 4), in one place for every runner,
+"""The training contract's rules for one step (docs/reference/training-contract.md), in one place for every runner,
 every capture and the comparison:
 
 - timing: synchronize the device, start; data, forward, loss, backward, gradient communication,
   optimizer step; synchronize, stop (`StepClock`); with several ranks the step time is the
   slowest rank's (`slowest_rank`); tok/s = tokens per step / step time;
-- warm-up: step 1 is warm-up, averages use steps 2..N (`WARMUP_STEPS`);
+- warm-up: step 1 is warm-up, averages use steps 2..N (`WARMUP_STEPS`, `after_warmup`; every
+  runner's summary line and every default of compare, the report and the history);
 - the logged loss: the FP32 per-token losses' mean taken in FP64, / accum, summed over micro
   steps (`step_loss_fp64`), so that how a batch is split (DP ranks, micro steps) does not move
   it by an FP32 ulp; the gradient still comes from the FP32 mean;
@@ -24,6 +25,12 @@ import time
 import numpy as np
 
 WARMUP_STEPS = 1
+
+
+def after_warmup(per_step: list) -> list:
+    """A run's per-step values (step 1 first) that averages use: those after the warm-up, or all of
+    them when the run is no longer than its warm-up."""
+    return per_step[WARMUP_STEPS:] or per_step
 
 # How a framework's logged loss is made: what its last digits mean.
 LOGGED_FP64_MEAN = "fp64-mean"  # FP64 mean of the FP32 per-token losses (exact to ~1e-15)

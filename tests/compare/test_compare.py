@@ -1,4 +1,5 @@
-"""lockstep compare: pairing, filters, thresholds, every bad input of SPEC section 7, JSON schema,
+"""lockstep compare: pairing, filters, thresholds, every bad input of
+docs/reference/comparison.md#what-is-an-error-exit-1-not-a-verdict, JSON schema,
 summary.json, and the CLI's exit codes."""
 
 from __future__ import annotations
@@ -434,7 +435,7 @@ def test_cli_megatron_lm_log_with_seq_length_and_step2_options(tmp_path, capsys)
 
 
 def test_sequence_parallel_fp32_cases_use_the_seeds_2e_2(tmp_path):
-    """SPEC section 7 / issue 11: an FP32 case named `_sp_` compares at 2e-2, others at 1e-5."""
+    """docs/reference/case-matrices.md#thresholds / issue 11: an FP32 case named `_sp_` compares at 2e-2, others at 1e-5."""
     from lockstep.compare.comparison import compare_paths
     from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
 

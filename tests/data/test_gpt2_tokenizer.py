@@ -1,4 +1,4 @@
-"""The GPT-2 tokenizer built from encoder.json alone (SPEC section 3)."""
+"""The GPT-2 tokenizer built from encoder.json alone (docs/reference/training-contract.md#data)."""
 
 from __future__ import annotations
 

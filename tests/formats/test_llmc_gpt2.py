@@ -71,7 +71,7 @@ def test_parameter_counts_and_file_sizes():
     assert gpt2_file_size(tiny) == 20_606_464
     assert gpt2_file_size(tiny, 5) == 10_303_744
     assert gpt2.num_parameters() == 124_475_904
-    assert gpt2_file_size(gpt2) == 497_904_640  # SPEC section 2, llm.c's gpt2_124M.bin
+    assert gpt2_file_size(gpt2) == 497_904_640  # docs/reference/formats.md#gpt-2-magic-20240326, llm.c's gpt2_124M.bin
     assert gpt2_file_size(gpt2, 5) == 248_952_832  # llm.c's gpt2_124M_bf16.bin
 
 

@@ -1,4 +1,4 @@
-"""Log parsers on the exact real-format lines of SPEC section 6, and writer/parser round trips."""
+"""Log parsers on the exact real-format lines of docs/reference/logs.md, and writer/parser round trips."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from lockstep.formats.logs import (LLMC_STEP_RE, LOCKSTEP_MEGATRON_MARKER, MEGAT
                                    parse_infinitrain_log, parse_log_file, perf_step_line, perf_summary_line)
 from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
 
-# SPEC section 6, verbatim.
+# docs/reference/logs.md#infinitrain, verbatim.
 INFINITRAIN_LINE = ("E20251021 14:16:23.511394 140590029197312 main.cc:262] step    1/10 | train loss 5.356193 | "
                     "lr 1.00e-04 | (2506.24 ms | 102 tok/s)")
 # InfiniTrain main.cc's newer format (peak-memory tail), as its std::format string renders it.

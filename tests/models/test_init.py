@@ -1,7 +1,7 @@
 """llm.c's seeded GPT-2 init: its bytes against an independent statement of the rule (plain
 Python: PCG64's raw stream, Marsaglia's polar method with math.log, llm.c's stds / ones / zeros
 and the LLMC file layout), golden digests (a change of RNG or transform must be noticed), the
-statistics SPEC section 3 asks for, independence from threads and request splitting, the
+statistics docs/reference/training-contract.md#inputs asks for, independence from threads and request splitting, the
 deterministic log, and GPT-2 124M's exact size."""
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def test_draws_follow_llmc_file_order():
         pos += n
 
 
-# --- statistics (SPEC section 3) ----------------------------------------------------------------
+# --- statistics (docs/reference/training-contract.md#inputs) -----------------------------------------
 
 def test_stds_per_tensor():
     assert init_stds(GPT2) == {"wte": 0.02, "wpe": 0.02, "qkvw": 0.02, "fcw": 0.02,

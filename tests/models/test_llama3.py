@@ -1,7 +1,7 @@
 """The Llama 3 LLMC checkpoint (magic 20240803, version 3) and its seeded init.
 
 Exact header words and file size, a byte-exact write/read round trip, `lockstep init-checkpoint
---model llama3-tiny`'s golden sha256, the init rule checked against SPEC section 3 by the test's
+--model llama3-tiny`'s golden sha256, the init rule checked against docs/reference/training-contract.md#inputs by the test's
 own statistics, refusals of foreign and damaged files, and `lockstep inspect` in full.
 """
 
@@ -34,7 +34,8 @@ def f32_bits(x: float) -> int:
 
 
 def expected_shapes(c: Llama3Config) -> list[tuple[str, tuple[int, ...]]]:
-    """SPEC section 2's table, written out here, not taken from the config."""
+    """The header table of docs/reference/formats.md#llama-3-magic-20240803-version-3, written out here, not
+    taken from the config."""
     L, C, V, hd = c.num_layers, c.channels, c.vocab_size, c.channels // c.num_heads
     F = math.floor(c.ffn_dim_multiplier * int(2 * 4 * C / 3) + 0.5)  # llround of a positive value
     F = c.multiple_of * math.ceil(F / c.multiple_of)
@@ -68,7 +69,8 @@ def test_init_checkpoint_golden_sha256(tiny_init):
 
 
 def test_init_rule_holds_tensor_by_tensor(tiny_init):
-    """SPEC 3: matrices N(0, 0.02), attention output and MLP down N(0, 0.02/sqrt(2L)), RMSNorm weights 1."""
+    """docs/reference/training-contract.md#inputs: matrices N(0, 0.02), attention output and MLP down
+    N(0, 0.02/sqrt(2L)), RMSNorm weights 1."""
     ckpt = load_checkpoint(tiny_init)
     L = TINY.num_layers
     residual = 0.02 / math.sqrt(2 * L)
@@ -103,7 +105,7 @@ def test_write_read_round_trip_is_byte_exact(tmp_path):
     FAMILY.write(path, SMALL, tensors)
     raw = path.read_bytes()
     assert len(raw) == 1024 + 4 * sum(t.size for t in tensors.values())
-    # the payload is the tensors back to back in SPEC order
+    # the payload is the tensors back to back in formats.md's order
     assert raw[1024:] == b"".join(tensors[name].astype("<f4").tobytes() for name, _ in expected_shapes(SMALL))
     back = load_checkpoint(path)
     assert back.family == "llama3" and back.version == 3 and back.config == SMALL

@@ -1,7 +1,7 @@
 """The Qwen3 LLMC checkpoint (magic 20240804, version 4: InfiniTrain PR #208's layout) and its init.
 
 Exact header words and file size, a byte-exact write/read round trip, `lockstep init-checkpoint
---model qwen3-tiny`'s golden sha256, the init rule checked against SPEC section 3 by the test's
+--model qwen3-tiny`'s golden sha256, the init rule checked against docs/reference/training-contract.md#inputs by the test's
 own statistics (q_norm/k_norm weights included), a v3 file and a Llama 3 file refused in one
 sentence, and `lockstep inspect` in full.
 """
@@ -34,7 +34,7 @@ def f32_bits(x: float) -> int:
 
 
 def expected_shapes(c: Qwen3Config) -> list[tuple[str, tuple[int, ...]]]:
-    """SPEC section 2's v4 table, written out here, not taken from the config."""
+    """docs/reference/formats.md#qwen3-magic-20240804-version-4's header, written out here, not taken from the config."""
     L, C, V, I, NH, kv = c.num_layers, c.channels, c.vocab_size, c.intermediate_size, c.num_heads, c.num_kv_heads
     hd = C // NH
     return [("wte", (V, C)), ("ln1w", (L, C)), ("qknormw", (L, 2, hd)), ("qkvw", (L, (NH + 2 * kv) * hd, C)),
@@ -51,7 +51,8 @@ def tiny_init(tmp_path_factory):
 
 def test_tiny_header_words_and_size(tiny_init):
     words = np.fromfile(tiny_init, dtype="<i4", count=256)
-    # 20240804, 4, maxT, V, L, NH, kv, C, I, 1, eps bits, theta bits, 0, 4, 1, 0 (SPEC section 2)
+    # 20240804, 4, maxT, V, L, NH, kv, C, I, 1, eps bits, theta bits, 0, 4, 1, 0
+    # (docs/reference/formats.md#qwen3-magic-20240804-version-4)
     assert words[:16].tolist() == [20240804, 4, 1024, 151936, 4, 8, 4, 128, 384, 1, f32_bits(1e-6), f32_bits(1e6),
                                    0, 4, 1, 0]
     assert not words[16:].any()
@@ -67,7 +68,8 @@ def test_init_checkpoint_golden_sha256(tiny_init):
 
 
 def test_init_rule_holds_tensor_by_tensor(tiny_init):
-    """SPEC 3: matrices N(0, 0.02), o_proj and down N(0, 0.02/sqrt(2L)), every RMSNorm weight 1, q/k norms too."""
+    """docs/reference/training-contract.md#inputs: matrices N(0, 0.02), o_proj and down N(0, 0.02/sqrt(2L)),
+    every RMSNorm weight 1, q/k norms too."""
     from test_llama3 import check_init
 
     ckpt = load_checkpoint(tiny_init)

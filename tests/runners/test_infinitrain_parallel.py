@@ -1,8 +1,8 @@
 """InfiniTrain's parallel flags for every case shape of the built-in matrices, on one node and
 over several (its launcher `infini_run`, and under `srun`), and what its CPU build skips.
 
-The expected flags are derived here from the case's fields and InfiniTrain's gflags (SPEC
-section 9), independently of the runner's code: its world is nthread_per_process threads per
+The expected flags are derived here from the case's fields and InfiniTrain's gflags
+(docs/reference/infinitrain.md), independently of the runner's code: its world is nthread_per_process threads per
 process, DP = world / (TP x PP), TP/SP/PP/VPP/ZeRO are flags only when used.
 """
 

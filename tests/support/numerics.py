@@ -99,7 +99,8 @@ def assert_loss_falls(record, per_step: float = 0.05) -> None:
 
 # InfiniTrain's cross entropy (kernels/cpu/cross_entropy.cc and its CUDA twin at b24d92f) adds the
 # B*T per-token losses one at a time in FP32 and divides by B*T: its *logged* loss carries that
-# sum's rounding (SPEC section 9), about 1e-6 for 256 tokens and 1.7e-5 for 5,120 at loss 10.8.
+# sum's rounding (docs/reference/infinitrain.md#known-facts-infinitrain-b24d92f), about 1e-6 for 256
+# tokens and 1.7e-5 for 5,120 at loss 10.8.
 # Its comparisons are held to the contract's 1e-5 plus exactly that rounding, per step, computed
 # from the reference's own per-token losses (`logged_loss_precision`), not to a looser threshold.
 CONTRACT_LOSS_LIMIT = 1e-5

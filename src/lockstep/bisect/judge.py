@@ -73,7 +73,9 @@ def judge_summary(summary: dict, path: Path) -> Judgement:
                   f"max |Δloss| {worst['max_abs_diff']:.3e} at step {worst.get('max_diff_step')}, "
                   f"threshold {worst.get('threshold'):.0e}")
         more = f" ({len(failing) - 1} more failing)" if len(failing) > 1 else ""
-        return Judgement(BAD, verdict, f"{where}: {verdict}, {detail}{more}", cause=worst.get("cause"),
+        # Within the threshold, the loss did not decide it: say what did (the certificate's cause).
+        because = f"; {worst['cause']}" if worst.get("cause") and not worst.get("error") else ""
+        return Judgement(BAD, verdict, f"{where}: {verdict}, {detail}{because}{more}", cause=worst.get("cause"),
                          max_abs_diff=max_diff, failing_case=worst["case"],
                          baseline=comp.get("baseline_framework"), test=comp.get("test_framework"),
                          certificate=certificate_word(worst))

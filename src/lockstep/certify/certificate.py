@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.compare.policy import THRESHOLDS
+from lockstep.compare.policy import loss_threshold
 from lockstep.certify.classify import (ADAM_SIGN_SHARE, BACKWARD_INPUT, DOWNSTREAM, FORWARD, GRADIENT_ONLY,
                                        MICRO_BATCH, TENSOR_TOLERANCE, TIE, Finding, LossCheck, add_micro_batch_findings,
                                        add_output_grad_findings, classify, differs, loss_check)
@@ -85,7 +85,7 @@ def evaluate_step1(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps
         forward, grads, output_grads = (with_rounding(ds, ref, fp64, kind)
                                         for ds, kind in ((forward, "fwd"), (grads, "grad"), (output_grads, "outgrad")))
         micro = {m: with_rounding(ds, ref, fp64, "fwd") for m, ds in micro.items()}
-    loss = loss_check(ref, test, THRESHOLDS[case.dtype])
+    loss = loss_check(ref, test, loss_threshold(case.name, case.dtype)[0])
     paired_wrong = add_micro_batch_findings([], forward, micro, tol)
     if paired_wrong:
         # A micro batch handed the wrong data explains every gradient that differs: it is the finding.

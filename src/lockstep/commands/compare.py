@@ -22,6 +22,7 @@ from lockstep.commands.ci_options import add_history_arguments, add_junit_argume
 from lockstep.compare.throughput import NOISY_CV, format_memory, format_mfu, format_tokens_per_s
 from lockstep.compare.verdict import CaseVerdict
 from lockstep.fsutil import atomic_write, prepare_output_file
+from lockstep.step_contract import WARMUP_STEPS
 
 
 def _positive_float(text: str) -> float:
@@ -82,8 +83,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--megatron-step2-correction", choices=STEP2_MODES, default="auto",
                    help="undo upstream Megatron-LM's running mean at iteration 2 (loss2 = 2*logged2 - loss1); "
                         "auto: for Megatron-LM logs only; never for lockstep's own records or logs")
-    p.add_argument("--warmup-steps", type=_int_at_least(0), default=1, metavar="N",
-                   help="steps left out of the tok/s means (default 1)")
+    p.add_argument("--warmup-steps", type=_int_at_least(0), default=WARMUP_STEPS, metavar="N",
+                   help=f"steps left out of the tok/s means (default {WARMUP_STEPS}, the training contract's)")
     p.add_argument("--min-tps-ratio", type=_positive_float, default=None, metavar="X",
                    help="fail a case whose test/baseline tok/s ratio is below X (default: no throughput verdict)")
     p.add_argument("--seq-length", type=_int_at_least(1), default=None, metavar="N",
@@ -214,7 +215,7 @@ def step_series_table(c: CaseVerdict) -> Table:
 
 def throughput_table(report: ComparisonReport) -> Table:
     t = Table(title=f"Throughput after warm-up: median tok/s ±CV (NOISY above {NOISY_CV:.0%}); ratio of means "
-                    "(SPEC); MFU; peak memory allocated / reserved", title_justify="left")
+                    "(test ÷ baseline); MFU; peak memory allocated / reserved", title_justify="left")
     for col, kw in (("case", {}), ("config", {}), ("baseline tok/s", {"justify": "right"}),
                     ("test tok/s", {"justify": "right"}), ("test/baseline", {"justify": "right"}),
                     ("steps used (b / t)", {"justify": "right"}), ("MFU (b / t)", {"justify": "right"}),

@@ -99,7 +99,7 @@ def run_trend(store: HistoryStore, args: argparse.Namespace, console: Console) -
     for p in points:
         t.add_row(p.run_id, escape(p.commit), escape(p.identity), _num(p.max_abs_diff, ".3e"), _num(p.threshold, ".0e"),
                   p.verdict or "-", _num(p.tps_median, ",.0f"), _num(p.tps_min, ",.0f"), _num(p.tps_max, ",.0f"),
-                  _num(p.tps_cv, ".1%"))
+                  _num(p.tps_cv, ".1%") + (" NOISY" if p.noisy else ""))
     console.print(t)
     digest = next((p.inputs_sha256 for p in reversed(points) if p.inputs_sha256), None)
     if digest:

@@ -1,4 +1,4 @@
-"""Step-by-step comparison of runs (SPEC section 7).
+"""Step-by-step comparison of runs (docs/reference/comparison.md).
 
 pairing: which file is which case · loading: one side into a checked record · verdict: one
 case's loss and throughput verdict · comparison: a whole baseline tree against a test tree ·

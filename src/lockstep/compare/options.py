@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lockstep.step_contract import WARMUP_STEPS
+
 
 STEP2_MODES = ("auto", "on", "off")
 
@@ -11,12 +13,13 @@ STEP2_MODES = ("auto", "on", "off")
 
 @dataclass(frozen=True)
 class CompareOptions:
-    # None = the default of SPEC section 7 (THRESHOLDS, or the Megatron-LM GPT-2 exception).
+    # None = the policy's default (policy.loss_threshold, docs/reference/case-matrices.md#thresholds).
     threshold_fp32: float | None = None
     threshold_bf16: float | None = None
     # A step passes when |Δloss| <= threshold + rtol * |baseline loss| (numpy.isclose's rule).
     rtol: float = 0.0
-    warmup_steps: int = 1  # throughput averages use steps after this many (SPEC section 4)
+    # Throughput averages use the steps after this many (docs/reference/training-contract.md#timing).
+    warmup_steps: int = WARMUP_STEPS
     min_tps_ratio: float | None = None  # test/baseline tok/s below this fails the case
     include_prefixes: tuple[str, ...] = ()
     include_cases: tuple[str, ...] = ()

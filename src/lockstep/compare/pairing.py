@@ -1,7 +1,7 @@
 """Which file holds which case: collect `<case>.jsonl` / `<case>.log` from a run dir, a framework
 dir or a single file, and pair the baseline's cases with the test's.
 
-Rules (SPEC section 6): in one directory `<case>.jsonl` (lockstep's record) wins over
+Rules (docs/reference/logs.md): in one directory `<case>.jsonl` (lockstep's record) wins over
 `<case>.log` (the native log it came with); files named `build*`, `ctest_*`, `*_profile.log`,
 `run_metadata.log` are not case logs; two case files of the same name elsewhere in one tree
 are an error, since it cannot be known which one the user meant.

@@ -1,6 +1,6 @@
 """The verdict policy: one place that says what PASS and FAIL mean.
 
-- Thresholds (SPEC section 7): |Δloss| per step against FP32 1e-5 / BF16 1e-2, with two
+- Thresholds (docs/reference/case-matrices.md#thresholds): |Δloss| per step against FP32 1e-5 / BF16 1e-2, with two
   exceptions: FP32 2e-3 against an upstream Megatron-LM GPT-2 log, FP32 2e-2 for the seed's
   sequence-parallel (`_sp_`) cases; a user's own threshold replaces the defaults.
 - Classes, one per (baseline, test) pair of a case, decided from the loss steps and the pair's
@@ -32,8 +32,9 @@ from lockstep.formats.logs import ORIGIN_MEGATRON_LM
 from lockstep.formats.run_record import RunRecord
 from lockstep.step_contract import LOGGED_FP32_SEQUENTIAL
 
-# SPEC section 7. FP32 from InfiniTrain's test config, BF16 looser.
+# docs/reference/case-matrices.md#thresholds. FP32 from InfiniTrain's test config, BF16 looser.
 THRESHOLDS = {"float32": 1e-5, "bfloat16": 1e-2}
+DTYPES = tuple(THRESHOLDS)  # the dtypes a case may have (golden files name one per case)
 # The seed's sequence-parallel cases (`_sp_` in the name, e.g. qwen3_tp8_sp_fp32) compare FP32 at
 # 2e-2: SP reorders the reductions of every norm and matmul over the sequence.
 SP_FP32_THRESHOLD = 2e-2
@@ -84,14 +85,18 @@ def _is_gpt2(case: str, record: RunRecord) -> bool:
     return spec.get("model", "").startswith("gpt2") or case.startswith("gpt2")
 
 
-def loss_threshold(case: str, dtype: str, baseline: RunRecord, test: RunRecord,
+def loss_threshold(case: str, dtype: str, baseline: RunRecord | None = None, test: RunRecord | None = None,
                    user_fp32: float | None = None, user_bf16: float | None = None) -> tuple[float, str]:
-    """The threshold of a case, and where it comes from."""
+    """The |Δloss| threshold of a case, and where it comes from: what every consumer (compare, the
+    certificate's step-1 loss, diagnose's drift, golden files, determinism warnings) asks here,
+    never `THRESHOLDS` itself. Without the records (nothing compared yet) the Megatron-LM log rule
+    cannot apply."""
     explicit = user_bf16 if dtype == "bfloat16" else user_fp32
     if explicit is not None:
         return explicit, "option"
     # The looser FP32 default is about upstream Megatron-LM's numerics, whichever side its log is on.
-    if dtype == "float32" and any(r.origin == ORIGIN_MEGATRON_LM and _is_gpt2(case, r) for r in (baseline, test)):
+    if dtype == "float32" and any(r is not None and r.origin == ORIGIN_MEGATRON_LM and _is_gpt2(case, r)
+                                  for r in (baseline, test)):
         return MEGATRON_LM_GPT2_FP32_THRESHOLD, "megatron-lm gpt2 default"
     if dtype == "float32" and "_sp_" in case:
         return SP_FP32_THRESHOLD, "sequence-parallel default (_sp_ case)"

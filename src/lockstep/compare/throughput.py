@@ -2,7 +2,7 @@
 and the report: the median tok/s of a run with its spread (min, max, coefficient of variation)
 over the steps after warm-up, peak device memory, and MFU.
 
-Every step's time is already the slowest rank's (SPEC section 4), so a step's tok/s is the whole
+Every step's time is already the slowest rank's (docs/reference/training-contract.md#timing), so a step's tok/s is the whole
 job's. MFU = model FLOPs per token (the family config's `flops_per_token`, PaLM's convention)
 × tok/s ÷ (the device's dense peak for the case's dtype × the number of devices). The peak comes
 from `DEVICE_PEAKS` by device name, or from `--peak-tflops`; an unknown device (a CPU) gets no
@@ -16,10 +16,25 @@ import statistics
 from dataclasses import dataclass
 
 from lockstep.formats.run_record import RunRecord
+from lockstep.step_contract import WARMUP_STEPS
 
 # A measurement whose coefficient of variation over the measured steps is above this is "noisy":
 # its median is shown, but the reader is told not to trust small differences.
 NOISY_CV = 0.10
+
+
+def coefficient_of_variation(values: list[float]) -> float:
+    """The one CV of tok/s that every output shows (the compare tables, summary.json, the report,
+    the history): the sample standard deviation over the mean; 0 for a single value, infinite
+    for a mean of 0."""
+    mean = statistics.fmean(values)
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return sd / mean if mean > 0 else math.inf
+
+
+def is_noisy(cv: float | None) -> bool:
+    """NOISY: a CV above NOISY_CV (an unknown CV is not noisy)."""
+    return cv is not None and cv > NOISY_CV
 
 
 @dataclass(frozen=True)
@@ -50,8 +65,7 @@ def device_peak_tflops(device_name: str | None, dtype: str | None) -> float | No
 
 @dataclass(frozen=True)
 class Spread:
-    """Median tok/s over the measured steps with its spread. `cv` is the sample standard
-    deviation over the mean (0 for a single value)."""
+    """Median tok/s over the measured steps with its spread; `cv`: `coefficient_of_variation`."""
 
     steps: tuple[int, ...]
     median: float
@@ -62,16 +76,14 @@ class Spread:
 
     @property
     def noisy(self) -> bool:
-        return self.cv > NOISY_CV
+        return is_noisy(self.cv)
 
     @classmethod
     def of(cls, steps: list[int], values: list[float]) -> "Spread | None":
         if not values:
             return None
-        mean = statistics.fmean(values)
-        sd = statistics.stdev(values) if len(values) > 1 else 0.0
-        return cls(tuple(steps), statistics.median(values), mean, min(values), max(values),
-                   sd / mean if mean > 0 else math.inf)
+        return cls(tuple(steps), statistics.median(values), statistics.fmean(values), min(values), max(values),
+                   coefficient_of_variation(values))
 
     @classmethod
     def from_json(cls, d: dict) -> "Spread":
@@ -166,7 +178,7 @@ def _peak_memory(record: RunRecord) -> tuple[float | None, float | None]:
     return allocated, reserved
 
 
-def throughput_of(record: RunRecord, warmup_steps: int = 1, peak_tflops: float | None = None) -> Throughput:
+def throughput_of(record: RunRecord, warmup_steps: int = WARMUP_STEPS, peak_tflops: float | None = None) -> Throughput:
     """The figures of one run: tok/s over the steps after `warmup_steps`; `peak_tflops`
     (per device) overrides the device table."""
     measured = sorted((s for s in record.steps if s.step > warmup_steps and s.tokens_per_s is not None),
@@ -210,7 +222,7 @@ class RepeatedThroughput:
                 "noisy": self.noisy, "noisy_cv_threshold": NOISY_CV}
 
 
-def throughput_over_repeats(records: list[RunRecord], warmup_steps: int = 1) -> RepeatedThroughput | None:
+def throughput_over_repeats(records: list[RunRecord], warmup_steps: int = WARMUP_STEPS) -> RepeatedThroughput | None:
     """Pooled tok/s over the repeats' records (each a whole run of the same pair); None when no
     repeat has a measured step."""
     pooled_steps, pooled_values, medians = [], [], []

@@ -1,4 +1,4 @@
-"""The verdict on one case (SPEC section 7): loss step by step against the dtype threshold, the
+"""The verdict on one case (docs/reference/comparison.md#loss): loss step by step against the dtype threshold, the
 pair's step-1 certificate where `lockstep run` made one, the class the policy (policy.py) gives
 them, and throughput (mean tok/s after warm-up on each side, test/baseline ratio)."""
 
@@ -186,7 +186,8 @@ def _summarise(side: LoadedSide, options: CompareOptions) -> SideSummary:
 
 
 def _dtype(case: str, baseline: RunRecord, test: RunRecord) -> str:
-    """From the records' case specs (SPEC: dtype comes from the case), else the case name suffix."""
+    """From the records' case specs, else the case name suffix (docs/reference/comparison.md#loss: the dtype is
+    the case's)."""
     b, t = baseline.dtype, test.dtype
     if b and t and b != t:
         raise FormatError(test.source or case, f"dtype {t} differs from the baseline's {b} ({baseline.source})")

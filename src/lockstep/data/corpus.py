@@ -1,4 +1,4 @@
-"""Where the training text comes from (SPEC section 3). lockstep ships no third-party data.
+"""Where the training text comes from (docs/reference/training-contract.md#data). lockstep ships no third-party data.
 
 In order:
 1. `--text FILE`: any UTF-8 text file. If its sha256 is Tiny Shakespeare's it *is* Tiny
@@ -11,7 +11,7 @@ In order:
    into Tiny-Shakespeare-like `Speaker:\\nline...\\n\\n` text. That is a different corpus with a
    different name and hash, and it is never called Tiny Shakespeare.
 
-Every Tiny Shakespeare text, cached or downloaded, is checked against the SPEC's sha256; a
+Every Tiny Shakespeare text, cached or downloaded, is checked against the sha256 of training-contract.md; a
 mismatch is an error naming the file (or URL), never a silent switch to another corpus.
 """
 

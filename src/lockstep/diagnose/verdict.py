@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.compare.policy import THRESHOLDS
+from lockstep.compare.policy import loss_threshold
 from lockstep.certify.certificate import Step1Diffs, evaluate_step1
 from lockstep.certify.classify import NONE, Finding, LossCheck, add_drift_findings
 from lockstep.certify.tensors import TensorDiff
@@ -111,7 +111,7 @@ def diagnose_captures(ref: StepCapture, test: StepCapture, case: CaseSpec, drift
     token losses when the baseline is another framework; `diffs`, the same captures already
     compared (`raw_diffs` of a verdict without `fp64`)."""
     ev = evaluate_step1(ref, test, case, adam_eps, structure, fp64, diffs)
-    findings = add_drift_findings(list(ev.findings), drift or [], THRESHOLDS[case.dtype])
+    findings = add_drift_findings(list(ev.findings), drift or [], loss_threshold(case.name, case.dtype)[0])
     notes = list(ref.notes) + list(test.notes)
     if fp64 is not None:
         notes.append("each tensor may also differ by 3x what FP32 moves the reference itself from an FP64 run of "

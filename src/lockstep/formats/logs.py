@@ -1,4 +1,4 @@
-"""Log lines other tools already read (SPEC section 6): writers used by lockstep's runners,
+"""Log lines other tools already read (docs/reference/logs.md): writers used by lockstep's runners,
 and parsers that turn native logs into the common RunRecord.
 
 Each parser's regular expression sits beside the writer of the same line, so that one format
@@ -20,8 +20,8 @@ Formats read by `parse_log_file` (detected per file, `origin` of the record in b
   `MARKER_SCAN_LINES` lines (the runner writes e.g. `[COMMAND] ...` then
   `[INFO] written by lockstep megatron runner ...`).
 
-Megatron-LM's step-2 running-mean quirk (SPEC section 6) is NOT corrected by the parsers: the
-record holds the logged values. `correct_megatron_step2` applies `loss2 = 2*logged2 - loss1`
+Megatron-LM's step-2 running-mean quirk (docs/reference/logs.md#megatron-lm-pretrain_gptpy) is NOT
+corrected by the parsers: the record holds the logged values. `correct_megatron_step2` applies `loss2 = 2*logged2 - loss1`
 when the caller asks (`lockstep compare --megatron-step2-correction`), and never to lockstep's
 own records or logs.
 """

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from lockstep.errors import FormatError
 from lockstep.fsutil import atomic_write, read_text
+from lockstep.step_contract import WARMUP_STEPS
 
 RECORD_SCHEMA = 1
 
@@ -58,12 +59,12 @@ class RunRecord:
     def losses(self) -> list[float]:
         return [s.loss for s in self.steps]
 
-    def mean_tokens_per_s(self, warmup_steps: int = 1) -> float | None:
-        """Mean tok/s over the steps after warm-up (SPEC section 4: averages use steps 2..N)."""
+    def mean_tokens_per_s(self, warmup_steps: int = WARMUP_STEPS) -> float | None:
+        """Mean tok/s over the steps after warm-up (docs/reference/training-contract.md#timing: averages use steps 2..N)."""
         vals = [s.tokens_per_s for s in self.steps if s.step > warmup_steps and s.tokens_per_s is not None]
         return sum(vals) / len(vals) if vals else None
 
-    def mean_step_ms(self, warmup_steps: int = 1) -> float | None:
+    def mean_step_ms(self, warmup_steps: int = WARMUP_STEPS) -> float | None:
         vals = [s.step_ms for s in self.steps if s.step > warmup_steps and s.step_ms is not None]
         return sum(vals) / len(vals) if vals else None
 
@@ -211,7 +212,8 @@ def read_run_record(path: str | os.PathLike) -> RunRecord:
 
 
 def check_steps(record: RunRecord) -> None:
-    """The checks every comparison needs (SPEC section 7); raises FormatError naming the file."""
+    """The checks every comparison needs (docs/reference/comparison.md#what-is-an-error-exit-1-not-a-verdict);
+    raises FormatError naming the file."""
     src = record.source or f"{record.framework}/{record.case}"
     if not record.ok:
         raise FormatError(src, f"the run failed: {record.error or 'no reason recorded'}")

@@ -2,7 +2,7 @@
 
 `[0]` magic, `[1]` version, `[2]` token count. GPT-2 streams are 20240520 / v1 / uint16
 (kind "gpt2"); Llama 3 and Qwen3 streams share 20240801 / v7 / uint32 (kind "uint32": llm.c
-named it for Llama 3, Qwen3 reuses it for its 151,936-entry vocabulary), SPEC section 2. The
+named it for Llama 3, Qwen3 reuses it for its 151,936-entry vocabulary), docs/reference/formats.md#token-streams. The
 payload must hold exactly `count` tokens: llm.c and InfiniTrain trust the count, so a lying
 count misreads silently.
 

@@ -9,7 +9,7 @@ given, and every `--repeat` of it):
     spread    = max - min of the N losses (0 when the reference is bitwise deterministic)
     tolerance = max(threshold, K * spread)
 
-threshold is the dtype's comparison threshold (SPEC section 7: FP32 1e-5, BF16 1e-2), the floor:
+threshold is the case's comparison threshold, the policy's (docs/reference/case-matrices.md#thresholds), the floor:
 a golden file never judges tighter than a live comparison would. K = 3 (GOLDEN_K): the range of a
 handful of repeats underestimates a noisy framework's true spread, and three ranges keep a run
 exactly as noisy as the recorded ones from failing, while a real change of the curve (which
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lockstep.cases.spec import dtype_of_case_name
-from lockstep.compare.policy import THRESHOLDS
+from lockstep.compare.policy import DTYPES, loss_threshold
 from lockstep.errors import FormatError, LockstepError
 from lockstep.formats.run_manifest import baseline_of
 from lockstep.formats.run_record import RunRecord, read_run_record
@@ -91,14 +91,15 @@ def record_golden(run_dirs: list[str | os.PathLike], framework: str | None = Non
             raise FormatError(records[0].source or case, f"case {case}: the recorded runs have different steps "
                               f"({', '.join(str(len(s)) for s in step_sets)} steps); record runs of the same length")
         losses = [{s.step: s.loss for s in r.steps} for r in records]
+        threshold, _ = loss_threshold(case, dtype)
         steps = []
         for step in sorted(losses[0]):
             vals = [ls[step] for ls in losses]
             mean = math.fsum(vals) / len(vals)
             spread = max(vals) - min(vals)
             steps.append({"step": step, "mean": mean, "spread": spread,
-                          "tolerance": max(THRESHOLDS[dtype], k * spread), "n": len(vals)})
-        cases[case] = {"dtype": dtype, "threshold": THRESHOLDS[dtype], "repeats": len(records), "steps": steps,
+                          "tolerance": max(threshold, k * spread), "n": len(vals)})
+        cases[case] = {"dtype": dtype, "threshold": threshold, "repeats": len(records), "steps": steps,
                        "environment": environment_of(records[0])}
     return {"kind": GOLDEN_KIND, "schema": GOLDEN_SCHEMA, "framework": frameworks.pop(), "k": k,
             "tolerance_rule": "max(threshold, k * spread), spread = max - min over the repeats",
@@ -151,9 +152,9 @@ def validate_golden(path: Path, golden: dict) -> None:
         if not isinstance(g, dict):
             raise FormatError(path, f"{where} is {type(g).__name__}, not an object of golden values")
         dtype = g.get("dtype")
-        if dtype not in THRESHOLDS:
-            raise FormatError(path, f"{where}: \"dtype\" is {dtype!r}, not one of {', '.join(THRESHOLDS)}")
-        threshold = THRESHOLDS[dtype]
+        if dtype not in DTYPES:
+            raise FormatError(path, f"{where}: \"dtype\" is {dtype!r}, not one of {', '.join(DTYPES)}")
+        threshold, _ = loss_threshold(case, dtype)  # what golden record used for this case
         steps = g.get("steps")
         if not isinstance(steps, list) or not steps:
             raise FormatError(path, f"{where}: \"steps\" is {json.dumps(steps)}; it must list at least one step")
@@ -183,6 +184,7 @@ def validate_golden(path: Path, golden: dict) -> None:
             if not math.isclose(tol, expected, rel_tol=1e-9, abs_tol=0.0):
                 raise FormatError(path, f"{at}: \"tolerance\" is {tol!r}, not max(threshold, k x spread) = "
                                         f"{expected:.3e} as golden record writes it")
+
 
 
 @dataclass

@@ -5,8 +5,10 @@ framework's identity and the per-step tok/s."""
 from __future__ import annotations
 
 from lockstep.compare.policy import class_of
+from lockstep.compare.throughput import coefficient_of_variation
 
 import datetime as _dt
+import math
 import os
 import platform
 import secrets
@@ -17,6 +19,7 @@ from lockstep.errors import LockstepError
 from lockstep.formats.run_record import RunRecord
 from lockstep.history.keys import case_inputs_sha256, file_sha256
 from lockstep.history.store import ResultRow, RunRow
+from lockstep.step_contract import WARMUP_STEPS
 
 # Frameworks whose code is lockstep's own checkout (its reference trainer) or a pinned PyPI
 # package driven by it: their "commit" in a trend is lockstep's commit.
@@ -29,16 +32,17 @@ def new_run_id(now: _dt.datetime | None = None) -> str:
     return f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
-def tokens_per_s_stats(record: RunRecord, warmup_steps: int = 1) -> dict[str, float | None]:
-    """median, min, max and coefficient of variation (population stdev / mean) of tok/s over the
-    steps after warm-up (SPEC section 4: steps 2..N)."""
+def tokens_per_s_stats(record: RunRecord, warmup_steps: int = WARMUP_STEPS) -> dict[str, float | None]:
+    """median, min, max and coefficient of variation (compare's `coefficient_of_variation`, as the
+    report shows it; None for a mean of 0) of tok/s over the
+    steps after warm-up (docs/reference/training-contract.md#timing: steps 2..N)."""
     vals = [s.tokens_per_s for s in sorted(record.steps, key=lambda s: s.step)
             if s.step > warmup_steps and s.tokens_per_s is not None]
     if not vals:
         return {"tps_median": None, "tps_min": None, "tps_max": None, "tps_cv": None}
-    mean = statistics.fmean(vals)
+    cv = coefficient_of_variation(vals)
     return {"tps_median": statistics.median(vals), "tps_min": min(vals), "tps_max": max(vals),
-            "tps_cv": statistics.pstdev(vals) / mean if mean > 0 else None}
+            "tps_cv": cv if math.isfinite(cv) else None}
 
 
 def identity(record: RunRecord) -> dict[str, str | None]:
@@ -98,7 +102,7 @@ def results_from_comparisons(comparisons: list[dict]) -> list[ResultRow]:
     rows: dict[tuple[str, str], ResultRow] = {}
     for comp in comparisons:
         base_fw, test_fw = comp["baseline_framework"], comp["test_framework"]
-        warmup = (comp.get("options") or {}).get("warmup_steps", 1)
+        warmup = (comp.get("options") or {}).get("warmup_steps", WARMUP_STEPS)
         for c in comp.get("cases", []):
             b, t = c.get("baseline") or {}, c.get("test") or {}
             if (c["case"], base_fw) not in rows:

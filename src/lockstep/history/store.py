@@ -62,7 +62,7 @@ CREATE TABLE IF NOT EXISTS results (
     tps_median REAL,                  -- tok/s over steps 2..N
     tps_min REAL,
     tps_max REAL,
-    tps_cv REAL,                      -- population stdev / mean
+    tps_cv REAL,                      -- sample stdev / mean (compare's coefficient_of_variation)
     inputs_sha256 TEXT,               -- v2: the case's inputs (weights, tokens, steps, hyper-parameters)
     record_sha256 TEXT,               -- v2: the record file's bytes
     peak_mem_mb REAL,                 -- v2: peak allocated device memory

@@ -7,6 +7,7 @@ import io
 import math
 from dataclasses import dataclass
 
+from lockstep.compare.throughput import is_noisy
 from lockstep.history.store import HistoryStore, ResultRow, RunRow
 
 
@@ -31,6 +32,10 @@ class TrendPoint:
     device_name: str | None = None
     torch_version: str | None = None
     megatron_core_version: str | None = None
+
+    @property
+    def noisy(self) -> bool:
+        return is_noisy(self.tps_cv)
 
 
 def short_commit(commit: str | None) -> str:

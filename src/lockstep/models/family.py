@@ -26,7 +26,8 @@ from lockstep.formats import llmc
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """The optimizer of a family's training contract (SPEC section 4); the lr comes from the case."""
+    """The optimizer of a family's training contract (docs/reference/training-contract.md#optimizer-by-family);
+    the lr comes from the case."""
 
     kind: str  # "sgd" (no momentum) | "adam" (bias-corrected, no weight decay)
     beta1: float = 0.9

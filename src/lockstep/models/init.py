@@ -1,7 +1,7 @@
 """llm.c's initialisation, seeded so that every machine writes the same bytes, for every family.
 
 Without a pretrained checkpoint every framework in a comparison must start from the same
-weights, so lockstep makes them (SPEC section 3). Each family states its rule (`InitRule`:
+weights, so lockstep makes them (docs/reference/training-contract.md#inputs). Each family states its rule (`InitRule`:
 which tensors draw N(0, std), which are 1, the rest 0); GPT-2's is llm.c's
 `gpt2_build_from_random` (weights N(0, 0.02), the two projections back into the residual
 stream N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1, only wte's first V rows drawn).

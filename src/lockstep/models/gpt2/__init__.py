@@ -1,4 +1,5 @@
-"""GPT-2: LayerNorm, tanh GELU, learned positions, tied wte/lm_head, SGD (SPEC section 4)."""
+"""GPT-2: LayerNorm, tanh GELU, learned positions, tied wte/lm_head, SGD
+(docs/reference/training-contract.md#model-math)."""
 
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ FAMILY = ModelFamily(
     padding_rows=lambda config: {"wte": config.vocab_size},
 )
 
-# gpt2-tiny keeps NH=12: InfiniTrain's GPT-2 loader rejects any other head count (SPEC section 9),
-# and C=96 keeps a CPU step well under a second.
+# gpt2-tiny keeps NH=12: InfiniTrain's GPT-2 loader rejects any other head count
+# (docs/reference/infinitrain.md#known-facts-infinitrain-b24d92f), and C=96 keeps a CPU step well under a second.
 SHAPES = (
     ModelShape("gpt2", "gpt2", GPT2Config(), "GPT-2 124M"),
     ModelShape("gpt2-tiny", "gpt2", GPT2Config(num_layers=2, num_heads=12, channels=96), "GPT-2 L2 NH12 C96, for CPUs"),

@@ -1,6 +1,6 @@
 """llm.c's GPT-2 checkpoint (`gpt2_124M.bin`), the file InfiniTrain's `gpt2` reads.
 
-Header words (SPEC section 2): [0] 20240326, [1] version (3 = fp32 tensors, 5 = bf16),
+Header words (docs/reference/formats.md#gpt-2-magic-20240326): [0] 20240326, [1] version (3 = fp32 tensors, 5 = bf16),
 [2] maxT, [3] V, [4] L, [5] NH, [6] C, [7] Vp. Tensors in `GPT2Config.tensor_shapes()` order.
 """
 

@@ -1,4 +1,4 @@
-"""GPT-2's shape, exactly as its LLMC header stores it (SPEC section 2)."""
+"""GPT-2's shape, exactly as its LLMC header stores it (docs/reference/formats.md#gpt-2-magic-20240326)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Llama 3: RMSNorm, interleaved RoPE, GQA, SwiGLU, untied head, Adam (SPEC section 4)."""
+"""Llama 3: RMSNorm, interleaved RoPE, GQA, SwiGLU, untied head, Adam (docs/reference/training-contract.md#model-math)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ FAMILY = ModelFamily(
 )
 
 # The tiny shape keeps the real vocabulary: InfiniTrain's llama3 hard-codes sizes that need
-# V >= 128,256 (SPEC section 9). L=4 lets PP=2 x VPP=2 split it.
+# V >= 128,256 (docs/reference/infinitrain.md#known-facts-infinitrain-b24d92f). L=4 lets PP=2 x VPP=2 split it.
 SHAPES = (
     ModelShape("llama3", "llama3", Llama3Config(), "Llama 3.2 1B shape (L16 NH32 kv8 C2048 FFN 8192)"),
     ModelShape("llama3-tiny", "llama3",

@@ -1,6 +1,7 @@
 """llm.c's Llama 3 checkpoint (magic 20240803, version 3 = fp32), the file InfiniTrain's `llama3` reads.
 
-Header words (SPEC section 2): [2] max seq len, [3] V, [4] L, [5] NH, [6] n_kv_head, [7] C,
+Header words (docs/reference/formats.md#llama-3-magic-20240803-version-3):
+[2] max seq len, [3] V, [4] L, [5] NH, [6] n_kv_head, [7] C,
 [8] ffn_dim_multiplier (float32 bits), [9] multiple_of, [10] norm_eps (float32 bits),
 [11] rope_theta (float32 bits), [12] use_scaled_rope, [13] max_gen_batch_size, [14]/[15]
 version major/minor. Tensors in `Llama3Config.tensor_shapes()` order.

@@ -1,4 +1,4 @@
-"""Llama 3's shape, exactly as its LLMC header stores it (SPEC section 2)."""
+"""Llama 3's shape, exactly as its LLMC header stores it (docs/reference/formats.md#llama-3-magic-20240803-version-3)."""
 
 from __future__ import annotations
 

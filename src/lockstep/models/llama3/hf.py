@@ -6,8 +6,8 @@
   (llm.c's `train_llama3.py` does the same), then [Q; K; V] are stacked into qkvw.
 - MLP: up_proj -> fcw (c_fc), gate_proj -> fcw2 (c_fc2), down_proj -> fcprojw.
 - The header has no intermediate size: it stores Meta's ffn_dim_multiplier and multiple_of, from
-  which every reader computes it (SPEC section 2). `ffn_header` picks the pair Meta published for
-  the model's width where one reproduces intermediate_size, else an exact one.
+  which every reader computes it (docs/reference/formats.md#llama-3-magic-20240803-version-3).
+  `ffn_header` picks the pair Meta published for the model's width where one reproduces intermediate_size, else an exact one.
 - rope_scaling of type llama3 (Llama 3.1, 3.2) -> use_scaled_rope 1, as llm.c writes it; the
   header has no room for the factor, and readers apply Llama 3.1's constants.
 - A tied checkpoint (Llama 3.2 1B / 3B) stores no lm_head: the embedding is written as the head.
@@ -38,7 +38,7 @@ MLP = {"fcw": "mlp.up_proj", "fcw2": "mlp.gate_proj", "fcprojw": "mlp.down_proj"
 
 
 def ffn_header(channels: int, intermediate_size: int) -> tuple[float, int] | None:
-    """(ffn_dim_multiplier, multiple_of) whose SPEC formula gives `intermediate_size` at width C,
+    """(ffn_dim_multiplier, multiple_of) whose FFN formula (formats.md) gives `intermediate_size` at width C,
     Meta's own values first; None when no pair can (intermediate_size below 1)."""
     known = META_FFN_PARAMETERS.get((channels, intermediate_size))
     if known is not None:

@@ -1,4 +1,5 @@
-"""Qwen3: Llama 3's math plus QK-norm, half-split RoPE (theta 1e6), Adam (SPEC section 4)."""
+"""Qwen3: Llama 3's math plus QK-norm, half-split RoPE (theta 1e6), Adam
+(docs/reference/training-contract.md#model-math)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The Qwen3 LLMC checkpoint (magic 20240804, version 4): InfiniTrain PR #208's layout.
 
-Header words (SPEC section 2): 20240804, 4, max seq len, V, L, NH, n_kv_head, C,
+Header words (docs/reference/formats.md#qwen3-magic-20240804-version-4): 20240804, 4, max seq len, V, L, NH, n_kv_head, C,
 intermediate size I, 1, rms eps (float32 bits), rope_theta (float32 bits), 0, 4, 1, 0.
 Tensors fp32 in `Qwen3Config.tensor_shapes()` order; the file size must match exactly.
 A version 3 file (a Llama-style header with no intermediate size) is refused.

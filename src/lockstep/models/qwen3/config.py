@@ -1,4 +1,5 @@
-"""Qwen3's shape, exactly as its LLMC v4 header stores it (SPEC section 2, InfiniTrain PR #208)."""
+"""Qwen3's shape, exactly as its LLMC v4 header stores it (InfiniTrain PR #208;
+docs/reference/formats.md#qwen3-magic-20240804-version-4)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Qwen3 in Hugging Face's layout (`Qwen3ForCausalLM`) <-> the LLMC Qwen3 v4 file.
 
-As InfiniTrain-Test's `convert_hf_qwen3_to_llmc.py` lays it out (SPEC section 2): Qwen3 rotates
+As InfiniTrain-Test's `convert_hf_qwen3_to_llmc.py` lays it out
+(docs/reference/formats.md#qwen3-magic-20240804-version-4): Qwen3 rotates
 half-split pairs, HF's own order, so q/k rows are copied as they are (no permutation, unlike
 Llama 3); each layer's q_norm and k_norm become its (2, hd) qknormw; gate_proj -> fcw2, up_proj
 -> fcw, down_proj -> fcprojw; the header stores intermediate_size itself. A tied checkpoint

@@ -1,6 +1,7 @@
 """InfiniTrain per model family: which executable trains it, and what that executable accepts.
 
-Facts of InfiniTrain b24d92f (SPEC section 9) that a case must meet before it is launched;
+Facts of InfiniTrain b24d92f (docs/reference/infinitrain.md#known-facts-infinitrain-b24d92f) that a case
+must meet before it is launched;
 each is a skip or a refusal with the reason, never a crash of the executable.
 """
 

@@ -4,7 +4,7 @@ The user points lockstep at a build directory (`--infinitrain-build DIR`, or the
 variable `LOCKSTEP_INFINITRAIN_BUILD`). The executable gets the case as gflags, the same way
 InfiniTrain's own test script (`scripts/run_models_and_profile.bash`) passes them; its stdout
 and stderr go verbatim into `<case>.log` under a `[COMMAND] ...` line, and the glog step lines
-in that log are the run's results (SPEC sections 6 and 9).
+in that log are the run's results (docs/reference/logs.md#infinitrain, docs/reference/infinitrain.md).
 
 Facts about InfiniTrain this module relies on (example/gpt2/main.cc at commit b24d92f):
 - `--nthread_per_process` is the WHOLE world size: data parallel size = nthread / (TP * PP).
@@ -12,7 +12,7 @@ Facts about InfiniTrain this module relies on (example/gpt2/main.cc at commit b2
   says, so parallel cases cannot run on CPU.
 - With PP > 1 each DP rank reads one batch of B*accum sequences per step instead of accum
   batches of B interleaved with the other ranks; every step still covers the same tokens
-  as SPEC section 4's order, so the step loss is the same mean.
+  as the contract's data order (docs/reference/training-contract.md#data), so the step loss is the same mean.
 - ZeRO is `--zero_stage N` (0 disables its DistributedOptimizer), applied to its DDP.
 - Several nodes: its launcher `infini_run --nnodes --nproc_per_node --node_rank
   --rdzv_endpoint -- EXE FLAGS` forks the processes and sets PROC_WORLD_SIZE = nnodes x

@@ -2,7 +2,7 @@
 
 megatron-core is written for GPUs, but its GPTModel, tensor-parallel layers, pipeline
 schedules, DistributedDataParallel and optimizer are plain PyTorch underneath and run on the
-CPU over gloo once a few CUDA assumptions are answered (SPEC section 8). Each shim below
+CPU over gloo once a few CUDA assumptions are answered. Each shim below
 names the assumption it answers; `apply_cpu_shims` installs them, and the worker calls it only
 when the job runs on the CPU. Nothing here changes any arithmetic.
 

@@ -1,7 +1,8 @@
 """The token stream as megatron-core data: an indexed dataset read through GPTDataset.
 
 The llm.c token file is converted once into a megatron-core indexed dataset (`.bin/.idx`
-written by `IndexedDatasetBuilder`, int32, the whole stream as ONE document, SPEC section 2),
+written by `IndexedDatasetBuilder`, int32, the whole stream as ONE document,
+docs/reference/formats.md#megatron-indexed-dataset),
 cached next to the token file in `<tokens>.megatron/<key>/` where the key is the file's
 sha256 (or its size and mtime when the sha256 is not known). It is read through megatron-core's
 own `GPTDataset`, configured as Megatron-LM's `pretrain_gpt.py` would be for this data but
@@ -9,7 +10,7 @@ without any EOD handling (no position/mask reset, no EOD loss mask). With one do
 is the contiguous window tokens[i*T : i*T+T+1] (tokens = [:-1], labels = [1:]).
 
 GPTDataset shuffles its samples with a seeded permutation; lockstep replaces that shuffle
-index by the identity, so that the data order is the contract's (SPEC section 4): micro step m
+index by the identity, so that the data order is the contract's (docs/reference/training-contract.md#data): micro step m
 of step s on DP rank r reads samples (s*accum + m)*DP*B + r*B + b, b = 0..B-1, which is token
 window p = ((s*accum + m)*DP + r)*B*T -- `lockstep.data.loader.TokenBatches`' order.
 """
@@ -161,7 +162,8 @@ def samples_needed(case: CaseSpec) -> int:
 
 
 def sample_indices(case: CaseSpec, step: int, micro_step: int, dp_rank: int) -> list[int]:
-    """GPTDataset sample indices of a micro batch (step and micro step 0-based), SPEC section 4's order."""
+    """GPTDataset sample indices of a micro batch (step and micro step 0-based), in the contract's data order
+    (docs/reference/training-contract.md#data)."""
     first = ((step * case.accum + micro_step) * case.dp + dp_rank) * case.micro_batch
     return list(range(first, first + case.micro_batch))
 

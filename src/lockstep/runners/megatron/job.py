@@ -16,7 +16,8 @@ from lockstep.models import config_from_dict
 
 WORKER_MODULE = "lockstep.runners.megatron.worker"
 # The marker line every megatron log starts with. The log parsers key on it: Megatron-LM's own
-# `pretrain_gpt.py` logs iteration 2 as the mean of iterations 1 and 2 (SPEC section 6), our
+# `pretrain_gpt.py` logs iteration 2 as the mean of iterations 1 and 2
+# (docs/reference/logs.md#megatron-lm-pretrain_gptpy), our
 # worker logs the true per-step loss, so the step-2 correction must never touch our logs.
 LOG_MARKER = "lockstep megatron runner"
 DATA_SEED = 1234  # GPTDataset's random_seed; only shuffles the (single) document, and the shuffle index is replaced

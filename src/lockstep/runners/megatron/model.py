@@ -1,7 +1,7 @@
 """megatron-core objects for a case: TransformerConfig, GPTModel chunks, DDP, optimizer.
 
 Everything megatron-core is asked to do is chosen here, explicitly, so that the contract of
-SPEC section 4 is visible in one place:
+the training contract (docs/reference/training-contract.md) is visible in one place:
 - The family's math comes from its adapter (families/: norms, activation, biases, positions,
   RoPE pairing, QK-norm, tied or untied output). What every family shares is set here: softmax
   in FP32 scaled by 1/sqrt(hd) (no query-key layer scaling), no dropout, no fused kernels

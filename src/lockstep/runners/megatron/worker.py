@@ -6,7 +6,8 @@ correction to it), the config (`seq_length=T`, ...), then per step Megatron-LM's
 with the TRUE loss of that step and a `PERF step` line, and a `PERF summary` line at the end.
 Rank 0 also streams each step to the parent through launch.ResultsWriter.
 
-One optimizer step, as SPEC section 4 times it: synchronize, start; zero the gradient buffers;
+One optimizer step, as the contract times it (docs/reference/training-contract.md#timing): synchronize,
+start; zero the gradient buffers;
 megatron-core's forward-backward schedule over `accum` micro batches (no pipelining, or 1F1B /
 interleaved 1F1B with PP > 1), reading each micro batch from GPTDataset inside the schedule;
 DDP's gradient all-reduce (in `finalize_model_grads`); the optimizer step; synchronize, stop.
@@ -45,7 +46,7 @@ from lockstep.runners.megatron.job import DATA_SEED, LOG_MARKER, MODEL_SEED, Meg
 from lockstep.runners.megatron.capture import StepRecorder, logged_micro_loss
 from lockstep.runners.megatron.parallel import ParallelLayout
 from lockstep.runners.nodes import reports_results
-from lockstep.step_contract import Phases, StepClock, fp32_sequential_of_tensors, slowest_rank
+from lockstep.step_contract import Phases, StepClock, after_warmup, fp32_sequential_of_tensors, slowest_rank
 
 
 def _say(layout: ParallelLayout, text: str) -> None:
@@ -320,7 +321,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
         final = final_canonical_params(chunks, shards, job.model, adapter, layout)
         if layout.rank == 0:
             write_final_params(job.final_params_path, final)
-    measured_ms, measured_rates = (times_ms[1:], rates[1:]) if len(times_ms) > 1 else (times_ms, rates)
+    measured_ms, measured_rates = after_warmup(times_ms), after_warmup(rates)
     _say(layout, perf_summary_line(len(measured_ms), sum(measured_ms) / len(measured_ms),
                                    sum(measured_rates) / len(measured_rates)))
     device_name = torch.cuda.get_device_name(layout.device) if layout.device.type == "cuda" else "cpu"

@@ -23,12 +23,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from lockstep.capture.request import MAX_MICRO_BATCHES, CaptureBuilder, CaptureRequest, micro_name
 from lockstep.cases.spec import CaseSpec
 from lockstep.data.loader import TokenBatches
 from lockstep.formats.step_capture import StepCapture
+from lockstep.runners.pytorch import step as reference_step
+from lockstep.runners.pytorch.step import MicroBatch
 from lockstep.step_contract import fp32_matmul_precision, logged_step_loss
 
 # A tensor counts as tied when uses other than its embedding lookup carry this share of its gradient.
@@ -183,28 +184,31 @@ def capture_step(model: nn.Module, case: CaseSpec, tokens: np.ndarray, request: 
     # The backward below is of mean / (accum * dp); a framework's own backward of a micro batch is
     # of mean / accum (DP averages parameter gradients, not activations): output gradients × DP.
     recorder = StepRecorder(model, case, request, framework=framework, output_grad_scale=case.dp)
-    means: list[torch.Tensor] = []
-    first_x = None
+    divisor = case.accum * case.dp
+
+    def micro_batches():
+        for dp_rank in range(case.dp):
+            batches = TokenBatches(tokens, case, dp_rank=dp_rank)
+            for micro in range(case.accum):
+                x, y = batches.micro_batch(0, micro)
+                yield MicroBatch(x.to(device), y.to(device), dp_rank, micro)
+
+    def losses_of(mb: MicroBatch) -> torch.Tensor:
+        recorder.micro_batch(mb.dp_rank, mb.micro)
+        return reference_step.token_losses(model, mb.x, mb.y, case.is_bf16, recorder.loss)
+
+    captured: list[StepCapture] = []
+
+    def finish(means: list[torch.Tensor], first_x: torch.Tensor) -> None:
+        captured.append(recorder.finish(logged_step_loss(means, case.accum, case.dp), first_x))
+
     try:
         with fp32_matmul_precision(enabled_tf32=False):
-            for dp_rank in range(case.dp):
-                batches = TokenBatches(tokens, case, dp_rank=dp_rank)
-                for micro in range(case.accum):
-                    x, y = batches.micro_batch(0, micro)
-                    x, y = x.to(device), y.to(device)
-                    first_x = x if first_x is None else first_x
-                    recorder.micro_batch(dp_rank, micro)
-                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=case.is_bf16):
-                        logits, _ = model(x)
-                    # FP32 logits for the loss, as the trainer computes it (FP64 for a model in FP64).
-                    losses = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)).view(
-                        -1, logits.size(-1)), y.view(-1), reduction="none")
-                    recorder.loss(logits, losses)
-                    (losses.mean() / (case.accum * case.dp)).backward()
-                    means.append(losses.detach())
-        capture = recorder.finish(logged_step_loss(means, case.accum, case.dp), first_x)
+            # No optimizer: the step's gradients are recorded, the weights stay step 0's.
+            reference_step.contract_step(micro_batches(), losses_of, divisor, before_update=finish)
     finally:
         recorder.close()
+    capture = captured[0]
     model.zero_grad(set_to_none=True)
     return capture
 

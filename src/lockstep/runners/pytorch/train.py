@@ -1,6 +1,6 @@
 """The reference training loop, run in-process (one device) or per rank under torchrun.
 
-Follows the training contract of SPEC section 4 line by line: the contract's data order,
+Follows the training contract (docs/reference/training-contract.md) line by line: the contract's data order,
 mean CE / accum summed over micro steps and averaged over DP ranks, the family's optimizer
 (SGD for GPT-2, Adam for Llama 3 / Qwen3) at a constant lr, FP32 with TF32 off or bf16
 autocast around the forward with FP32 parameters, and a step time measured between two device
@@ -19,7 +19,6 @@ from typing import Callable, TextIO
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from lockstep.cases.spec import CaseSpec
 from lockstep.data.loader import TokenBatches
@@ -33,13 +32,15 @@ from lockstep.models.family import OptimizerSpec
 from lockstep.capture.request import CaptureRequest
 from lockstep.formats.step_capture import StepCapture
 from lockstep.runners.nodes import reports_results
+from lockstep.runners.pytorch import step as reference_step
 from lockstep.runners.pytorch.capture import StepRecorder, capture_step
 from lockstep.runners.pytorch import checkpoint as saved_state
 from lockstep.runners.pytorch.checkpoint import CheckpointPlan, ShiftedBatches, gather_rank_losses
+from lockstep.runners.pytorch.step import MicroBatch
 from lockstep.runners.memory import peak_memory_info
 from lockstep.models.reference import llmc_state
 from lockstep.runners.base import write_final_params
-from lockstep.step_contract import (Phases, StepClock, fp32_matmul_precision, fp32_sequential_of_tensors,
+from lockstep.step_contract import (Phases, StepClock, after_warmup, fp32_matmul_precision, fp32_sequential_of_tensors,
                                     slowest_rank, step_loss_fp64)
 
 
@@ -164,42 +165,40 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
             shift = saved_state.load_training_state(checkpoints.resume, train_model, optimizer)
         first_step = checkpoints.resume.step
         batches = ShiftedBatches(batches, shift) if shift else batches
+    recorder: StepRecorder | None = None  # set on step 1 of an in-run capture
+
+    # One step of the contract (runners/pytorch/step.py).
+    def micro_batches(step: int):
+        for micro in range(case.accum):
+            x, y = batches.micro_batch(step, micro)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            last = micro == case.accum - 1
+            yield MicroBatch(x, y, 0, micro, no_sync(ddp, case) if (ddp is not None and not last)
+                             else contextlib.nullcontext())
+
+    def losses_of(mb: MicroBatch) -> torch.Tensor:
+        if recorder:
+            recorder.micro_batch(mb.dp_rank, mb.micro)
+        return reference_step.token_losses(train_model, mb.x, mb.y, case.is_bf16,
+                                           recorder.loss if recorder else None)
+
+    def record_step1(micro_losses: list, first_x: torch.Tensor) -> None:
+        # Step 1 is warm-up (not in tok/s): reading the gradients here costs no measured time.
+        try:
+            began = time.perf_counter()
+            recorder.finish(float(step_loss_fp64(micro_losses, case.accum).item()), first_x)
+            info["step1_capture"] = capture.path
+            info["step1_capture_seconds"] = round(time.perf_counter() - began, 3)
+        except Exception as e:  # a capture that fails costs the certificate, never the run
+            info["step1_capture_error"] = f"{type(e).__name__}: {e}"
+
     with fp32_matmul_precision(enabled_tf32=False), phases("training"):
         for step in range(first_step, case.steps):
             recorder = StepRecorder(model, case, capture) if (capture is not None and step == 0) else None
             try:
                 with StepClock(device) as clock:
-                    optimizer.zero_grad(set_to_none=True)
-                    micro_losses = []
-                    first_x = None
-                    for micro in range(case.accum):
-                        x, y = batches.micro_batch(step, micro)
-                        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                        first_x = x if first_x is None else first_x
-                        last = micro == case.accum - 1
-                        sync_ctx = no_sync(ddp, case) if (ddp is not None and not last) else contextlib.nullcontext()
-                        if recorder:
-                            recorder.micro_batch(0, micro)
-                        with sync_ctx:
-                            # BF16 = autocast around the forward only; parameters and SGD stay FP32.
-                            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=case.is_bf16):
-                                logits, _ = train_model(x)
-                            token_losses = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1),
-                                                           reduction="none")
-                            if recorder:
-                                recorder.loss(logits, token_losses)
-                            (token_losses.mean() / case.accum).backward()
-                        micro_losses.append(token_losses.detach())
-                    if recorder:
-                        # Step 1 is warm-up (not in tok/s): reading the gradients here costs no measured time.
-                        try:
-                            began = time.perf_counter()
-                            recorder.finish(float(step_loss_fp64(micro_losses, case.accum).item()), first_x)
-                            info["step1_capture"] = capture.path
-                            info["step1_capture_seconds"] = round(time.perf_counter() - began, 3)
-                        except Exception as e:  # a capture that fails costs the certificate, never the run
-                            info["step1_capture_error"] = f"{type(e).__name__}: {e}"
-                    optimizer.step()
+                    micro_losses = reference_step.contract_step(micro_batches(step), losses_of, case.accum, optimizer,
+                                                                record_step1 if recorder else None)
             finally:
                 if recorder:
                     recorder.close()
@@ -234,9 +233,9 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     with phases("teardown"):
         if final_params_path and pg.reports:
             write_final_params(final_params_path, llmc_state(model))
-    measured = times_ms[1:] or times_ms
+    measured = after_warmup(times_ms)
     if pg.reports:
-        print(perf_summary_line(len(measured), sum(measured) / len(measured), sum(tps[1:] or tps) / len(measured)),
+        print(perf_summary_line(len(measured), sum(measured) / len(measured), sum(after_warmup(tps)) / len(measured)),
               file=log, flush=True)
     return {**info, **phases.report(),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -335,17 +334,22 @@ def train_fp64(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
         model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config).to(dtype=torch.float64)
     optimizer = build_optimizer(family.optimizer, model.parameters(), case.lr)
     batches = [TokenBatches(stream.tokens, case, dp_rank=r) for r in range(case.dp)]
-    steps = []
-    for step in range(case.steps):
-        optimizer.zero_grad(set_to_none=True)
-        loss = 0.0
+    divisor = case.accum * case.dp
+
+    def micro_batches(step: int):
         for dp_batches in batches:
             for micro in range(case.accum):
                 x, y = dp_batches.micro_batch(step, micro)
-                logits, _ = model(x.to(device))
-                token_losses = F.cross_entropy(logits.view(-1, logits.size(-1)), y.to(device).view(-1), reduction="none")
-                (token_losses.mean() / (case.accum * case.dp)).backward()
-                loss += float(token_losses.detach().mean().item()) / (case.accum * case.dp)
-        optimizer.step()
+                yield MicroBatch(x.to(device), y.to(device))
+
+    steps = []
+    for step in range(case.steps):
+        micro_losses = reference_step.contract_step(
+            micro_batches(step), lambda mb: reference_step.token_losses(model, mb.x, mb.y, bf16=False), divisor,
+            optimizer)
+        # Summed as Python floats (FP64), the evidence run's way since it was written.
+        loss = 0.0
+        for losses in micro_losses:
+            loss += float(losses.mean().item()) / divisor
         steps.append(StepRecord(step=step + 1, loss=loss, lr=case.lr))
     return steps

@@ -31,7 +31,9 @@ from lockstep.models import family as model_family
 from lockstep.models import load_checkpoint
 from lockstep.models.family import OptimizerSpec
 from lockstep.runners.memory import peak_memory_info
-from lockstep.step_contract import Phases, StepClock, fp32_matmul_precision, fp32_sequential_of_tensors, step_loss_fp64
+from lockstep.runners.pytorch import step as reference_step
+from lockstep.runners.pytorch.step import MicroBatch
+from lockstep.step_contract import Phases, StepClock, after_warmup, fp32_matmul_precision, fp32_sequential_of_tensors, step_loss_fp64
 
 
 def sdpa_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -119,10 +121,7 @@ def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     batches = TokenBatches(stream.tokens, case)
 
     def token_losses(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        # BF16 = autocast around the forward only; the loss is FP32 (as the reference).
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=case.is_bf16):
-            logits, _ = model(x)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1), reduction="none")
+        return reference_step.token_losses(model, x, y, case.is_bf16)  # the reference's forward and loss
 
     forward = token_losses
     if compile_model:
@@ -142,16 +141,14 @@ def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
         print(f"note: {note}", file=log, flush=True)
 
     def one_step(step: int) -> tuple[float, list[torch.Tensor]]:
-        with StepClock(device) as clock:
-            optimizer.zero_grad(set_to_none=True)
-            micro_losses = []
+        def micro_batches():
             for micro in range(case.accum):
                 x, y = batches.micro_batch(step, micro)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                losses = forward(x, y)
-                (losses.mean() / case.accum).backward()
-                micro_losses.append(losses.detach())
-            optimizer.step()
+                yield MicroBatch(x.to(device, non_blocking=True), y.to(device, non_blocking=True), 0, micro)
+
+        with StepClock(device) as clock:
+            micro_losses = reference_step.contract_step(micro_batches(), lambda mb: forward(mb.x, mb.y), case.accum,
+                                                        optimizer)
         return clock.seconds, micro_losses
 
     if device.type == "cuda":
@@ -184,7 +181,7 @@ def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
             times_ms.append(step_ms)
             rates.append(tokens_per_s)
     phases.lap("training")
-    measured_ms, measured_rates = (times_ms[1:], rates[1:]) if len(times_ms) > 1 else (times_ms, rates)
+    measured_ms, measured_rates = after_warmup(times_ms), after_warmup(rates)
     print(perf_summary_line(len(measured_ms), sum(measured_ms) / len(measured_ms),
                             sum(measured_rates) / len(measured_rates)), file=log, flush=True)
     return {**phases.report(), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -12,7 +12,8 @@
     lm_head                output_layer.weight  (last stage)                  rows (vocab)
 
 - `linear_qkv` rows are grouped per query group, `[q of the group's NH/kv heads, k, v]` for each
-  kv group, while LLMC stores `[Q; K; V]` (SPEC section 2); TP gives each rank whole groups.
+  kv group, while LLMC stores `[Q; K; V]` (docs/reference/formats.md#llama-3-magic-20240803-version-3);
+  TP gives each rank whole groups.
 - Megatron's gated linear unit applies the activation to the first half of fc1's output and
   multiplies by the second (`silu(x[0]) * x[1]`), so fc1 = [gate; up] (LLMC c_fc2 is the gate).
   Column-parallel TP splits fc1's output per rank, so each rank holds its slice of both halves.

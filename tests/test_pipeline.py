@@ -5,7 +5,10 @@ calls failed."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import re
 import sqlite3
 
@@ -38,9 +41,6 @@ def pytorch_megatron_run(tmp_path_factory, tiny_checkpoint, training_tokens):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOCKSTEP_HISTORY", str(root / "history.sqlite"))
         mp.setattr(comparison, "judge_case", lambda case, *a, **k: (judged.append(case), real(case, *a, **k))[1])
-        import contextlib
-        import io
-
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             rc = main(["run", "--frameworks", "pytorch,megatron", "--cases", "gpt2_1", "--steps", "2",
@@ -123,3 +123,21 @@ def test_a_run_that_fails_after_its_comparison_is_not_in_the_history(capsys, tmp
     assert rc == 1 and "nothing was compared" in out, err
     assert json.loads((tmp_path / "o" / "run.json").read_text())["status"] == "finished"
     assert history_rows(private_history) == 1
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only directories")
+def test_a_junit_file_in_a_read_only_directory_is_refused_before_anything_trains(capsys, tmp_path, tiny_checkpoint,
+                                                                               training_tokens):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        rc, out, err = run_cli(capsys, "--frameworks", "pytorch", "--cases", "gpt2_1", "--steps", "1", "--device",
+                               "cpu", "--llmc", str(tiny_checkpoint), "--data", str(training_tokens),
+                               "--out", str(tmp_path / "o"), "--junit", str(locked / "junit.xml"))
+    finally:
+        locked.chmod(0o755)
+    assert rc == 1 and "Traceback" not in err
+    assert err.strip() == (f"lockstep: error: {locked / 'junit.xml'}: cannot write the JUnit XML: permission denied "
+                           f"({locked} is not writable)")
+    assert not (tmp_path / "o").exists()

@@ -154,6 +154,15 @@ def run_pipeline(request: RunRequest, *, options: CompareOptions | None = None, 
     check_before_run(request, outputs, force)  # a bad --out, --junit or history: refused before any work
     with timing.stage("plan"):
         plan = plan_run(request, repeat=repeat)
+    try:
+        return _run_planned(plan, options, repeat, force, outputs, observer, early_groups, timing)
+    finally:
+        if plan.cuda_start is not None:
+            plan.cuda_start.join()  # long done by now; a thread alive at shutdown would be fatal
+
+
+def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: bool, outputs: RunOutputs,
+                 observer: RunObserver, early_groups: dict | None, timing: "RunTiming") -> RunResult:
     plan.early_groups = dict(early_groups or {})
     if early_groups:
         early_groups.clear()  # the plan's now: execute_plan takes or stops them
@@ -203,6 +212,13 @@ def run_pipeline(request: RunRequest, *, options: CompareOptions | None = None, 
         # One account of the run's time, frozen here: run.json, the report and the terminal show it.
         result.timing = timing.to_json(result.outcomes)
         run_dir.update_manifest(timing=result.timing)
+        # The history row is made now (the report's trends show it) and appended once the run finished.
+        history_run = None
+        if outputs.history is not None:
+            try:
+                history_run = history_run_of(result)
+            except LockstepError as e:
+                result.history_error = str(e)  # said at the end; the run's own outputs stand
         if report_paths:
             from lockstep.report import write_report
             from lockstep.report.data import gather
@@ -213,12 +229,12 @@ def run_pipeline(request: RunRequest, *, options: CompareOptions | None = None, 
             data.timing = result.timing
             result.report_paths = list(write_report(plan.out_dir, baseline_framework=baseline, options=options,
                                                     history_path=outputs.history, data=data,
-                                                    pending_history=pending_history_run(result, outputs)))
+                                                    pending_history=history_run))
         run_dir.mark(STATUS_FINISHED, verdict=result.verdict.word, verdict_lines=result.verdict.lines,
                      timing=result.timing)
-    if outputs.history is not None:
+    if history_run is not None:
         # Only now: a run that run.json does not call finished is never in the history.
-        result.history_error = append_to_history(result, Path(outputs.history))
+        result.history_error = append_to_history(result, history_run, Path(outputs.history))
     return result
 
 
@@ -228,22 +244,20 @@ def report_paths_of(plan: RunPlan) -> list[Path]:
     return [plan.out_dir / HTML_NAME, plan.out_dir / MARKDOWN_NAME]
 
 
-def pending_history_run(result: RunResult, outputs: RunOutputs):
-    """The history row this run will add once it has finished (the report's trends include it)."""
-    if outputs.history is None:
-        return None
+def history_run_of(result: RunResult):
+    """The history's row of this run (a RunRow)."""
     from lockstep.history import run_from_summary
 
     return run_from_summary(result.summary, result.plan.out_dir)
 
 
-def append_to_history(result: RunResult, path: Path) -> str | None:
+def append_to_history(result: RunResult, run, path: Path) -> str | None:
     """Append the run; a history that cannot be written is said (and fails the exit code) but
     never loses the run's own outputs."""
-    from lockstep.history import HistoryStore, run_from_summary
+    from lockstep.history import HistoryStore
 
     try:
-        HistoryStore(path).append(run_from_summary(result.summary, result.plan.out_dir))
+        HistoryStore(path).append(run)
     except LockstepError as e:
         return str(e)
     result.history_path = path

@@ -91,6 +91,7 @@ class RunPlan:
     # (case, framework) -> why that pair does not run here; None until asked (`skip_reason` fills
     # it from the runners: a plan made by hand in a test lists no skips of its own).
     skips: dict[tuple[str, str], str] | None = None
+    cuda_start: Any = None  # the thread making this process's CUDA context (joined before the run ends)
 
     def skip_reason(self, case: CaseSpec, runner: FrameworkRunner) -> str | None:
         """Why the pair does not run here, or None when it runs."""
@@ -128,9 +129,11 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def start_cuda_beside() -> None:
+def start_cuda_beside():
     """Make this process's CUDA context in a background thread (the driver works without the GIL):
-    the first in-process case then finds it made, while the plan hashes and checks files."""
+    the first in-process case then finds it made, while the plan hashes and checks files. Returns
+    the thread, which the run joins before it ends: a thread inside the driver at interpreter
+    shutdown is a fatal error."""
     import threading
 
     import torch
@@ -141,7 +144,9 @@ def start_cuda_beside() -> None:
         except Exception:  # the first case meets the same failure and says it, as a failed run
             pass
 
-    threading.Thread(target=start, name="lockstep-cuda-start", daemon=True).start()
+    thread = threading.Thread(target=start, name="lockstep-cuda-start", daemon=True)
+    thread.start()
+    return thread
 
 
 def default_frameworks(notes: list[str]) -> list[str]:
@@ -277,7 +282,18 @@ def plan_run(req: RunRequest, repeat: int = 1, make_files: bool = True) -> RunPl
 
         if not torch.cuda.is_available():
             raise LockstepError("--device cuda was asked for but torch sees no CUDA device")
-        start_cuda_beside()
+    cuda_start = start_cuda_beside() if device == "cuda" and make_files else None
+    try:
+        plan = _resolve(req, repeat, make_files, device, notes)
+    except BaseException:
+        if cuda_start is not None:
+            cuda_start.join()
+        raise
+    plan.cuda_start = cuda_start
+    return plan
+
+
+def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes: list[str]) -> RunPlan:
     cache = Path(req.cache_dir) if req.cache_dir else default_cache_dir()
 
     all_cases = load_matrix(req.matrix, model=req.model, groups=req.groups, notes=notes)
@@ -302,19 +318,10 @@ def plan_run(req: RunRequest, repeat: int = 1, make_files: bool = True) -> RunPl
                      f"{max(nodes.procs_per_node(c.world_size) for c in crowded)} ranks on "
                      f"{available_devices(device)} CPU cores (gloo, 1 torch thread per rank): slower, same arithmetic")
 
-    # The runners, and for every pair whether it runs here (known before any file is made).
     frameworks = req.frameworks or default_frameworks(notes)
     if len(set(frameworks)) != len(frameworks):
         raise LockstepError(f"--frameworks lists a framework twice: {','.join(frameworks)}")
     runners = [get_runner(name, **runner_options(name, req)) for name in frameworks]
-    # (A seeded init is not made yet: the pairs are judged on its shape, and again below on the file.)
-    placeholders = {c.name: RunInputs(checkpoint=models[c.model].checkpoint or Path("-"), tokens=Path("-"),
-                                      model=models[c.model].config, device=device, model_name=models[c.model].name,
-                                      timeout_s=req.timeout_s, oversubscribe=oversubscribe, nodes=nodes)
-                    for c in cases}
-    skips = pair_skips(cases, runners, placeholders, unrunnable)
-    skip_unpaired_baselines(cases, runners, skips, repeat)
-    running = [c for c in cases if any((c.name, r.name) not in skips for r in runners)]
 
     # Tokens: the user's token file, or Tiny Shakespeare (or the named offline corpus) prepared
     # once per tokenizer the cases' families use.
@@ -333,9 +340,9 @@ def plan_run(req: RunRequest, repeat: int = 1, make_files: bool = True) -> RunPl
         if not prepared.is_tiny_shakespeare:
             notes.append(f"corpus: {prepared.corpus_description}")
 
-    # Weights: a seeded llm.c init per shape that some pair will run (cached), or the user's file.
+    # Weights: a seeded llm.c init per shape that some case will run here (cached), or the user's file.
     for name, m in list(models.items()):
-        if make_files and m.checkpoint is None and any(c.model == name for c in running):
+        if make_files and m.checkpoint is None and any(c.model == name and c.name not in unrunnable for c in cases):
             path = ensure_initial_checkpoint(cache, name, family(m.family), m.config, req.seed)
             models[name] = PlannedModel(name, m.family, m.config, path, req.seed)
             notes.append(f"weights: llm.c init of {name} (seed {req.seed}), {path}")
@@ -345,9 +352,11 @@ def plan_run(req: RunRequest, repeat: int = 1, make_files: bool = True) -> RunPl
     lengths: dict[tuple[Path, int], int] = {}
     for case in cases:
         m = models[case.model]
-        if not make_files:
+        if not make_files:  # --dry-run: no token file, no weights made (a --llmc file is named)
             case.check(max_seq_len=m.config.max_seq_len)
-            inputs[case.name] = placeholders[case.name]
+            inputs[case.name] = RunInputs(checkpoint=m.checkpoint or Path("-"), tokens=Path(req.data or "-"),
+                                          model=m.config, device=device, model_name=m.name, timeout_s=req.timeout_s,
+                                          oversubscribe=oversubscribe, nodes=nodes)
             continue
         path, corpus, sha = tokens[family(m.family).tokenizer]
         if (path, m.config.vocab_size) not in lengths:
@@ -359,12 +368,12 @@ def plan_run(req: RunRequest, repeat: int = 1, make_files: bool = True) -> RunPl
             checkpoint_sha256=checkpoint_digest(m.checkpoint, cache) if m.checkpoint is not None else "",
             tokens_sha256=sha, corpus=corpus, timeout_s=req.timeout_s, oversubscribe=oversubscribe, nodes=nodes)
 
+    # Every pair that will not run here, with the reason (the runners judge the real inputs).
     skips = pair_skips(cases, runners, inputs, unrunnable)
     notes.extend(skip_unpaired_baselines(cases, runners, skips, repeat))
-    running = [c for c in cases if any((c.name, r.name) not in skips for r in runners)]
     out_dir = Path(req.out) if req.out else Path("lockstep-out")
     for runner in runners:
-        for m in {inputs[c.name].model_name: inputs[c.name] for c in running}.values():
+        for m in {i.model_name: i for c, i in inputs.items() if c not in unrunnable}.values():
             runner.preflight(m)  # e.g. a missing InfiniTrain binary stops here, before any run
     return RunPlan(out_dir=out_dir, device=device, cases=cases, inputs=inputs, runners=runners, notes=notes,
                    unrunnable=unrunnable, nodes=nodes, persistent_workers=req.persistent_workers,

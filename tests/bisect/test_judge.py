@@ -63,9 +63,16 @@ def test_nothing_compared_or_no_summary_cannot_be_judged(tmp_path):
     assert (j.state, j.verdict) == (SKIP, "NO SUMMARY") and "did not reach its comparison" in j.reason
 
 
-def test_a_pair_failed_by_its_certificate_says_the_cause_in_its_reason(tmp_path):
-    # Within the loss threshold the loss did not decide it: the reason says what did.
-    write_summary(tmp_path, [case("gpt2_1", passed=False, diff=7.2e-6, verdict="FAIL",
-                                  cause="gradient of ln1b only, in 2 layers (0..1)")])
+def test_a_pair_only_its_certificate_fails_is_bad_and_says_so(tmp_path):
+    """The loss agrees (2.8e-7 within FP32's 1e-5) but the step-1 certificate differs: bad, and the
+    sentence says the certificate decided; the same pair with an agreeing certificate is good."""
+    differs = {"available": True, "holds": False}
+    write_summary(tmp_path, [case(passed=False, verdict="FAIL", certificate=differs, cause="gradient of ln1b only")])
     j = judge_run(tmp_path)
-    assert j.state == BAD and j.reason.endswith("threshold 1e-05; gradient of ln1b only, in 2 layers (0..1)")
+    assert (j.state, j.verdict, j.certificate, j.cause) == (BAD, "FAIL", "differs", "gradient of ln1b only")
+    assert j.reason == ("gpt2_1 infinitrain vs pytorch: FAIL, the step-1 certificate differs while the loss agrees "
+                        "(max |Δloss| 2.800e-07 at step 3, threshold 1e-05)")
+    write_summary(tmp_path, [case(certificate={"available": True, "holds": True})])
+    assert (judge_run(tmp_path).state, judge_run(tmp_path).certificate) == (GOOD, "agrees")
+    write_summary(tmp_path, [case(certificate={"available": False, "problem": "no capture"})])
+    assert judge_run(tmp_path).certificate == "not made"

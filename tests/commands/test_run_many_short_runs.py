@@ -32,3 +32,23 @@ def test_a_dozen_short_runs_all_exit_0(tmp_path, tiny_checkpoint, training_token
                               env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, f"run {i + 1} of {RUNS}: exit {done.returncode}\n{done.stderr[-2000:]}"
         assert "Fatal Python error" not in done.stderr
+
+
+def test_no_thread_of_lockstep_outlives_a_run(tmp_path, tiny_checkpoint, training_tokens, monkeypatch):
+    """In process, deterministic: a run with --no-report starts no report-import thread (before, every
+    run did, the moment its in-process pairs were done), and a run leaves no lockstep thread alive."""
+    import threading
+
+    import lockstep.commands.run as run_command
+    from lockstep.cli import main
+
+    started = []
+    real = run_command.import_report_beside
+    monkeypatch.setattr(run_command, "import_report_beside", lambda: started.append(1) or real())
+    for extra in (["--no-report"], []):
+        rc = main(["run", "--frameworks", "pytorch", "--cases", "gpt2_1", "--steps", "1", "--device", "cpu",
+                   "--llmc", str(tiny_checkpoint), "--data", str(training_tokens), "--no-certify", "--force",
+                   "--no-history", "--out", str(tmp_path / "o"), *extra])
+        assert rc == 0
+        assert [t.name for t in threading.enumerate() if t.name.startswith("lockstep-")] == []
+    assert started == []  # pytorch's one-device pairs run in this process: it never waits on a worker group

@@ -54,9 +54,9 @@ def test_gpt2_tiny_pytorch_repeat_2_is_bitwise_identical(tmp_path, capsys, tiny_
     assert junit.is_file()
 
 
-def test_unusable_history_is_refused_before_any_case_trains(tmp_path, capsys, tiny_checkpoint, random_tokens):
-    # Every output is checked before the first case (issue 36, item 3): a history file that is not
-    # lockstep's database stops the run before it trains, naming the file; no out dir is left.
+def test_unusable_history_is_refused_before_anything_trains(tmp_path, capsys, tiny_checkpoint, random_tokens):
+    """A history file that is no lockstep history is said before the first case trains (issue 36,
+    item 3), not after the run: nothing is trained or written, exit 1."""
     bad = tmp_path / "history.sqlite"
     bad.write_bytes(b"not a database" * 100)
     out = tmp_path / "out"
@@ -64,7 +64,8 @@ def test_unusable_history_is_refused_before_any_case_trains(tmp_path, capsys, ti
                "--data", str(random_tokens), "--device", "cpu", "--out", str(out), "--no-report", "--history", str(bad)])
     _, stderr = capsys.readouterr()
     assert rc == 1 and not out.exists()
-    assert f"{bad}: cannot use it as the lockstep history database (SQLite: file is not a" in " ".join(stderr.split())
+    assert f"lockstep: error: {bad}: cannot use it as the lockstep history database (SQLite: file is not a" \
+           in " ".join(stderr.split())
 
 
 def test_no_history_appends_nothing(tmp_path, capsys, tiny_checkpoint, random_tokens, private_history):

@@ -228,18 +228,18 @@ def print_plan(console: Console, plan: RunPlan) -> None:
     console.print(f"plan: {len(plan.cases)} case(s) x {', '.join(names)} (baseline {names[0]}) on {plan.device} | "
                   f"out {plan.out_dir} (nothing is written by --dry-run)", highlight=False, soft_wrap=True)
     t = Table(title="plan")
-    for col in ("case", "model", "config", "steps", "runs on", "skipped"):
+    for col in ("case", "model", "config", "steps", "runs on", "skipped (why: below)"):
         t.add_column(col)
     runs = skips = 0
     for case in plan.cases:
         on = [r.name for r in plan.runners if plan.runs(case, r)]
-        skipped = [f"{r.name}: {plan.skip_reason(case, r)}" for r in plan.runners if not plan.runs(case, r)]
+        skipped = [r.name for r in plan.runners if not plan.runs(case, r)]
         runs += len(on)
         skips += len(skipped)
         t.add_row(case.name, case.model, f"{case.dtype} {case.parallel_label} B={case.micro_batch} T={case.seq_len}",
-                  str(case.steps), ", ".join(on) or "-", "\n".join(skipped) or "-")
+                  str(case.steps), ", ".join(on) or "-", ", ".join(skipped) or "-")
     console.print(t)
-    for case in plan.cases:
+    for case in plan.cases:  # one line per skip, `skip FRAMEWORK/CASE: reason`, for people and scripts
         for r in plan.runners:
             if not plan.runs(case, r):
                 console.print(f"skip {r.name}/{case.name}: {plan.skip_reason(case, r)}", highlight=False,

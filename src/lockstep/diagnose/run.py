@@ -93,7 +93,9 @@ def _check_pair(frameworks: list[str]) -> None:
 def _plan_from_run_dir(req: DiagnoseRequest) -> DiagnosePlan:
     run_dir = Path(req.run_dir)
     manifest_path = run_manifest.manifest_path(run_dir)
-    manifest = run_manifest.require_manifest(run_dir)
+    if not manifest_path.is_file():
+        raise LockstepError(f"{run_dir}: no run.json, so not a directory `lockstep run` wrote")
+    manifest = run_manifest.read_manifest(run_dir)
     cases = {c["name"]: CaseSpec.from_dict(c) for c in manifest.get("cases", [])}
     if req.case not in cases:
         raise LockstepError(f"{manifest_path}: has no case {req.case!r} (cases: {', '.join(cases)})")

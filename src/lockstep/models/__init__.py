@@ -1,6 +1,6 @@
 """Model families and the shapes registered for them: the one table the rest of lockstep reads.
 
-`FAMILIES` maps a family name (gpt2, llama3, qwen3) to its `ModelFamily`; `SHAPES` maps a model
+`FAMILIES` maps a family name (gpt2, llama3, qwen3, mixtral) to its `ModelFamily`; `SHAPES` maps a model
 name (gpt2, gpt2-tiny, llama3, llama3-tiny, qwen3-1.7b, ...) to a `ModelShape`. Nothing outside
 `models/` and the runners' per-family adapters names a family.
 """
@@ -11,14 +11,15 @@ import os
 
 from lockstep.errors import FormatError, LockstepError
 from lockstep.formats import llmc
-from lockstep.models import gpt2, llama3, qwen3
+from lockstep.models import gpt2, llama3, mixtral, qwen3
 from lockstep.models.family import ModelFamily, ModelShape
 
-FAMILIES: dict[str, ModelFamily] = {f.FAMILY.name: f.FAMILY for f in (gpt2, llama3, qwen3)}
-SHAPES: dict[str, ModelShape] = {s.name: s for f in (gpt2, llama3, qwen3) for s in f.SHAPES}
+FAMILIES: dict[str, ModelFamily] = {f.FAMILY.name: f.FAMILY for f in (gpt2, llama3, qwen3, mixtral)}
+SHAPES: dict[str, ModelShape] = {s.name: s for f in (gpt2, llama3, qwen3, mixtral) for s in f.SHAPES}
 # The shape a CPU-only machine trains when a case names a shape too large for it and the user
 # gave neither --model nor --llmc.
-CPU_SHAPES: dict[str, str] = {"gpt2": "gpt2-tiny", "llama3": "llama3-tiny", "qwen3": "qwen3-tiny"}
+CPU_SHAPES: dict[str, str] = {"gpt2": "gpt2-tiny", "llama3": "llama3-tiny", "qwen3": "qwen3-tiny",
+                             "mixtral": "mixtral-tiny"}
 
 
 def family(name: str) -> ModelFamily:

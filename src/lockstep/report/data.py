@@ -125,9 +125,11 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
     except LockstepError as e:
         data.problems.append(str(e))
     data.timing = timing_of(run_dir)
-    lines = read_manifest(run_dir).get("verdict_lines")
-    if isinstance(lines, list) and lines and all(isinstance(line, str) for line in lines):
-        data.run_lines = lines
+    manifest = read_manifest(run_dir)
+    lines = manifest.get("verdict_lines")
+    if manifest.get("baseline") == baseline_framework and isinstance(lines, list) and lines and \
+            all(isinstance(line, str) for line in lines):
+        data.run_lines = lines  # the run's own verdict (against another --baseline it is not)
     for fw in frameworks:
         tree = collect_cases(run_dir / fw)
         data.problems += tree.unreadable

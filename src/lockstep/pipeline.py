@@ -198,6 +198,8 @@ def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: boo
                 result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options)
         if repeat > 1:
             result.determinism = add_determinism(plan, result, repeat)
+        with timing.stage("comparison"):
+            add_resume_verdicts(plan, result, say=observer.say)
         observer.compared(result)
         report_paths = report_paths_of(plan) if outputs.report and any(o.record is not None for o in result.outcomes) else []
         result.verdict = run_verdict(result.outcomes, result.summary, [r.name for r in plan.runners], plan.out_dir,
@@ -272,6 +274,44 @@ def add_determinism(plan: RunPlan, result: RunResult, repeat: int):
                              repeat, baseline=plan.runners[0].name)
     result.comparison.summary = add_to_summary(plan.out_dir / SUMMARY_NAME, report)
     return report
+
+
+def add_resume_verdicts(plan: RunPlan, result: RunResult, say=lambda text: None) -> list[dict]:
+    """Every resumed case judged against the run of the case that saved it, per framework
+    (compare/resume.py), into summary.json's "resumes"; a resume that is not exact is judged
+    again with the reference's alternatives (trained then, under evidence/resume/) to tell its cause."""
+    from lockstep.compare.resume import ResumeVerdictClass, add_to_summary, judge_resume, resume_entry
+    from lockstep.compare.run_dir import SUMMARY_NAME
+
+    records = {(o.framework, o.case.name): o.record for o in result.outcomes if o.record is not None}
+    reference = next((r for r in plan.runners if r.name == "pytorch"), None)
+    alternatives: dict[str, list] = {}
+    entries = []
+    for o in result.outcomes:
+        spec = o.case.checkpoint
+        if o.record is None or spec is None or spec.resume_from is None or spec.resume_case is None:
+            continue
+        source = records.get((o.framework, spec.resume_case))
+        if source is None:
+            continue
+        try:
+            verdict = judge_resume(source, o.record)
+            if verdict.verdict is not ResumeVerdictClass.EXACT and reference is not None \
+                    and records.get((reference.name, spec.resume_case)) is not None:
+                if o.case.name not in alternatives:
+                    from lockstep.runners.pytorch.alternatives import train_alternatives
+
+                    say(f"resume of {o.framework}/{o.case.name} is not exact: training the reference's alternatives")
+                    alternatives[o.case.name] = train_alternatives(
+                        reference, o.case, plan.inputs[o.case.name],
+                        plan.out_dir / reference.name / f"{o.case.name}.log", plan.out_dir / EVIDENCE_DIR / "resume")
+                verdict = judge_resume(source, o.record, alternatives[o.case.name])
+            entries.append(resume_entry(o.framework, o.case.name, spec.resume_case, verdict))
+        except LockstepError as e:
+            entries.append(resume_entry(o.framework, o.case.name, spec.resume_case, error=str(e)))
+    if entries and result.comparison is not None:
+        result.comparison.summary = add_to_summary(plan.out_dir / SUMMARY_NAME, entries)
+    return entries
 
 
 def follow_plan(plan: RunPlan, observer: RunObserver, repeat: int, timing: "RunTiming") -> RunResult:

@@ -389,12 +389,32 @@ def pair_skips(cases: list[CaseSpec], runners: list[FrameworkRunner], inputs: di
     """(case, framework) -> why the pair cannot run on this machine: the machine's reason for the
     case (devices, memory), else the runner's own."""
     skips = {}
+    order = {c.name: i for i, c in enumerate(cases)}
     for case in cases:
         for runner in runners:
-            reason = unrunnable.get(case.name) or case_skip_reason(runner, case, inputs[case.name])
+            reason = (unrunnable.get(case.name) or case_skip_reason(runner, case, inputs[case.name])
+                      or resume_source_problem(case, runner.name, order, skips))
             if reason:
                 skips[(case.name, runner.name)] = reason
     return skips
+
+
+def resume_source_problem(case: CaseSpec, framework: str, order: dict[str, int],
+                          skips: dict[tuple[str, str], str]) -> str | None:
+    """Why a case that resumes another case's checkpoint cannot run here: that case is not in
+    this run, comes after it, or is skipped by the framework (checkpoints.md). A case resuming
+    its own name resumes what an earlier run wrote into the same --out."""
+    spec = case.checkpoint
+    if spec is None or spec.resume_from is None or spec.resume_case in (None, case.name):
+        return None
+    source = spec.resume_case
+    if source not in order:
+        return f"resumes from {source}'s step-{spec.resume_from} checkpoint, which this run does not train (select {source} too)"
+    if order[source] > order[case.name]:
+        return f"resumes from {source}'s checkpoint, but {source} comes after it in the matrix"
+    if (source, framework) in skips:
+        return f"resumes from {source}'s checkpoint, which {framework} does not train here"
+    return None
 
 
 def skip_unpaired_baselines(cases: list[CaseSpec], runners: list[FrameworkRunner],
@@ -406,7 +426,11 @@ def skip_unpaired_baselines(cases: list[CaseSpec], runners: list[FrameworkRunner
     if len(runners) < 2 or repeat > 1:
         return []
     baseline, tests = runners[0].name, runners[1:]
-    unpaired = [c for c in cases if (c.name, baseline) not in skips
+    # A resume and the case it resumes are compared with each other (compare/resume.py) even
+    # where no other framework runs them.
+    resumed = {c.name for c in cases if c.checkpoint is not None and c.checkpoint.resume_case}
+    resumed |= {c.checkpoint.resume_case for c in cases if c.name in resumed}
+    unpaired = [c for c in cases if (c.name, baseline) not in skips and c.name not in resumed
                 and all((c.name, r.name) in skips for r in tests)]
     for c in unpaired:
         why = "; ".join(f"{r.name}: {skips[(c.name, r.name)]}" for r in tests)

@@ -61,6 +61,11 @@ def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: l
         bad = [m.get("case") or "?" for m in comp.get("missing", []) if isinstance(m, dict)]
         if bad:
             failing.append(f"  ERROR {pair}: missing {_names(bad)}")
+    # Resumes (compare/resume.py): a broken or unjudged one fails the run whatever its losses.
+    bad_resumes = [r for r in (summary or {}).get("resumes", []) if not r.get("passed")]
+    for r in bad_resumes:
+        why = r.get("sentence") or r.get("error")
+        failing.append(f"  resume {r['framework']}/{r['case']} (from {r['resume_case']}): {why}")
     n_err = len(counts[VerdictClass.ERROR])
     compared = sum(len(v) for v in counts.values())
 
@@ -78,15 +83,20 @@ def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: l
                      f"framework | {head}")
     elif len(frameworks) == 1 and (summary or {}).get("determinism"):
         # One framework run several times (--repeat): its repeats were compared with each other.
-        word, code = ("OK", 0) if not failed_runs else ("FAIL", 1)
+        word, code = ("OK", 0) if not (failed_runs or bad_resumes) else ("FAIL", 1)
         lines.append(f"{word}: {frameworks[0]} only, its repeats compared with each other | {head}")
+    elif len(frameworks) == 1 and (summary or {}).get("resumes"):
+        # One framework's resumes were compared with the runs that saved them (compare/resume.py).
+        word, code = ("OK", 0) if not (failed_runs or bad_resumes) else ("FAIL", 1)
+        lines.append(f"{word}: {frameworks[0]} only, its resumes compared with the runs that saved them | {head}")
     elif len(frameworks) == 1:
         # Nothing was compared, so nothing was shown to agree: not a pass (docs/reference/comparison.md, Exit status).
         word, code = "FAIL", 1
         lines.append(f"FAIL: nothing was compared: {frameworks[0]} ran alone; name a framework to compare it with "
                      f"(--frameworks {frameworks[0]},megatron) or --repeat N to compare its repeats | {head}")
     else:
-        passed = run_passes(len(failed_runs), counts) and (summary or {}).get("passed") is not False
+        passed = run_passes(len(failed_runs), counts) and (summary or {}).get("passed") is not False \
+            and not bad_resumes
         word, code = ("PASS", 0) if passed else ("FAIL", 1)
         lines.append(f"{word}: {head}")
     lines += failing

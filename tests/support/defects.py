@@ -25,6 +25,14 @@ The defects are the ones issue 16's audit found hidden under the contract's lr 1
 - megatron_batched_p2p: the megatron runner's pipeline p2p batched for every layout, as it was
   on CUDA before issue 22 (with PP=2 and VPP, megatron-core then swaps activations and gradients
   in the interleaved schedule's two-way exchanges).
+
+Broken resumes of the pytorch reference (the resume judge's negative controls, compare/resume.py):
+each loads the checkpoint as the trainer does, then damages what it loaded:
+- resume_data_restarted: the data stream starts again at batch 0 after the load;
+- resume_moments_zeroed: Adam's exp_avg and exp_avg_sq are zeroed after the load;
+- resume_step_reset: Adam's step count is set back to 0 after the load;
+- resume_rank0_only: under DP, only rank 0 keeps what it loaded; the other ranks keep the
+  weights they were built with and a fresh optimizer (in torchrun workers: worker_env).
 """
 
 from __future__ import annotations
@@ -102,8 +110,9 @@ class BrokenTieGPT2(GPT2):
 
 REFERENCE_DEFECTS = {"exact_gelu": ExactGeluGPT2, "frozen_layernorm": FrozenLayerNormGPT2,
                      "transposed_bias_grad": TransposedBiasGradGPT2, "broken_tie": BrokenTieGPT2}
+RESUME_DEFECTS = ("resume_data_restarted", "resume_moments_zeroed", "resume_step_reset", "resume_rank0_only")
 OTHER_DEFECTS = ("data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
-                 "megatron_layernorm_bias_grad_5pct", "megatron_batched_p2p")
+                 "megatron_layernorm_bias_grad_5pct", "megatron_batched_p2p", *RESUME_DEFECTS)
 DEFECTS = (*REFERENCE_DEFECTS, *OTHER_DEFECTS)
 
 
@@ -163,12 +172,46 @@ def inject(name: str, patch) -> None:
                 self.bias.register_hook(lambda g: g * 1.05)
 
         patch.setattr(torch.nn.LayerNorm, "__init__", init_with_wrong_bias_grad)
+    elif name in RESUME_DEFECTS:
+        # The module's attribute, which the trainer calls (a torchrun worker runs train.py as __main__).
+        from lockstep.runners.pytorch import checkpoint
+
+        patch.setattr(checkpoint, "load_training_state", _broken_load(name, checkpoint.load_training_state))
     elif name == "megatron_batched_p2p":
         from lockstep.runners.megatron import model
 
         patch.setattr(model, "pipeline_p2p", lambda case: model.PipelineP2P(batch=True, overlap=False))
     else:
         raise ValueError(f"unknown defect {name!r}; known: {', '.join(DEFECTS)}")
+
+
+def _broken_load(name: str, load):
+    def broken(plan, model, optimizer):
+        if plan.data_step is not None or plan.optimizer is not None:
+            return load(plan, model, optimizer)  # the judge's what-if alternatives stay as they are
+        if name == "resume_rank0_only":
+            import torch.distributed as dist
+
+            built = [p.detach().clone() for p in model.parameters()]
+            shift = load(plan, model, optimizer)  # collective: every rank takes part
+            if dist.get_rank() != 0:
+                with torch.no_grad():
+                    for p, b in zip(model.parameters(), built):
+                        p.copy_(b)
+                optimizer.state.clear()
+            return shift
+        shift = load(plan, model, optimizer)
+        if name == "resume_data_restarted":
+            return -plan.step  # the loop's step N reads step 0's window
+        for state in optimizer.state.values():
+            if name == "resume_moments_zeroed":
+                state["exp_avg"].zero_()
+                state["exp_avg_sq"].zero_()
+            else:
+                state["step"].zero_()
+        return shift
+
+    return broken
 
 
 def from_env() -> None:

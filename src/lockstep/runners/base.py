@@ -200,7 +200,7 @@ class FrameworkRunner(ABC):
             record.meta.update(whole_run_phases(result.meta, began, time.time()))
             record.steps = result.steps
             if inputs.nodes.writes_records:  # other nodes train their ranks; node 0 gets the steps
-                check_complete(case, result.steps, log_path)
+                check_complete(case, result.steps, log_path, first=first_step(case))
                 if inputs.capture is not None and not (record.meta.get("step1_capture")
                                                        or record.meta.get("step1_capture_error")):
                     record.meta.update(self._capture_after_run(case, inputs, out_dir))
@@ -358,10 +358,16 @@ def write_final_params(path: str | os.PathLike, tensors: dict) -> None:
 PARTIAL_LOG_SUFFIX = ".log.partial"
 
 
-def check_complete(case: CaseSpec, steps: list[StepRecord], log_path: Path) -> None:
+def first_step(case: CaseSpec) -> int:
+    """The first step a case trains: 1, or the one after its resume point."""
+    resume = case.checkpoint.resume_from if case.checkpoint is not None else None
+    return 1 if resume is None else resume + 1
+
+
+def check_complete(case: CaseSpec, steps: list[StepRecord], log_path: Path, first: int = 1) -> None:
     got = [s.step for s in steps]
-    if got != list(range(1, case.steps + 1)):
-        raise RunError(f"{log_path}: expected steps 1..{case.steps}, got {len(got)} step(s)"
+    if got != list(range(first, case.steps + 1)):
+        raise RunError(f"{log_path}: expected steps {first}..{case.steps}, got {len(got)} step(s)"
                        + (f" ({got[0]}..{got[-1]})" if got else ""))
     for s in steps:
         if not math.isfinite(s.loss):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lockstep.capture.request import CaptureRequest
-from lockstep.cases.spec import CaseSpec
+from lockstep.cases.spec import NEEDS_CHECKPOINT, CaseSpec
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import RunRecord
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, base_meta,
@@ -20,6 +20,8 @@ TRAIN_MODULE = "lockstep.runners.pytorch.train"
 
 class PyTorchRunner(FrameworkRunner):
     name = "pytorch"
+    # Save/resume through torch.distributed.checkpoint (checkpoint.py, docs/reference/checkpoints.md).
+    supports = frozenset({NEEDS_CHECKPOINT})
 
     def version(self) -> str:
         import torch
@@ -29,6 +31,8 @@ class PyTorchRunner(FrameworkRunner):
     def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
         if case.tp > 1 or case.pp > 1:
             return "the pytorch reference trainer is data parallel only (TP/PP cases run on megatron)"
+        if case.checkpoint is not None and case.zero:
+            return "the pytorch reference trainer saves and resumes without ZeRO only (its sharded optimizers not yet)"
         return super().skip_reason(case, inputs)
 
     def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
@@ -80,14 +84,20 @@ class PyTorchRunner(FrameworkRunner):
                 workers: WorkerGroup | None = None) -> ExecuteResult:
         from lockstep.runners.pytorch.train import ProcessGroupInfo, train_case  # torch: imported when a case runs
 
+        from lockstep.runners.pytorch.checkpoint import plan_for
+
         params_path = str(final_params_path(log_path)) if inputs.save_final_params else None
+        checkpoints = inputs.extra.get("pytorch_checkpoints") or plan_for(case, log_path)
+        if checkpoints is not None:
+            checkpoints.clear_earlier_saves()  # a resume after a failed save must not find an older run's
         if case.world_size == 1:
             # One process: step 1 is recorded as it trains (several ranks capture after the run).
             return run_in_process(log_path, on_step, lambda emit, log: train_case(
                 case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, ProcessGroupInfo(), emit, log,
-                final_params_path=params_path, capture=inputs.capture))
+                final_params_path=params_path, capture=inputs.capture, checkpoints=checkpoints))
         job = {"case": case.to_dict(), "checkpoint": str(inputs.checkpoint), "tokens": str(inputs.tokens),
-               "device": inputs.device, "final_params_path": params_path}
+               "device": inputs.device, "final_params_path": params_path,
+               "checkpoints": checkpoints.to_dict() if checkpoints else None}
         env = oversubscribed_env(case, inputs)
         if workers is not None:
             steps, info = workers.run_job(job, log_path, timeout_s=inputs.timeout_s, on_step=on_step)

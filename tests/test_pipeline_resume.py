@@ -1,0 +1,70 @@
+"""`lockstep run` of a saving case and the case that resumes it: summary.json's "resumes" holds
+the resume judge's verdict (compare/resume.py), and a broken resume fails the run naming its
+cause (a planted data-stream restart, tests/support/defects.py), with the reference's
+alternatives trained under evidence/resume/ only then."""
+
+from __future__ import annotations
+
+import json
+
+from lockstep.cli import main
+from support import defects
+
+MATRIX = """
+[defaults]
+model = "gpt2"
+dtype = "float32"
+micro_batch = 4
+seq_len = 64
+total_batch = 256
+steps = 4
+lr = 0.1
+
+[[case]]
+name = "saving"
+checkpoint = { save_interval = 2 }
+
+[[case]]
+name = "resumed"
+checkpoint = { resume_from = 2, resume_case = "saving" }
+"""
+
+
+def run(tmp_path, capsys, tiny_checkpoint, training_tokens, name):
+    matrix = tmp_path / "resume.toml"
+    matrix.write_text(MATRIX)
+    out = tmp_path / name
+    rc = main(["run", "--matrix", str(matrix), "--frameworks", "pytorch", "--device", "cpu", "--llmc",
+               str(tiny_checkpoint), "--data", str(training_tokens), "--out", str(out), "--no-report"])
+    text = capsys.readouterr().out
+    return rc, " ".join(text.split()), json.loads((out / "summary.json").read_text()), out
+
+
+def test_a_run_judges_its_resume_and_a_broken_one_fails_the_run(tmp_path, capsys, tiny_checkpoint, training_tokens,
+                                                                  monkeypatch):
+    rc, text, summary, out = run(tmp_path, capsys, tiny_checkpoint, training_tokens, "good")
+    assert rc == 0, text
+    [entry] = summary["resumes"]
+    assert (entry["framework"], entry["case"], entry["resume_case"]) == ("pytorch", "resumed", "saving")
+    assert entry["verdict"] == "resume exact" and entry["passed"] and entry["max_abs_diff"] == 0.0
+    assert not (out / "evidence" / "resume").exists()  # an exact resume needs no alternatives
+
+    defects.inject("resume_data_restarted", monkeypatch)
+    rc, text, summary, out = run(tmp_path, capsys, tiny_checkpoint, training_tokens, "broken")
+    assert rc == 1, text
+    [entry] = summary["resumes"]
+    assert entry["verdict"] == "resume broken" and entry["cause"] == "data stream restarted at batch 0"
+    assert "resume pytorch/resumed (from saving): resume broken (data stream restarted at batch 0)" in text
+    assert (out / "evidence" / "resume" / "pytorch" / "resumed.what-if-data-restarted.jsonl").is_file()
+
+
+def test_the_baseline_keeps_its_resume_pair_where_no_other_framework_runs_it(tmp_path, tiny_checkpoint):
+    from lockstep.plan import RunRequest, plan_run
+
+    matrix = tmp_path / "resume.toml"
+    matrix.write_text(MATRIX)
+    plan = plan_run(RunRequest(matrix=str(matrix), frameworks=["pytorch", "megatron"], device="cpu",
+                               llmc=str(tiny_checkpoint), out=str(tmp_path / "o")), make_files=False)
+    assert plan.skips == {
+        ("saving", "megatron"): "checkpoint (save/resume) cases are not supported by megatron yet",
+        ("resumed", "megatron"): "checkpoint (save/resume) cases are not supported by megatron yet"}

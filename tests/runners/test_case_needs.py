@@ -17,7 +17,8 @@ RESUME = dataclasses.replace(PLAIN, steps=50, checkpoint=CheckpointSpec(save_int
                                                                          resume_case="c0"))
 
 
-@pytest.mark.parametrize("framework", sorted(RUNNERS))
+# The command runner is a template: its trainers exist once a --command-runner file names them.
+@pytest.mark.parametrize("framework", sorted(set(RUNNERS) - {"command"}))
 def test_every_runner_says_it_lacks_lora_and_all_but_the_reference_resume(framework):
     runner = get_runner(framework)
     assert unsupported_needs(LORA, runner) == f"LoRA cases are not supported by {framework} yet"

@@ -20,7 +20,7 @@ from lockstep.fsutil import sha256_file
 from lockstep.models import FAMILIES
 from lockstep.models.family import split_canonical
 from lockstep.runners.infinitrain.convert import convert_infinitrain_checkpoint
-from lockstep.runners.infinitrain.families import _GPT2_LAYER, _GPT2_TOP
+from lockstep.runners.infinitrain.families.gpt2 import _GPT2_LAYER, _GPT2_TOP
 from tests.support.infinitrain_checkpoint import adam_state, state_file_bytes, trainer_state_text, write_checkpoint
 
 SHAPE = dict(n_layer=2, n_head=12, n_kv_head=12, n_embd=96, vocab_size=50257)

@@ -96,7 +96,7 @@ def save(final, path):
     import numpy as np
 
     from lockstep.formats.infinitrain_checkpoint import write_infinitrain_checkpoint
-    from lockstep.runners.infinitrain.families import _GPT2_LAYER, _GPT2_TOP
+    from lockstep.runners.infinitrain.families.gpt2 import _GPT2_LAYER, _GPT2_TOP
 
     layer = {{v: k for k, v in _GPT2_LAYER.items()}}
     top = {{v: k for k, v in _GPT2_TOP.items()}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -161,3 +162,84 @@ def make_gpt2_case(**kw) -> CaseSpec:
 def gpt2_case():
     """gpt2_1's shape (B=4, T=64, 256 tokens/step), one step; keyword overrides."""
     return make_gpt2_case
+
+
+# Environment variables that change per test without changing what a worker does.
+_POOL_IGNORED_ENV = {"LOCKSTEP_HISTORY", "PYTEST_CURRENT_TEST"}
+
+
+class WorkerPool:
+    """Persistent worker groups (runners/workers.py) shared by the tests of a session: one per
+    runner and `worker_group_key` (framework, world size, device, oversubscription), started on
+    its first case, so that torchrun and megatron-core's imports are paid once rather than once
+    per test. Cases of different models, shapes and layouts in one group train bitwise as they do
+    alone (tests/runners/test_persistent_workers.py proves it, with its own groups).
+
+    A test whose environment differs from the session's (a defect or fault plugin set with
+    monkeypatch: LOCKSTEP_TEST_PLUGINS and the like) gets no shared group: its case runs in a
+    process of its own, which starts with that environment. At most MAX_OPEN groups stay open
+    (their idle ranks hold memory); the least recently used is stopped first, and a group idle for
+    MAX_IDLE_S is stopped before it is used again: well before its ranks would end on their own
+    (workers.IDLE_TIMEOUT_S), which a case handed over at that moment would not survive."""
+
+    MAX_OPEN = 3
+    MAX_IDLE_S = 300.0
+
+    def __init__(self):
+        self._env = self._environment()
+        self._groups: dict = {}  # key -> WorkerGroup, least recently used first
+        self._used: dict = {}  # key -> time.monotonic() of its last hand-out
+
+    @staticmethod
+    def _environment() -> dict:
+        return {k: v for k, v in os.environ.items() if k not in _POOL_IGNORED_ENV}
+
+    def group(self, runner, case, inputs):
+        """The shared group for `case` on `runner`, or None where it must run on its own."""
+        key = runner.worker_group_key(case, inputs)
+        if key is None or self._environment() != self._env:
+            return None
+        key = (runner.name, key)
+        now = time.monotonic()
+        for idle in [k for k in self._groups if now - self._used[k] > self.MAX_IDLE_S]:
+            self._groups.pop(idle).close()
+        group = self._groups.pop(key, None)
+        if group is None:
+            group = runner.open_workers(case, inputs)
+            while len(self._groups) >= self.MAX_OPEN:
+                self._groups.pop(next(iter(self._groups))).close()
+        self._groups[key], self._used[key] = group, now
+        return group
+
+    def _done_with(self, group) -> None:
+        for key, g in self._groups.items():
+            if g is group:
+                self._used[key] = time.monotonic()
+
+    def run(self, runner, case, inputs, out_dir, on_step=None):
+        """`runner.run` in the shared group where there is one (as `lockstep run` does)."""
+        group = self.group(runner, case, inputs)
+        try:
+            return runner.run(case, inputs, out_dir, on_step, workers=group)
+        finally:
+            self._done_with(group)
+
+    def run_many(self, runner, pairs, out_dirs, **kw):
+        """`runner.run_many(..., persistent=True)` in the shared group of the first pair."""
+        group = self.group(runner, *pairs[0])
+        try:
+            return runner.run_many(pairs, out_dirs, persistent=True, group=group, **kw)
+        finally:
+            self._done_with(group)
+
+    def close(self) -> None:
+        while self._groups:
+            self._groups.popitem()[1].close()
+
+
+@pytest.fixture(scope="session")
+def worker_pool():
+    """The session's shared persistent worker groups (WorkerPool)."""
+    pool = WorkerPool()
+    yield pool
+    pool.close()

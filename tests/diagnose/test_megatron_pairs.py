@@ -3,6 +3,8 @@ in agreement, for GPT-2 (tied, biases, LayerNorm) and Llama 3 (untied, RMSNorm, 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -29,20 +31,30 @@ def tiny_inputs(shape: str, tmp_path):
     return config, ckpt, tokens
 
 
-def capture(framework, case, inputs, work_dir, full=True):
-    """What `lockstep diagnose` asks each runner for (whole tensors), or the certificate's sketches."""
+def capture(framework, case, inputs, work_dir, full=True, pool=None):
+    """What `lockstep diagnose` asks each runner for (whole tensors), or the certificate's sketches.
+    With `pool` (tests/conftest.py), as diagnose does where the runner has persistent workers: the
+    one-step run that records step 1, in the session's shared worker group (no megatron start-up)."""
     request = CaptureRequest(path=str(work_dir / f"{framework}_{case.name}.npz"), full=full)
-    return get_runner(framework).capture(case, inputs, work_dir, request)
+    runner = get_runner(framework)
+    if pool is None or pool.group(runner, case, inputs) is None:
+        return runner.capture(case, inputs, work_dir, request)
+    from lockstep.formats.step_capture import StepCapture
+
+    rec = pool.run(runner, case.with_overrides(steps=1, name=f"{case.name}_step1"),
+                   dataclasses.replace(inputs, capture=request, save_final_params=False), work_dir)
+    assert rec.ok and rec.meta.get("step1_capture"), rec.error or rec.meta.get("step1_capture_error")
+    return StepCapture.load(request.path)
 
 
 @pytest.mark.parametrize("shape,parallel", [("gpt2-tiny", {}), ("gpt2-tiny", {"tp": 2}), ("llama3-tiny", {})])
-def test_pytorch_and_megatron_agree_on_every_gradient(shape, parallel, tmp_path):
+def test_pytorch_and_megatron_agree_on_every_gradient(shape, parallel, tmp_path, worker_pool):
     config, ckpt, tokens = tiny_inputs(shape, tmp_path)
     case = CaseSpec(name="c", model=shape, dtype="float32", micro_batch=4, seq_len=64, total_batch=256, steps=1,
                     lr=1e-4, **parallel)
     inputs = RunInputs(checkpoint=ckpt, tokens=tokens, model=config, device="cpu")
     ref = capture("pytorch", case, inputs, tmp_path)
-    test = capture("megatron", case, inputs, tmp_path)
+    test = capture("megatron", case, inputs, tmp_path, pool=worker_pool)
     v = diagnose_captures(ref, test, case)
     assert v.findings == [] and v.headline == "no divergence"
     assert len(v.grads) == len(ref.grads)
@@ -55,20 +67,21 @@ def test_pytorch_and_megatron_agree_on_every_gradient(shape, parallel, tmp_path)
 
 
 @pytest.mark.slow
-def test_one_sequence_micro_batches_keep_megatrons_logits(tmp_path):
+def test_one_sequence_micro_batches_keep_megatrons_logits(tmp_path, worker_pool):
     """B=1: megatron hands the loss a view of the captured logits (its [b, s] transpose needs no copy)
     and its vocab-parallel cross entropy turns them into softmax in place; the capture must copy."""
     config, ckpt, tokens = tiny_inputs("qwen3-tiny", tmp_path)
     case = CaseSpec(name="c", model="qwen3-tiny", dtype="float32", micro_batch=1, seq_len=64, total_batch=64,
                     steps=1, lr=1e-5)
     inputs = RunInputs(checkpoint=ckpt, tokens=tokens, model=config, device="cpu")
-    v = diagnose_captures(capture("pytorch", case, inputs, tmp_path), capture("megatron", case, inputs, tmp_path), case)
+    v = diagnose_captures(capture("pytorch", case, inputs, tmp_path),
+                          capture("megatron", case, inputs, tmp_path, pool=worker_pool), case)
     logits = next(d for d in v.forward if d.name == "logits")
     assert logits.rel < 1e-6 and v.findings == []
 
 
 @pytest.mark.parametrize("shape,parallel", [("gpt2-tiny", {"tp": 2}), ("llama3-tiny", {"pp": 2})])
-def test_the_certificates_sketches_of_megatron_agree_with_pytorchs(shape, parallel, tmp_path):
+def test_the_certificates_sketches_of_megatron_agree_with_pytorchs(shape, parallel, tmp_path, worker_pool):
     """The certificate's capture from inside megatron's training step: each TP rank sketches its
     share of a split output (the attention before its projection, the vocab-parallel logits), each
     stage its layers, and every micro batch is seen (accum 2), all in the canonical layout."""
@@ -80,7 +93,7 @@ def test_the_certificates_sketches_of_megatron_agree_with_pytorchs(shape, parall
                     lr=1e-4, **parallel)
     inputs = RunInputs(checkpoint=ckpt, tokens=tokens, model=config, device="cpu")
     ref = StepCapture.load(capture("pytorch", case, inputs, tmp_path, full=False).source)
-    test = capture("megatron", case, inputs, tmp_path, full=False)
+    test = capture("megatron", case, inputs, tmp_path, full=False, pool=worker_pool)
     cert = certify(ref, test, case)
     assert cert.holds, cert.summary_line()
     assert cert.compared["module outputs"] == 3 + 6 * config.num_layers + 1

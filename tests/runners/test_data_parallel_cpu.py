@@ -89,10 +89,10 @@ def dp2(zero: int, lr: float):
                    micro_batch=1, zero=zero).check()
 
 
-def test_pytorch_zero1_and_zero2_train_like_plain_dp(inputs, tmp_path):
+def test_pytorch_zero1_and_zero2_train_like_plain_dp(inputs, tmp_path, worker_pool):
     # At the high lr only: the sharded and unsharded updates are the same elementwise arithmetic
     # (measured identical at both lrs), and the high lr is the one that would show a difference.
-    runs = {z: PyTorchRunner().run(dp2(z, LRS["high_lr"]), inputs, tmp_path) for z in (0, 1, 2)}
+    runs = {z: worker_pool.run(PyTorchRunner(), dp2(z, LRS["high_lr"]), inputs, tmp_path) for z in (0, 1, 2)}
     d1, d2 = max_diff(runs[1], runs[0]), max_diff(runs[2], runs[0])
     print(f"pytorch DP=2 at high_lr: ZeRO-1 vs DP {d1:.3e}, ZeRO-2 (FSDP2) vs DP {d2:.3e}; "
           f"loss {runs[0].losses()[0]:.6f} -> {runs[0].losses()[-1]:.6f}")

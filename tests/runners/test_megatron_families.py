@@ -113,9 +113,10 @@ def param_agreement(a: dict[str, np.ndarray], b: dict[str, np.ndarray], lr: floa
 # --- 10 steps, megatron vs pytorch, at the contract's lr and at 1e-3 ---------------------------
 
 @pytest.fixture(scope="module")
-def ten_step_runs(family_inputs, tmp_path_factory):
+def ten_step_runs(family_inputs, tmp_path_factory, worker_pool):
     """(model, lr) -> (megatron record, pytorch record, megatron params, pytorch params, initial params).
-    Both lrs of a model run in one megatron worker group (started once, as `lockstep run` does)."""
+    Every model's lrs run in the session's one-rank megatron worker group (tests/conftest.py: started
+    once, as `lockstep run` does)."""
     made = {}
 
     def get(model: str, lr: float):
@@ -124,7 +125,7 @@ def ten_step_runs(family_inputs, tmp_path_factory):
             out = tmp_path_factory.mktemp(model)
             cases = [case(model, name=f"{model.split('-')[0]}_1_lr{r:g}", lr=r) for r in TEN_STEP_LRS]
             dumping = replace(inputs, save_final_params=True)  # <out>/<fw>/<case>.final.npz
-            megas = MegatronRunner().run_many([(c, dumping) for c in cases], [out], persistent=True)
+            megas = worker_pool.run_many(MegatronRunner(), [(c, dumping) for c in cases], [out])
             ckpt = load_checkpoint(inputs.checkpoint)
             initial = {n: np.array(t) for n, t in split_canonical(ckpt.tensors, ckpt.config).items()}
             for c, (mega,) in zip(cases, megas):
@@ -311,14 +312,14 @@ PARALLEL_STEPS = 3
 @pytest.mark.slow
 @pytest.mark.parametrize("model,parallel", PARALLEL,
                          ids=["llama3-tp2", "llama3-pp2", "qwen3-tp2", "qwen3-pp2", "qwen3-pp2-uneven"])
-def test_parallel_layouts_match_one_process(ten_step_runs, family_inputs, tmp_path, model, parallel):
+def test_parallel_layouts_match_one_process(ten_step_runs, family_inputs, tmp_path, model, parallel, worker_pool):
     """Two gloo processes, 3 steps at lr 1e-3, against the first 3 steps of the one-process run."""
     single = ten_step_runs(model, 1e-3)[0]
     spec = dict(parallel)
     B = spec.pop("B", 4)
     out = tmp_path / "out"
-    rec = MegatronRunner().run(case(model, name="split", steps=PARALLEL_STEPS, B=B, lr=1e-3, **spec),
-                               replace(family_inputs(model), save_final_params=True), out)
+    rec = worker_pool.run(MegatronRunner(), case(model, name="split", steps=PARALLEL_STEPS, B=B, lr=1e-3, **spec),
+                          replace(family_inputs(model), save_final_params=True), out)
     assert rec.ok, rec.error
     assert (rec.meta["tp"], rec.meta["pp"], rec.meta["vpp"]) == (spec.get("tp", 1), spec.get("pp", 1), spec.get("vpp", 1))
     diff = max_dloss(rec, single, PARALLEL_STEPS)
@@ -367,22 +368,26 @@ class Trained:
     log: str
 
 
-def run_interleaved_cases(model_cases: list[tuple[str, CaseSpec]], family_inputs, out: Path) -> list[Trained]:
-    """Cases of one world size in one persistent megatron worker group (one start-up for them all)."""
+def run_interleaved_cases(model_cases: list[tuple[str, CaseSpec]], family_inputs, out: Path,
+                          pool) -> list[Trained]:
+    """Cases of one world size in one persistent megatron worker group (one start-up for them all):
+    the session's shared one (`pool`, tests/conftest.py), or where the environment carries a defect, one
+    of their own."""
     pairs = [(c, replace(family_inputs(model), save_final_params=True)) for model, c in model_cases]
     done = []
-    for (c, _), (rec,) in zip(pairs, MegatronRunner().run_many(pairs, [out], persistent=True)):
+    for (c, _), (rec,) in zip(pairs, pool.run_many(MegatronRunner(), pairs, [out])):
         assert rec.ok, rec.error
         done.append(Trained(rec, final_params(out, "megatron", c.name), (out / "megatron" / f"{c.name}.log").read_text()))
     return done
 
 
 @pytest.fixture(scope="module")
-def interleaved_runs(family_inputs, tmp_path_factory):
+def interleaved_runs(family_inputs, tmp_path_factory, worker_pool):
     """model -> (one-process run, PP=2 x VPP=2 run) of the same accum-4 case."""
     out = tmp_path_factory.mktemp("interleaved")
-    one = run_interleaved_cases([(m, vpp_case(m, f"{m}_one")) for m in MODELS], family_inputs, out)
-    split = run_interleaved_cases([(m, vpp_case(m, f"{m}_pp2_vpp2", pp=2, vpp=2)) for m in MODELS], family_inputs, out)
+    one = run_interleaved_cases([(m, vpp_case(m, f"{m}_one")) for m in MODELS], family_inputs, out, worker_pool)
+    split = run_interleaved_cases([(m, vpp_case(m, f"{m}_pp2_vpp2", pp=2, vpp=2)) for m in MODELS], family_inputs, out,
+                                  worker_pool)
     return {m: (a, b) for m, a, b in zip(MODELS, one, split)}
 
 
@@ -421,14 +426,16 @@ def test_interleaved_pipeline_in_its_steady_state_matches_one_process(interleave
 
 
 @pytest.mark.slow
-def test_interleaved_pipeline_comparison_catches_batched_p2p(interleaved_runs, family_inputs, tmp_path, monkeypatch):
+def test_interleaved_pipeline_comparison_catches_batched_p2p(interleaved_runs, family_inputs, tmp_path, monkeypatch,
+                                                            worker_pool):
     """The same comparison with the runner's p2p batched, as it was on CUDA before issue 22:
     megatron-core swaps activations and gradients in the steady state and the run must FAIL,
     already at step 1 and by far in the parameters."""
     single = interleaved_runs["qwen3-tiny"][0]
     defects.worker_env("megatron_batched_p2p", monkeypatch)
+    # The defect is in the environment: the pool hands out no shared group, the case starts its own.
     (bad,) = run_interleaved_cases([("qwen3-tiny", vpp_case("qwen3-tiny", "batched", pp=2, vpp=2))], family_inputs,
-                                   tmp_path)
+                                   tmp_path, worker_pool)
     assert "batch_p2p_comm=True overlap_p2p_comm=False" in bad.log  # the defect reached the workers
     step1 = abs(bad.record.losses()[0] - single.record.losses()[0])
     diff = max_dloss(bad.record, single.record, VPP_STEPS)
@@ -442,12 +449,13 @@ def test_interleaved_pipeline_comparison_catches_batched_p2p(interleaved_runs, f
 
 @pytest.mark.slow
 @pytest.mark.parametrize("runner", ["pytorch", "megatron"])
-def test_dp2_matches_dp1(ten_step_runs, family_inputs, tmp_path, runner):
+def test_dp2_matches_dp1(ten_step_runs, family_inputs, tmp_path, runner, worker_pool):
     """qwen3-tiny DP=2 (B=2 per rank, the same 256 tokens per step) against DP=1, 3 steps at lr 1e-3."""
     mega, ref = ten_step_runs("qwen3-tiny", 1e-3)[:2]
     single = mega if runner == "megatron" else ref
-    rec = (MegatronRunner() if runner == "megatron" else PyTorchRunner()).run(
-        case("qwen3-tiny", name="dp2", steps=PARALLEL_STEPS, B=2, lr=1e-3, dp=2), family_inputs("qwen3-tiny"), tmp_path)
+    rec = worker_pool.run(MegatronRunner() if runner == "megatron" else PyTorchRunner(),
+                          case("qwen3-tiny", name="dp2", steps=PARALLEL_STEPS, B=2, lr=1e-3, dp=2),
+                          family_inputs("qwen3-tiny"), tmp_path)
     assert rec.ok, rec.error
     assert rec.meta["world_size"] == 2
     diff = max_dloss(rec, single, PARALLEL_STEPS)

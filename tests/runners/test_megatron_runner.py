@@ -6,8 +6,11 @@ where training moves the parameters far past the limits and every parameter is c
 the last step under its canonical LLMC name. Each kind of comparison has negative controls: a
 known defect injected into one side (tests/support/defects.py) must make it fail.
 
-Every run here launches torchrun workers that import megatron-core (about 10 s each on the
-CI machine), so the cases are few and short.
+Every run here starts torchrun workers that import megatron-core (about 10 s each on the CI
+machine), so the cases are few and short, and most run in the session's shared worker groups
+(tests/conftest.py, `worker_pool`: started once per world size). gpt2_1_runs and the failing
+checkpoint still start a process of their own (the runner's path without persistent workers),
+and so does every run with a defect in its workers' environment.
 """
 
 from __future__ import annotations
@@ -67,18 +70,19 @@ class Trained:
     params: dict
 
     @classmethod
-    def run(cls, runner, c: CaseSpec, inputs: RunInputs, out) -> "Trained":
-        rec = runner.run(c, inputs, out)
+    def run(cls, runner, c: CaseSpec, inputs: RunInputs, out, pool=None) -> "Trained":
+        """In `pool`'s shared worker group where one is given (tests/conftest.py), else on its own."""
+        rec = pool.run(runner, c, inputs, out) if pool is not None else runner.run(c, inputs, out)
         assert rec.ok, rec.error
         return cls(rec, final_params(out, runner.name, c.name))
 
 
 @pytest.fixture(scope="module")
-def trained(inputs, tmp_path_factory) -> dict[str, Trained]:
+def trained(inputs, tmp_path_factory, worker_pool) -> dict[str, Trained]:
     """gpt2_1's shape at TRAINING_LR: the pytorch reference and megatron TP=1, accum 1."""
     out = tmp_path_factory.mktemp("trained")
     runs = {"pytorch": Trained.run(PyTorchRunner(), training_case("one"), inputs, out),
-            "megatron": Trained.run(MegatronRunner(), training_case("one"), inputs, out)}
+            "megatron": Trained.run(MegatronRunner(), training_case("one"), inputs, out, worker_pool)}
     assert_loss_falls(runs["pytorch"].record)
     assert_trained(runs["pytorch"].params, load_checkpoint(inputs.checkpoint).tensors, TINY)
     return runs
@@ -125,11 +129,11 @@ def test_megatron_vs_pytorch_catches_a_defective_reference(defect, trained, inpu
 
 
 @pytest.mark.slow
-def test_gpt2_2_shape_with_accumulation_matches_pytorch(inputs, tmp_path):
+def test_gpt2_2_shape_with_accumulation_matches_pytorch(inputs, tmp_path, worker_pool):
     """gpt2_2 (B=80, 5120 tokens/step) scaled to the CPU: B=8, 1024 tokens/step -> accum 2."""
     c = case("gpt2_2", B=8, total=1024)
     assert c.accum == 2
-    mega, ref = MegatronRunner().run(c, inputs, tmp_path), PyTorchRunner().run(c, inputs, tmp_path)
+    mega, ref = worker_pool.run(MegatronRunner(), c, inputs, tmp_path), PyTorchRunner().run(c, inputs, tmp_path)
     assert mega.ok, mega.error
     diff = max_diff(mega, ref)
     print(f"gpt2_2-shaped (B=8, accum=2) max |dloss| megatron vs pytorch over 10 steps: {diff:.3e}")
@@ -139,9 +143,9 @@ def test_gpt2_2_shape_with_accumulation_matches_pytorch(inputs, tmp_path):
 
 
 @pytest.mark.slow
-def test_megatron_accumulation_trains_the_same_model_as_pytorch(trained, inputs, tmp_path):
+def test_megatron_accumulation_trains_the_same_model_as_pytorch(trained, inputs, tmp_path, worker_pool):
     """B=2, accum 2 on megatron against the unsplit reference at TRAINING_LR."""
-    acc = Trained.run(MegatronRunner(), training_case("acc", B=2), inputs, tmp_path)
+    acc = Trained.run(MegatronRunner(), training_case("acc", B=2), inputs, tmp_path, worker_pool)
     assert acc.record.meta["case_spec"]["micro_batch"] == 2
     assert disagreements(acc, trained["pytorch"], PARAM_LIMITS["megatron_vs_pytorch"]) == []
 
@@ -151,11 +155,11 @@ PARALLEL = {"tp2": ({"tp": 2}, 4, "megatron_tp2"), "pp2": ({"pp": 2}, 2, "megatr
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(PARALLEL))
-def test_tp2_and_pp2_match_tp1_at_contract_lr(layout, gpt2_1_runs, inputs, tmp_path):
+def test_tp2_and_pp2_match_tp1_at_contract_lr(layout, gpt2_1_runs, inputs, tmp_path, worker_pool):
     """Two gloo processes: TP=2 (vocab padded to Vp and masked) or PP=2 (tied weight on the last stage)."""
     parallel, B, _ = PARALLEL[layout]
     tp1 = gpt2_1_runs[0]
-    rec = MegatronRunner().run(case("split", steps=5, B=B, **parallel), inputs, tmp_path)
+    rec = worker_pool.run(MegatronRunner(), case("split", steps=5, B=B, **parallel), inputs, tmp_path)
     assert rec.ok, rec.error
     assert rec.meta["tp"] == parallel.get("tp", 1) and rec.meta["pp"] == parallel.get("pp", 1)
     diffs = [abs(a - b) for a, b in zip(rec.losses(), tp1.losses()[:5])]
@@ -167,9 +171,9 @@ def test_tp2_and_pp2_match_tp1_at_contract_lr(layout, gpt2_1_runs, inputs, tmp_p
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(PARALLEL))
-def test_tp2_and_pp2_train_the_same_model_as_tp1(layout, trained, inputs, tmp_path):
+def test_tp2_and_pp2_train_the_same_model_as_tp1(layout, trained, inputs, tmp_path, worker_pool):
     parallel, B, limit = PARALLEL[layout]
-    split = Trained.run(MegatronRunner(), training_case(layout, B=B, **parallel), inputs, tmp_path)
+    split = Trained.run(MegatronRunner(), training_case(layout, B=B, **parallel), inputs, tmp_path, worker_pool)
     assert (split.record.meta["tp"], split.record.meta["pp"]) == (parallel.get("tp", 1), parallel.get("pp", 1))
     assert disagreements(split, trained["megatron"], PARAM_LIMITS[limit]) == []
 

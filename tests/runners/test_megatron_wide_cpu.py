@@ -26,7 +26,7 @@ def case(name: str, model: str, lr: float, **parallel) -> CaseSpec:
     ("llama3-tiny", 1e-3, {"pp": 4, "split": 4}),  # B=1, 4 micro batches through the 4 stages
 ], ids=["gpt2-tiny-tp4", "llama3-tiny-pp4"])
 def test_four_way_model_parallel_trains_like_one_rank(model, lr, parallel, tiny_checkpoint, llama3_tiny_checkpoint,
-                                                      tiny_shakespeare_train, tmp_path):
+                                                      tiny_shakespeare_train, tmp_path, worker_pool):
     from lockstep.runners.megatron import MegatronRunner
 
     checkpoint = tiny_checkpoint if model == "gpt2-tiny" else llama3_tiny_checkpoint
@@ -35,7 +35,7 @@ def test_four_way_model_parallel_trains_like_one_rank(model, lr, parallel, tiny_
     wide = case("wide", model, lr, **parallel)
     assert MegatronRunner().skip_reason(wide, inputs) is None
     ref = PyTorchRunner().run(case("one", model, lr), inputs, tmp_path)
-    got = MegatronRunner().run(wide, inputs, tmp_path)
+    got = worker_pool.run(MegatronRunner(), wide, inputs, tmp_path)  # both layouts: one group of 4 ranks
     assert ref.ok, ref.error
     assert got.ok, got.error
     diff = max(abs(a - b) for a, b in zip(ref.losses(), got.losses()))

@@ -136,9 +136,9 @@ def test_grad_accumulation_comparison_catches_a_shifted_data_order(inputs, train
 
 
 @pytest.mark.slow
-def test_dp2_under_torchrun_matches_dp1_at_contract_lr(inputs, tmp_path):
+def test_dp2_under_torchrun_matches_dp1_at_contract_lr(inputs, tmp_path, worker_pool):
     dp1 = PyTorchRunner().run(case("dp1", steps=5, B=4), inputs, tmp_path)
-    dp2 = PyTorchRunner().run(case("dp2", steps=5, B=2, dp=2), inputs, tmp_path)
+    dp2 = worker_pool.run(PyTorchRunner(), case("dp2", steps=5, B=2, dp=2), inputs, tmp_path)
     assert dp1.ok and dp2.ok, dp2.error
     assert dp2.meta["launcher"].startswith("torchrun")
     assert loss_gap(dp1, dp2) < LOSS_LIMIT
@@ -149,8 +149,8 @@ def test_dp2_under_torchrun_matches_dp1_at_contract_lr(inputs, tmp_path):
 
 
 @pytest.mark.slow
-def test_dp2_under_torchrun_trains_the_same_model(inputs, trained_whole, tmp_path):
-    dp2 = PyTorchRunner().run(training_case("dp2", B=2, dp=2), inputs, tmp_path)
+def test_dp2_under_torchrun_trains_the_same_model(inputs, trained_whole, tmp_path, worker_pool):
+    dp2 = worker_pool.run(PyTorchRunner(), training_case("dp2", B=2, dp=2), inputs, tmp_path)
     dloss, gap = split_gap(trained_whole, dp2, tmp_path, "dp2")
     print(f"DP=2 vs DP=1 at lr {TRAINING_LR}: max |dloss| {dloss:.3e}, {gap}")
     assert dloss < LOSS_LIMIT

@@ -69,6 +69,21 @@ def build_optimizer(spec: OptimizerSpec, params, lr: float) -> torch.optim.Optim
     raise ValueError(f"unknown optimizer kind {spec.kind!r}")
 
 
+def import_optimizer_machinery() -> None:
+    """Import now what torch.optim imports when a process builds its first optimizer: torch._dynamo
+    and what comes with it (torch.optim wraps its methods in `torch._disable_dynamo`), ~1 s on an
+    H200 host and ~1.5 s on a 2-core CPU, once per process.
+
+    `train_case` calls it before it sets the device: in lockstep's own process the CUDA context is
+    then often still being made in a background thread (plan.start_cuda_beside), and setting the
+    device waits for it (0.16 s on an H200 since the plan stopped hashing the cached init); an
+    import made first runs during that wait, the driver needing no GIL, instead of after it."""
+    try:
+        import torch._dynamo  # noqa: F401
+    except ImportError:  # torch.optim meets the same failure at the optimizer and says it there
+        pass
+
+
 def build_sharded_optimizer(spec: OptimizerSpec, params, lr: float, zero: int) -> torch.optim.Optimizer:
     """ZeRO-1: torch's ZeroRedundancyOptimizer, each rank updating its shard of the parameters
     with the contract optimizer and broadcasting it; the update of every element is the same
@@ -124,6 +139,7 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     capture.py): its gradients are read before the optimizer step, nothing else changes. With
     `checkpoints` (runners/pytorch/checkpoint.py), it first loads the resume's step folder and
     trains the steps after it, and saves a step folder after every save-interval step."""
+    import_optimizer_machinery()  # before the device: see there why
     if device_kind == "cuda":
         device = torch.device("cuda", pg.local_rank)
         torch.cuda.set_device(device)

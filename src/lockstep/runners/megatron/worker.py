@@ -437,9 +437,11 @@ class PersistentTraining:
 def main(argv: list[str]) -> int:
     from lockstep.runners.megatron.parallel import shutdown, start_process_group
     from lockstep.runners.test_plugins import apply_test_plugins
+    from lockstep.runners.mkl_vml import settle_mkl_vml_dispatch
     from lockstep.runners.workers import StartupTimeline, serve_arguments, serve_jobs
 
     apply_test_plugins()
+    settle_mkl_vml_dispatch()  # before any parallel torch op: see mkl_vml.py (megatron's CE hit it)
     serving = serve_arguments(argv)
     if serving is not None:
         queue_dir, device = serving

@@ -138,7 +138,7 @@ def build_model_chunks(config, model, adapter: MegatronFamily, layout: ParallelL
         pre_process, post_process = chunk_stages(layout, chunk)
         kwargs = dict(
             config=config,
-            transformer_layer_spec=layer_spec,
+            transformer_layer_spec=adapter.block_spec(config, layer_spec, chunk if layout.vpp > 1 else None),
             vocab_size=vocab_rows,
             max_sequence_length=model.max_seq_len,
             pre_process=pre_process,

@@ -195,18 +195,18 @@ class StepRecorder:
             module = _unwrap(chunk)
             shard = mweights.ChunkShard(rank=layout.rank, tp_rank=layout.tp_rank, tp_size=layout.tp,
                                         pre_process=module.pre_process, post_process=module.post_process,
-                                        layers=mmodel.chunk_layers(module), vocab_rows=self.vocab_rows)
+                                        layers=mmodel.chunk_layers(module), vocab_rows=self.vocab_rows,
+                                        ep_rank=layout.ep_rank, ep_size=layout.ep)
             params = {n: (p.main_grad if getattr(p, "main_grad", None) is not None else torch.zeros_like(p)).detach().float()
                       for n, p in module.named_parameters()}
             got = mweights.canonical_from_chunk(params, self.model, shard, self.adapter, gather_tp)
-            if layout.dp_rank == 0 and layout.tp_rank == 0:
-                for name, g in got.items():
-                    if self.request.full:
-                        mine_grads[f"grad/{name}"] = g.cpu().numpy()
-                    else:
-                        mine_grads[f"sk/grad/{name}"] = make_sketch(g)
-                    if self.request.adam_eps is not None:
-                        mine_grads[f"sk/update/{name}"] = make_sketch(adam_first_update(g, self.request.adam_eps))
+            for name, g in mweights.first_copies(got, layout, self.adapter).items():
+                if self.request.full:
+                    mine_grads[f"grad/{name}"] = g.cpu().numpy()
+                else:
+                    mine_grads[f"sk/grad/{name}"] = make_sketch(g)
+                if self.request.adam_eps is not None:
+                    mine_grads[f"sk/update/{name}"] = make_sketch(adam_first_update(g, self.request.adam_eps))
             del got
 
         losses, token_losses = [], None

@@ -380,7 +380,7 @@ def final_canonical_params(chunks: list, shards: list, model, adapter, layout: P
             module = module.module
         params = {n: p.detach().float().cpu().numpy() for n, p in module.named_parameters()}
         mine.update(mweights.canonical_from_chunk(params, model, shard, adapter, gather_tp))
-    sent = first_copies(mine, layout, adapter)
+    sent = mweights.first_copies(mine, layout, adapter)
     everything = [None] * layout.world if layout.rank == 0 else None
     dist.gather_object(sent, everything, dst=0)
     if layout.rank != 0:
@@ -389,14 +389,6 @@ def final_canonical_params(chunks: list, shards: list, model, adapter, layout: P
     for part in everything:
         out.update(part)
     return out
-
-
-def first_copies(tensors: dict, layout: ParallelLayout, adapter) -> dict:
-    """Of one rank's canonical tensors, the ones it sends to rank 0: DP rank 0 / TP rank 0 sends the
-    replicated ones, and each expert-parallel rank's first copy (expert DP rank 0, TP rank 0) its experts."""
-    dense = layout.dp_rank == 0 and layout.tp_rank == 0
-    return {n: t for n, t in tensors.items()
-            if (layout.holds_first_expert_copy if adapter.is_expert(n) else dense)}
 
 
 def _write_error(job: MegatronJob, text: str) -> None:

@@ -29,7 +29,7 @@ from lockstep.certify.classify import FORWARD, GRADIENT_ONLY
 from lockstep.certify.routing import AUX_LOSS, ROUTED, ROUTING_WEIGHTS
 from lockstep.formats.step_capture import StepCapture
 from lockstep.formats.tokens import write_token_stream
-from lockstep.models import FAMILIES
+from lockstep.models import FAMILIES, SHAPES
 from lockstep.models.init import init_tensors
 from lockstep.models.mixtral.config import MixtralConfig
 from lockstep.runners.base import RunInputs
@@ -177,3 +177,20 @@ def test_one_expert_gradient_scaled_in_megatron_is_named(files, runs, tmp_path, 
     cert = certify(ref_cap, StepCapture.load(inputs.capture.path), ref_case)
     print(cert.summary_line())
     assert (cert.cause.kind, cert.cause.where) == (GRADIENT_ONLY, "expert3") and len(cert.findings) == 1
+
+
+def test_layouts_megatron_refuses_say_why():
+    from lockstep.runners.megatron.families import ADAPTERS
+
+    mixtral, llama = ADAPTERS["mixtral"], ADAPTERS["llama3"]
+    kv2 = dataclasses.replace(SMALL, num_kv_heads=2)
+    assert mixtral.layout_problem(case("c", tp=2), kv2) == ("megatron-core's MoE layer trains with TP > 1 only with "
+                                                           "sequence parallelism (sp = true)")
+    assert mixtral.layout_problem(case("c", tp=2, sp=True), SMALL) == ("TP=2 does not divide the model's 1 kv heads "
+                                                                      "(query groups)")
+    assert mixtral.layout_problem(case("c", dp=4, ep=4), dataclasses.replace(SMALL, num_experts=6)) == (
+        "EP=4 does not divide the model's 6 experts")
+    assert llama.layout_problem(case("c", dp=2, ep=2), SHAPES["llama3-tiny"].config) == (
+        "expert parallelism (EP=2) needs a mixture-of-experts model")
+    assert mixtral.layout_problem(case("c", dp=2, ep=2), SMALL) is None
+    assert case("c", dp=2, ep=2).parallel_label == "DP=2 EP=2"

@@ -22,7 +22,8 @@ from lockstep.compare.policy import loss_threshold
 from lockstep.certify.classify import (ADAM_SIGN_SHARE, BACKWARD_INPUT, DOWNSTREAM, FORWARD, GRADIENT_ONLY,
                                        MICRO_BATCH, TENSOR_TOLERANCE, TIE, Finding, LossCheck, add_micro_batch_findings,
                                        add_output_grad_findings, classify, differs, loss_check)
-from lockstep.certify.routing import ROUTING_KINDS, LayerRouting, add_routing_findings, compare_routing
+from lockstep.certify.routing import (ROUTING_KINDS, LayerRouting, add_routing_findings, compare_routing,
+                                     group_expert_findings)
 from lockstep.certify.tensors import (ADAM_UPDATE, TensorDiff, compare_forward, compare_grads, compare_micro_batches,
                                       compare_output_grads, diff)
 from lockstep.errors import FormatError
@@ -98,10 +99,11 @@ def evaluate_step1(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps
     else:
         findings = classify(ref, test, forward, grads, tol, loss)
         findings = add_output_grad_findings(findings, forward, output_grads, tol, test.grad_kind)
+    findings = group_expert_findings(findings, grads, tol)
     # MoE routers (from the captures themselves: a few KB, never part of reused diffs)
     routing = compare_routing(ref, test)
     if routing:
-        findings = add_routing_findings(findings, routing, forward, grads, tol)
+        findings = add_routing_findings(findings, routing, forward, tol)
     return Step1Evaluation(tol, forward, micro, output_grads, grads, loss, findings, routing)
 
 

@@ -137,10 +137,10 @@ def routing_findings(layers: list[LayerRouting], forward: list[TensorDiff], tol:
 
 
 def add_routing_findings(findings: list[Finding], layers: list[LayerRouting], forward: list[TensorDiff],
-                         grads: list[TensorDiff], tol: float) -> list[Finding]:
+                         tol: float) -> list[Finding]:
     """Routing findings first where they are the cause (the forward agrees up to that layer's router
     logits: what differs after follows from them), after the others where an earlier module already
-    differs; and one expert's gradient-only findings made one finding naming the expert."""
+    differs."""
     found = routing_findings(layers, forward, tol)
     first = next((i for i, d in enumerate(forward) if differs(d, tol)), None)
     position = {d.name: i for i, d in enumerate(forward)}
@@ -152,7 +152,7 @@ def add_routing_findings(findings: list[Finding], layers: list[LayerRouting], fo
 
     causes = [f for f, agree in found if agree and upstream_agrees(f)]
     rest = [f for f, agree in found if f not in causes]
-    return causes + group_expert_findings(findings, grads, tol) + rest
+    return causes + findings + rest
 
 
 def group_expert_findings(findings: list[Finding], grads: list[TensorDiff], tol: float) -> list[Finding]:

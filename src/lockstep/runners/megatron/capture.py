@@ -205,7 +205,7 @@ class StepRecorder:
         gathered first (a collective of the DP rank's TP group)."""
         from megatron.core.transformer.moe import moe_utils
 
-        if self.layout.dp_rank != 0:
+        if self.layout.dp_rank != 0 or not self.routing:
             return
         k, E = self.model.router_topk, self.model.num_experts
         for layer in sorted(self.routing):  # the same order on every TP rank: gathers pair up

@@ -12,7 +12,9 @@ Negative controls (tests/support/defects.py), each a named finding of the certif
 a router that does not renormalise over the k chosen (routing weights differ), ties broken towards
 the higher expert index (tokens routed differently, on a checkpoint whose layer-0 router is zero so
 that every logit ties), an aux loss scaled by 2 (aux loss differs), expert 3's gradients scaled by
-1.1 in the reference and in megatron's workers (gradients of expert 3 only).
+1.1 in the reference and in megatron's workers (gradients of expert 3 only), and EP=2 with
+expert parallelism missing from megatron's TransformerConfig (every expert's gradients, while the
+loss stays within the threshold).
 """
 
 from __future__ import annotations
@@ -177,6 +179,25 @@ def test_one_expert_gradient_scaled_in_megatron_is_named(files, runs, tmp_path, 
     cert = certify(ref_cap, StepCapture.load(inputs.capture.path), ref_case)
     print(cert.summary_line())
     assert (cert.cause.kind, cert.cause.where) == (GRADIENT_ONLY, "expert3") and len(cert.findings) == 1
+
+
+def test_ep2_without_expert_parallelism_in_the_config_fails_only_from_inside(files, runs, tmp_path, monkeypatch):
+    """Expert parameters all-reduced over the EP ranks as if replicated: the loss stays within the
+    threshold for these steps, the certificate names every expert's gradients."""
+    _, ref, _, ref_cap, ref_case = runs("ep2")
+    defects.worker_env("megatron_ep_not_in_config", monkeypatch)
+    c = case("mixtral_ep2", dp=2, ep=2)
+    inputs = inputs_for(files, "kv1", tmp_path, "megatron", c)
+    rec = MegatronRunner().run(c, inputs, tmp_path)
+    assert rec.ok, rec.error
+    dloss = max(abs(a - b) for a, b in zip(rec.losses(), ref.losses()))
+    cert = certify(ref_cap, StepCapture.load(inputs.capture.path), ref_case)
+    print(f"max |dloss| {dloss:.3e}; {cert.summary_line()[:300]}")
+    assert dloss < FP32_TOLERANCE and not cert.holds
+    assert [(f.kind, f.where) for f in cert.findings] == [(GRADIENT_ONLY, "experts")]
+    assert cert.cause.line.startswith("gradients of all 8 experts only: their fcprojw, fcw, fcw2 in layers 0, 1 differ")
+    assert set(cert.cause.tensors) == {f"expert{e}.{r}[{l}]" for e in range(8) for r in ("fcw2", "fcw", "fcprojw")
+                                       for l in (0, 1)}
 
 
 def test_layouts_megatron_refuses_say_why():

@@ -33,7 +33,10 @@ each of the reference through the family seam (FAMILIES["mixtral"]) unless named
 - mixtral_ties_to_higher_index: among equal router logits the higher expert index wins;
 - mixtral_aux_loss_doubled: the load-balancing loss computed twice too large;
 - mixtral_expert3_grad_scaled: expert 3's three matrices get 1.1 times their gradient, every layer;
-- megatron_expert3_grad_scaled: the same in megatron's workers (its local expert 3, EP=1).
+- megatron_expert3_grad_scaled: the same in megatron's workers (its local expert 3, EP=1);
+- megatron_ep_not_in_config: megatron's TransformerConfig without expert_model_parallel_size (the grid
+  still has EP): expert parameters stay `allreduce=True`, so at EP=2 each rank's local expert j is
+  summed with the other rank's, as the runner's first EP attempt did (the loss alone misses it).
 
 Broken resumes of the pytorch reference (the resume judge's negative controls, compare/resume.py):
 each loads the checkpoint as the trainer does, then damages what it loaded:
@@ -165,7 +168,8 @@ REFERENCE_DEFECTS = {"exact_gelu": ExactGeluGPT2, "frozen_layernorm": FrozenLaye
 RESUME_DEFECTS = ("resume_data_restarted", "resume_moments_zeroed", "resume_step_reset", "resume_rank0_only")
 OTHER_DEFECTS = ("data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
                  "megatron_layernorm_bias_grad_5pct", "megatron_batched_p2p", *RESUME_DEFECTS,
-                 *MIXTRAL_DEFECTS, "mixtral_aux_loss_doubled", "megatron_expert3_grad_scaled")
+                 *MIXTRAL_DEFECTS, "mixtral_aux_loss_doubled", "megatron_expert3_grad_scaled",
+                 "megatron_ep_not_in_config")
 DEFECTS = (*REFERENCE_DEFECTS, *OTHER_DEFECTS)
 
 
@@ -211,6 +215,17 @@ def inject(name: str, patch) -> None:
                     p.register_hook(lambda g: g * 1.1)
 
         patch.setattr(experts.SequentialMLP, "__init__", init_with_scaled_expert)
+    elif name == "megatron_ep_not_in_config":
+        from lockstep.runners.megatron import model
+
+        right = model.transformer_config
+
+        def without_ep(*args, **kwargs):
+            config = right(*args, **kwargs)
+            config.expert_model_parallel_size = 1
+            return config
+
+        patch.setattr(model, "transformer_config", without_ep)
     elif name == "data_order_off_by_one":
         from lockstep.data import loader
 

@@ -156,25 +156,37 @@ def add_routing_findings(findings: list[Finding], layers: list[LayerRouting], fo
 
 
 def group_expert_findings(findings: list[Finding], grads: list[TensorDiff], tol: float) -> list[Finding]:
-    """Gradient-only findings that all name one expert's matrices become one: "gradients of expert 3 only"."""
+    """Gradient-only findings that name only experts' matrices become one finding naming the experts:
+    "gradients of expert 3 only", or "gradients of all 8 experts only" (their parameters reduced or
+    placed differently, e.g. over expert-parallel ranks)."""
     def tensors(f: Finding) -> tuple[str, ...]:
         return f.tensors or (f.where,)
 
     alone = [f for f in findings if f.kind == GRADIENT_ONLY]
-    experts = {m.group(1) for f in alone for n in tensors(f) if (m := _EXPERT.match(n))}
-    if len(experts) != 1 or not all(_EXPERT.match(n) for f in alone for n in tensors(f)):
+    if not alone or not all(_EXPERT.match(n) for f in alone for n in tensors(f)):
         return findings
-    expert = experts.pop()
-    members = [d for d in grads if (m := _EXPERT.match(d.name)) and m.group(1) == expert and differs(d, tol)]
+    named = {int(_EXPERT.match(n).group(1)) for f in alone for n in tensors(f)}
+    members = [d for d in grads if (m := _EXPERT.match(d.name)) and int(m.group(1)) in named and differs(d, tol)]
     roles = sorted({_EXPERT.match(d.name).group(2) for d in members})
     layers = sorted({int(_EXPERT.match(d.name).group(3)) for d in members})
     rel = [d.rel for d in members]
     span = f"{min(rel):.2e}" if f"{min(rel):.2e}" == f"{max(rel):.2e}" else f"{min(rel):.2e} to {max(rel):.2e}"
-    merged = Finding(GRADIENT_ONLY, f"expert{expert}",
-                     f"gradients of expert {expert} only: its {', '.join(roles)} in layer{'s' if len(layers) > 1 else ''} "
-                     f"{', '.join(map(str, layers))} differ (relative {span}) while every "
-                     "other expert's gradients, the router's and their neighbours agree",
-                     tensors=tuple(d.name for d in members))
+    every = 1 + max(int(m.group(1)) for d in grads if (m := _EXPERT.match(d.name)))
+    where_layers = f"layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))}"
+    if len(named) == 1:
+        (expert,) = named
+        merged = Finding(GRADIENT_ONLY, f"expert{expert}",
+                         f"gradients of expert {expert} only: its {', '.join(roles)} in {where_layers} differ "
+                         f"(relative {span}) while every other expert's gradients, the router's and their neighbours "
+                         "agree", tensors=tuple(d.name for d in members))
+    else:
+        which = (f"all {every} experts" if len(named) == every else
+                 f"{len(named)} of {every} experts ({', '.join(map(str, sorted(named)))})")
+        merged = Finding(GRADIENT_ONLY, "experts",
+                         f"gradients of {which} only: their {', '.join(roles)} in {where_layers} differ (relative "
+                         f"{span}, cosine {min(d.cosine for d in members):.3f} to {max(d.cosine for d in members):.3f}) "
+                         "while the router's and every other gradient agree: expert parameters are reduced or placed "
+                         "differently (e.g. over expert-parallel ranks)", tensors=tuple(d.name for d in members))
     out, placed = [], False
     for f in findings:
         if f.kind == GRADIENT_ONLY:

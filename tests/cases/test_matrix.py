@@ -36,6 +36,8 @@ def test_integer_lr_is_a_number():
     (DEFAULTS + CASE + "micro_bach = 8\n", "case a: unknown field(s) micro_bach"),
     (DEFAULTS.replace('"gpt2"', '"gpt3"') + CASE, "case a: model 'gpt3' is not a registered model (known: gpt2, gpt2-tiny"),
     (DEFAULTS.replace('model = "gpt2"\n', "") + CASE, "case a: missing field(s) model"),
+    (DEFAULTS + CASE + "ep = 2\n", "case a: expert parallelism splits the data-parallel ranks, so ep=2 must divide dp=1"),
+    (DEFAULTS + CASE + "ep = 0\n", "case a: ep is 0, must be at least 1"),
 ])
 def test_wrong_types_and_unknown_keys_name_the_file_and_key(text, key):
     with pytest.raises(CaseError) as info:

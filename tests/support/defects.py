@@ -26,6 +26,18 @@ The defects are the ones issue 16's audit found hidden under the contract's lr 1
   on CUDA before issue 22 (with PP=2 and VPP, megatron-core then swaps activations and gradients
   in the interleaved schedule's two-way exchanges).
 
+Mixtral (MoE) routing defects, the certificate's negative controls (tests/runners/test_megatron_mixtral.py),
+each of the reference through the family seam (FAMILIES["mixtral"]) unless named megatron_:
+- mixtral_router_unrenormalised: routing weights are the full softmax's top-k probabilities, not
+  renormalised over the k chosen (the experts chosen stay the same);
+- mixtral_ties_to_higher_index: among equal router logits the higher expert index wins;
+- mixtral_aux_loss_doubled: the load-balancing loss computed twice too large;
+- mixtral_expert3_grad_scaled: expert 3's three matrices get 1.1 times their gradient, every layer;
+- megatron_expert3_grad_scaled: the same in megatron's workers (its local expert 3, EP=1);
+- megatron_ep_not_in_config: megatron's TransformerConfig without expert_model_parallel_size (the grid
+  still has EP): expert parameters stay `allreduce=True`, so at EP=2 each rank's local expert j is
+  summed with the other rank's, as the runner's first EP attempt did (the loss alone misses it).
+
 Broken resumes of the pytorch reference (the resume judge's negative controls, compare/resume.py):
 each loads the checkpoint as the trainer does, then damages what it loaded:
 - resume_data_restarted: the data stream starts again at batch 0 after the load;
@@ -108,11 +120,56 @@ class BrokenTieGPT2(GPT2):
         return logits, None
 
 
+def unrenormalised_route(logits: torch.Tensor, topk: int):
+    experts = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :topk]
+    return experts, F.softmax(logits.float(), dim=-1).gather(-1, experts).to(logits.dtype)
+
+
+def higher_index_route(logits: torch.Tensor, topk: int):
+    flipped = torch.sort(logits.flip(-1), dim=-1, descending=True, stable=True).indices[:, :topk]
+    experts = logits.shape[-1] - 1 - flipped
+    return experts, F.softmax(logits.gather(-1, experts).float(), dim=-1).to(logits.dtype)
+
+
+def _mixtral(route=None, expert_grad=None):
+    """A Mixtral reference subclass with another routing rule, or one expert's gradients scaled."""
+    from lockstep.models.mixtral.model import Mixtral
+
+    class DefectiveMixtral(Mixtral):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            for blk in self.h:
+                if route is not None:
+                    blk.mlp.route = route
+                if expert_grad is not None:
+                    expert, scale = expert_grad
+                    for p in blk.mlp.experts[expert].parameters():
+                        p.register_hook(lambda g, scale=scale: g * scale)
+
+    return DefectiveMixtral
+
+
+MIXTRAL_DEFECTS = {"mixtral_router_unrenormalised": dict(route=unrenormalised_route),
+                   "mixtral_ties_to_higher_index": dict(route=higher_index_route),
+                   "mixtral_expert3_grad_scaled": dict(expert_grad=(3, 1.1))}
+
+
+def _class_name(defect: str) -> str:
+    return "".join(part.title() for part in defect.split("_"))
+
+
+# The defective Mixtral classes at module level: the family seam names them "module:Class".
+for _defect, _kw in MIXTRAL_DEFECTS.items():
+    globals()[_class_name(_defect)] = _mixtral(**_kw)
+
+
 REFERENCE_DEFECTS = {"exact_gelu": ExactGeluGPT2, "frozen_layernorm": FrozenLayerNormGPT2,
                      "transposed_bias_grad": TransposedBiasGradGPT2, "broken_tie": BrokenTieGPT2}
 RESUME_DEFECTS = ("resume_data_restarted", "resume_moments_zeroed", "resume_step_reset", "resume_rank0_only")
 OTHER_DEFECTS = ("data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
-                 "megatron_layernorm_bias_grad_5pct", "megatron_batched_p2p", *RESUME_DEFECTS)
+                 "megatron_layernorm_bias_grad_5pct", "megatron_batched_p2p", *RESUME_DEFECTS,
+                 *MIXTRAL_DEFECTS, "mixtral_aux_loss_doubled", "megatron_expert3_grad_scaled",
+                 "megatron_ep_not_in_config")
 DEFECTS = (*REFERENCE_DEFECTS, *OTHER_DEFECTS)
 
 
@@ -136,6 +193,39 @@ def inject(name: str, patch) -> None:
         cls = REFERENCE_DEFECTS[name]
         family = dataclasses.replace(FAMILIES["gpt2"], reference=f"{__name__}:{cls.__name__}")
         patch.setitem(FAMILIES, "gpt2", family)
+    elif name in MIXTRAL_DEFECTS:
+        from lockstep.models import FAMILIES
+
+        family = dataclasses.replace(FAMILIES["mixtral"], reference=f"{__name__}:{_class_name(name)}")
+        patch.setitem(FAMILIES, "mixtral", family)
+    elif name == "mixtral_aux_loss_doubled":
+        from lockstep.models.mixtral import model as mixtral_model
+
+        right = mixtral_model.switch_aux_loss
+        patch.setattr(mixtral_model, "switch_aux_loss", lambda routing, num_experts: 2 * right(routing, num_experts))
+    elif name == "megatron_expert3_grad_scaled":
+        from megatron.core.transformer.moe import experts
+
+        built = experts.SequentialMLP.__init__
+
+        def init_with_scaled_expert(self, *args, **kwargs):
+            built(self, *args, **kwargs)
+            if len(self.local_experts) > 3:
+                for p in self.local_experts[3].parameters():
+                    p.register_hook(lambda g: g * 1.1)
+
+        patch.setattr(experts.SequentialMLP, "__init__", init_with_scaled_expert)
+    elif name == "megatron_ep_not_in_config":
+        from lockstep.runners.megatron import model
+
+        right = model.transformer_config
+
+        def without_ep(*args, **kwargs):
+            config = right(*args, **kwargs)
+            config.expert_model_parallel_size = 1
+            return config
+
+        patch.setattr(model, "transformer_config", without_ep)
     elif name == "data_order_off_by_one":
         from lockstep.data import loader
 

@@ -108,6 +108,10 @@ class CaseSpec:
     # The section of the matrix the case comes from (InfiniTrain's test group: basic, zero, lora,
     # checkpoint); None for lockstep's own matrices.
     group: str | None = None
+    # Expert parallelism (MoE families): the experts of every MoE layer split over `ep` of the DP
+    # ranks, which then exchange tokens. It places experts, it does not change the math: a runner
+    # without expert parallelism trains the case as its DP layout.
+    ep: int = 1
 
     @property
     def needs(self) -> frozenset[str]:
@@ -149,6 +153,8 @@ class CaseSpec:
         if self.pp > 1:
             parts.append(f"PP={self.pp}" + (f"xVPP={self.vpp}" if self.vpp > 1 else "")
                          + (f" layout {self.pp_layout}" if self.pp_layout else ""))
+        if self.ep > 1:
+            parts.append(f"EP={self.ep}")
         if self.zero:
             parts.append(f"ZeRO-{self.zero}")
         if self.lora is not None:
@@ -162,7 +168,7 @@ class CaseSpec:
         n = self.name
         if self.dtype not in DTYPES:
             raise CaseError(f"case {n}: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        for f in ("micro_batch", "seq_len", "total_batch", "steps", "dp", "tp", "pp", "vpp"):
+        for f in ("micro_batch", "seq_len", "total_batch", "steps", "dp", "tp", "pp", "vpp", "ep"):
             if getattr(self, f) < 1:
                 raise CaseError(f"case {n}: {f} is {getattr(self, f)}, must be at least 1")
         if not self.lr > 0:
@@ -173,6 +179,9 @@ class CaseSpec:
                 f"B*T*DP = {self.micro_batch}*{self.seq_len}*{self.dp} = {self.tokens_per_micro_step}")
         if self.sp and self.tp == 1:
             raise CaseError(f"case {n}: sequence parallel needs TP > 1")
+        if self.dp % self.ep:
+            raise CaseError(f"case {n}: expert parallelism splits the data-parallel ranks, so ep={self.ep} "
+                            f"must divide dp={self.dp}")
         if self.zero not in ZERO_STAGES:
             raise CaseError(f"case {n}: zero is {self.zero}, must be one of {', '.join(map(str, ZERO_STAGES))}")
         if self.zero and self.dp == 1:
@@ -270,7 +279,7 @@ def _sub_table(cls: type, d: dict, label: str):
 FIELD_TYPES: dict[str, type] = {"name": str, "model": str, "dtype": str, "micro_batch": int, "seq_len": int,
                                 "total_batch": int, "steps": int, "lr": float, "dp": int, "tp": int, "pp": int,
                                 "vpp": int, "sp": bool, "zero": int, "pp_layout": str, "lora": dict,
-                                "checkpoint": dict, "group": str}
+                                "checkpoint": dict, "group": str, "ep": int}
 # Fields whose "not set" is None (a record's case, written back by to_dict()); TOML never writes None.
 OPTIONAL_FIELDS = frozenset({"pp_layout", "lora", "checkpoint", "group"})
 

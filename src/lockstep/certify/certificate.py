@@ -22,6 +22,8 @@ from lockstep.compare.policy import loss_threshold
 from lockstep.certify.classify import (ADAM_SIGN_SHARE, BACKWARD_INPUT, DOWNSTREAM, FORWARD, GRADIENT_ONLY,
                                        MICRO_BATCH, TENSOR_TOLERANCE, TIE, Finding, LossCheck, add_micro_batch_findings,
                                        add_output_grad_findings, classify, differs, loss_check)
+from lockstep.certify.routing import (ROUTING_KINDS, LayerRouting, add_routing_findings, compare_routing,
+                                     group_expert_findings)
 from lockstep.certify.tensors import (ADAM_UPDATE, TensorDiff, compare_forward, compare_grads, compare_micro_batches,
                                       compare_output_grads, diff)
 from lockstep.errors import FormatError
@@ -30,7 +32,7 @@ from lockstep.fsutil import atomic_write, read_text
 
 CERTIFICATE_SUFFIX = ".certificate.json"
 # Findings that say the two frameworks compute differently; the others (logging precision) do not.
-DEFECT_KINDS = (FORWARD, TIE, BACKWARD_INPUT, GRADIENT_ONLY, DOWNSTREAM, MICRO_BATCH)
+DEFECT_KINDS = (FORWARD, TIE, BACKWARD_INPUT, GRADIENT_ONLY, DOWNSTREAM, MICRO_BATCH, *ROUTING_KINDS)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Step1Evaluation:
     grads: list[TensorDiff]
     loss: LossCheck
     findings: list[Finding]
+    routing: list[LayerRouting] = field(default_factory=list)  # MoE layers: the routers compared
 
 
 @dataclass
@@ -96,7 +99,12 @@ def evaluate_step1(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps
     else:
         findings = classify(ref, test, forward, grads, tol, loss)
         findings = add_output_grad_findings(findings, forward, output_grads, tol, test.grad_kind)
-    return Step1Evaluation(tol, forward, micro, output_grads, grads, loss, findings)
+    findings = group_expert_findings(findings, grads, tol)
+    # MoE routers (from the captures themselves: a few KB, never part of reused diffs)
+    routing = compare_routing(ref, test)
+    if routing:
+        findings = add_routing_findings(findings, routing, forward, tol)
+    return Step1Evaluation(tol, forward, micro, output_grads, grads, loss, findings, routing)
 
 
 ROUNDING_FACTOR = 3.0  # a framework may differ from the reference by 3x what FP32 moves the reference itself
@@ -218,9 +226,13 @@ def certify(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps: float
         case=case.name, baseline=ref.framework, test=test.framework, dtype=case.dtype, tolerance=ev.tolerance,
         findings=ev.findings, loss=ev.loss, grad_kind=test.grad_kind,
         worst={"module outputs": _worst(ev.forward), "later micro batches": _worst(micro),
-               "output gradients": _worst(ev.output_grads), "gradients": _worst(ev.grads)},
+               "output gradients": _worst(ev.output_grads), "gradients": _worst(ev.grads),
+               **({"routing weights": _worst([r.weights for r in ev.routing if r.weights]),
+                   "aux losses": _worst([r.aux for r in ev.routing if r.aux])} if ev.routing else {})},
         compared={"module outputs": len(ev.forward), "later micro batches": len(micro),
-                  "output gradients": len(ev.output_grads), "gradients": len(ev.grads)},
+                  "output gradients": len(ev.output_grads), "gradients": len(ev.grads),
+                  **({"routed tokens": sum(r.tokens for r in ev.routing),
+                      "aux losses": sum(r.aux is not None for r in ev.routing)} if ev.routing else {})},
         notes=list(ref.notes) + list(test.notes) + (
             [f"each tensor may also differ by {ROUNDING_FACTOR:g}x what FP32 moves the reference itself from an FP64 "
              f"run of the same step ({fp64.source})"] if fp64 is not None else []))

@@ -20,13 +20,18 @@ A `StepCapture` holds, under canonical names (LLMC tensor names, per layer `qkvw
   output head's), so that a framework that lost the tie is recognised as exactly that.
 - `param_order` / `module_kind`: parameters in the order the forward pass first uses them, and
   the reference module type owning each (LayerNorm, Linear, ...).
+- `routing`: for mixture-of-experts layers, what each layer's router decided on micro batch 0
+  (DP rank 0, the forward's rows): `experts[l]` (B, T, k) int16, the chosen experts of each token,
+  highest router logit first; `weights[l]` (B, T, k) FP32, their routing weights; `aux_loss[l]`
+  (0-d FP64), the layer's load-balancing loss of the whole micro batch at coefficient 1. The router
+  logits themselves are a module output, `router[l]` (B, T, E). Always whole (a few KB).
 - `sketches`: instead of (or beside) any of those tensors, its linear sketch (capture/sketch.py)
   and exact norm, under `fwd/NAME`, `outgrad/NAME`, `grad/NAME`, `tie/NAME`, `update/NAME`
   (Adam's first update computed from an exact gradient). The certificate of `lockstep run`
   records sketches only: a few MB whatever the model's size.
 
 On disk: one .npz written tensor by tensor (never the whole capture in memory twice), entries
-`fwd/`, `outgrad/`, `grad/`, `update/`, `tie/`, `sk/<kind>/NAME`, `token_losses` and a JSON `meta`;
+`fwd/`, `outgrad/`, `grad/`, `update/`, `tie/`, `route/`, `sk/<kind>/NAME`, `token_losses` and a JSON `meta`;
 read back lazily, one tensor at a time. Tensors are FP32, except the values that can only be -1, 0
 or 1 (`update/`, and `grad/` of an "adam-update" capture), which are int8.
 """
@@ -149,6 +154,7 @@ class StepCapture:
     grad_precision: dict[str, float] = field(default_factory=dict)  # bound on ||error|| / ||g||, per tensor
     updates: Mapping[str, np.ndarray] = field(default_factory=dict)  # Adam's first update (signs), whole
     tie_parts: Mapping[str, np.ndarray] = field(default_factory=dict)
+    routing: Mapping[str, np.ndarray] = field(default_factory=dict)  # MoE routers' decisions (see above)
     token_losses: np.ndarray | None = None  # (micro batches, tokens) FP32 per-token losses of step 1
     param_order: list[str] = field(default_factory=list)
     module_kind: dict[str, str] = field(default_factory=dict)
@@ -169,7 +175,7 @@ class StepCapture:
     def store(self, kind: str) -> Mapping[str, np.ndarray]:
         """The whole tensors of a kind ("fwd", "outgrad", "grad", "update", "tie")."""
         return {"fwd": self.forward, "outgrad": self.output_grads, "grad": self.grads, "update": self.updates,
-                "tie": self.tie_parts}[kind]
+                "tie": self.tie_parts, "route": self.routing}[kind]
 
     def save(self, path: str | os.PathLike) -> None:
         """Written aside, one entry at a time, and renamed into place; a failed write says why,
@@ -191,6 +197,8 @@ class StepCapture:
                                            ("update/", self.updates, np.int8), ("tie/", self.tie_parts, np.float32)):
                 for name in tensors:
                     put(prefix + name, _as(tensors[name], dtype, name))
+            for name in self.routing:
+                put("route/" + name, _routing_array(self.routing[name], name))
             for key, s in self.sketches.items():
                 put("sk/" + key, np.asarray(s.values, dtype=np.float64))
             if self.token_losses is not None:
@@ -224,7 +232,7 @@ class StepCapture:
                    output_grads=LazyTensors(z, "outgrad/", mapped), grads=LazyTensors(z, "grad/", mapped),
                    grad_kind=meta.get("grad_kind", GRAD_EXACT), grad_precision=meta.get("grad_precision", {}),
                    updates=LazyTensors(z, "update/", mapped),
-                   tie_parts=LazyTensors(z, "tie/", mapped),
+                   tie_parts=LazyTensors(z, "tie/", mapped), routing=LazyTensors(z, "route/", mapped),
                    token_losses=z["token_losses"] if "token_losses" in z.files else None,
                    param_order=meta.get("param_order", []), module_kind=meta.get("module_kind", {}),
                    sketches=sketches, notes=meta.get("notes", []), meta=meta.get("meta", {}), source=str(path))
@@ -239,3 +247,14 @@ def _as(array, dtype, name: str) -> np.ndarray:
             raise ValueError(f"{name}: an Adam update sign tensor holds values other than -1, 0 and 1")
         return signs
     return a.astype(dtype, copy=False)
+
+
+ROUTING_DTYPES = {"experts": np.int16, "weights": np.float32, "aux_loss": np.float64}
+
+
+def _routing_array(array, name: str) -> np.ndarray:
+    """A `route/` entry in its dtype (by its kind: experts, weights, aux_loss)."""
+    kind = name.split("[")[0]
+    if kind not in ROUTING_DTYPES:
+        raise ValueError(f"route/{name}: not a routing entry (experts, weights or aux_loss)")
+    return np.asarray(array).astype(ROUTING_DTYPES[kind], copy=False)

@@ -38,7 +38,7 @@ CAPTURE_WHILE_TRAINING = "while training"  # recorded by the run itself
 CAPTURE_AFTER_RUN = "after the run"  # a capture of its own after the run (several processes, a saved step)
 CAPTURE_NONE = "none"  # it cannot show its step 1: its pairs get no certificate, the loss still compares
 
-ALL_LAYOUTS = ("dp", "tp", "pp", "vpp", "sp", "zero")
+ALL_LAYOUTS = ("dp", "tp", "pp", "vpp", "sp", "zero", "ep")
 
 # The one registration: a runner package listed here (lockstep/runners/<package>/) describes itself
 # in its __init__.py as RUNNER (docs/contributing.md: adding a runner).

@@ -37,9 +37,8 @@ FAMILY = ModelFamily(
     hf=hf.ADAPTER,
     reference="lockstep.models.mixtral.model:Mixtral",
     cpu_shape="mixtral-tiny",
-    # Until their adapters land (issue 34), the plan lists these pairs as skipped with the reason.
+    # Until its adapter lands (issue 34), the plan lists these pairs as skipped with the reason.
     unsupported_runners={
-        "megatron": "lockstep has no megatron-core MoE adapter for mixtral yet",
         "infinitrain": "lockstep does not drive InfiniTrain's tiny_mixtral (feat/support_moe) yet",
     },
 )

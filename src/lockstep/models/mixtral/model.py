@@ -127,6 +127,10 @@ class Mixtral(nn.Module):
         """The load-balancing loss of one micro batch, coefficient 1: summed over layers."""
         return sum(switch_aux_loss(r, self.cfg.num_experts) for r in routings)
 
+    def layer_aux_loss(self, logits: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """One layer's load-balancing loss (coefficient 1) from its router logits and chosen experts."""
+        return switch_aux_loss(Routing(logits, experts, torch.empty(0)), self.cfg.num_experts)
+
     def llmc_parameters(self) -> dict[str, nn.Parameter]:
         """Every parameter under its canonical LLMC name (`qkvw[3]`, `expert5.fcw2[3]`): the map both ways."""
         out = {"wte": self.wte.weight}

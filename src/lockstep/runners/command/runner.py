@@ -25,7 +25,8 @@ from lockstep.runners.logged_process import check_finished, parse_or_none, run_l
 
 DEFAULT_TIMEOUT_S = 1800.0
 LAYOUT_OF = {"dp": lambda c: c.dp > 1, "tp": lambda c: c.tp > 1, "pp": lambda c: c.pp > 1,
-             "vpp": lambda c: c.vpp > 1, "sp": lambda c: c.sp, "zero": lambda c: c.zero > 0}
+             "vpp": lambda c: c.vpp > 1, "sp": lambda c: c.sp, "zero": lambda c: c.zero > 0,
+             "ep": lambda c: c.ep > 1}
 
 
 class CommandRunner(FrameworkRunner):

@@ -29,12 +29,13 @@ import torch.distributed as dist
 
 from lockstep.capture.request import (MAX_MICRO_BATCHES, CaptureBuilder, CaptureRequest, adam_first_update, make_sketch,
                                       micro_name)
+from lockstep.capture.routing import ROUTER, add_routing, ranked_experts
 from lockstep.capture.sketch import sketch_torch
 from lockstep.formats.step_capture import Sketch
 
 # Outputs whose last dimension is split over TP ranks.
 TP_SPLIT_OUTPUTS = ("attn", "logits")
-FORWARD_ORDER = ["embedding", "ln1", "attn", "attproj", "ln2", "mlp", "block", "lnf", "logits", "loss"]
+FORWARD_ORDER = ["embedding", "ln1", "attn", "attproj", "ln2", "router", "mlp", "block", "lnf", "logits", "loss"]
 
 
 def logged_micro_loss(reported: dict) -> float:
@@ -107,6 +108,40 @@ class StepRecorder:
         self.whole: dict[str, torch.Tensor] = {}  # micro batch 0, diagnose: [s, b, ...] local pieces
         self.order: list[str] = []
         self.handles = [h for c in chunks for h in register_forward_hooks(_unwrap(c), self._record)]
+        # MoE layers: each router's logits, map and probabilities on micro batch 0, as this rank saw them
+        self.routing: dict[int, dict[str, torch.Tensor]] = {}
+        self.routers: list = []
+        for c in chunks:
+            for layer in _unwrap(c).decoder.layers:
+                router = getattr(layer.mlp, "router", None)
+                if router is not None:
+                    self._watch_router(int(layer.layer_number) - 1, router)
+
+    def _watch_router(self, layer: int, router) -> None:
+        """The logits `router.gating` returns (an instance attribute for step 1 only, removed by
+        `finish`), recorded as module output router[layer]; and what the router decided from them."""
+        gating = router.gating
+        seen: dict[str, torch.Tensor] = {}
+
+        def recorded_gating(hidden):
+            logits = gating(hidden)
+            shaped = logits.view(*hidden.shape[:-1], -1)  # [s/TP, b, E]
+            micro = self.calls[f"{ROUTER}[{layer}]"]
+            self._record(f"{ROUTER}[{layer}]", shaped)
+            if micro == 0 and self.layout.dp_rank == 0:
+                seen["logits"] = shaped.detach().float().clone()
+            return logits
+
+        def decided(module, args, out):
+            probs, routing_map = out[0], out[1]
+            if "logits" in seen and layer not in self.routing:
+                shape = seen["logits"].shape
+                self.routing[layer] = {"logits": seen.pop("logits"), "map": routing_map.detach().view(shape),
+                                       "probs": probs.detach().float().view(shape)}
+
+        router.gating = recorded_gating
+        self.routers.append(router)
+        self.handles.append(router.register_forward_hook(decided))
 
     # ---------------------------------------------------------------- forward
 
@@ -115,6 +150,8 @@ class StepRecorder:
             return self.model.num_heads * self.model.head_dim
         if base == "logits":
             return self.vocab_rows
+        if base == ROUTER:
+            return self.model.num_experts
         return self.model.channels
 
     def _record(self, name: str, out: torch.Tensor) -> None:
@@ -159,6 +196,32 @@ class StepRecorder:
 
     # ---------------------------------------------------------------- after the backward
 
+    def _routing_decisions(self, builder: CaptureBuilder, gather_tp) -> None:
+        """Each MoE layer's router decisions on micro batch 0 of DP rank 0, in the canonical (b, t)
+        order, into `builder` on TP rank 0 (capture/routing.py): the chosen experts from the routing
+        map, highest logit first; their weights from the probabilities; the layer's load-balancing
+        loss of the whole micro batch as megatron-core computes it (its own functions, coefficient 1).
+        Under sequence parallelism each TP rank routed its part of the sequence: the parts are
+        gathered first (a collective of the DP rank's TP group)."""
+        from megatron.core.transformer.moe import moe_utils
+
+        if self.layout.dp_rank != 0 or not self.routing:
+            return
+        k, E = self.model.router_topk, self.model.num_experts
+        for layer in sorted(self.routing):  # the same order on every TP rank: gathers pair up
+            seen = self.routing[layer]
+            whole = {what: torch.cat(gather_tp(t.contiguous()), dim=0) if self.layout.tp > 1 else t
+                     for what, t in (("logits", seen["logits"]), ("map", seen["map"].to(torch.uint8)),
+                                     ("probs", seen["probs"]))}
+            if self.layout.tp_rank != 0:
+                continue
+            logits, chosen, probs = (whole[w].transpose(0, 1) for w in ("logits", "map", "probs"))  # [b, s, E]
+            experts = ranked_experts(logits, chosen.bool(), k)
+            flat = logits.reshape(-1, E)
+            aux_map, scores = moe_utils.compute_routing_scores_for_aux_loss(flat, k, "softmax")
+            aux = moe_utils.switch_load_balancing_loss_func(scores, aux_map.sum(dim=0), flat.shape[0], k, E, 1.0)
+            add_routing(builder, layer, experts, probs.gather(-1, experts), aux)
+
     def finish(self, results: list) -> None:
         """Gradients and losses read, shares sent to rank 0, the capture written there."""
         from megatron.core import parallel_state
@@ -168,6 +231,8 @@ class StepRecorder:
 
         for h in self.handles:
             h.remove()
+        for router in self.routers:
+            del router.gating  # the class's method again
         layout = self.layout
         tp_group = parallel_state.get_tensor_model_parallel_group()
 
@@ -195,19 +260,21 @@ class StepRecorder:
             module = _unwrap(chunk)
             shard = mweights.ChunkShard(rank=layout.rank, tp_rank=layout.tp_rank, tp_size=layout.tp,
                                         pre_process=module.pre_process, post_process=module.post_process,
-                                        layers=mmodel.chunk_layers(module), vocab_rows=self.vocab_rows)
+                                        layers=mmodel.chunk_layers(module), vocab_rows=self.vocab_rows,
+                                        ep_rank=layout.ep_rank, ep_size=layout.ep)
             params = {n: (p.main_grad if getattr(p, "main_grad", None) is not None else torch.zeros_like(p)).detach().float()
                       for n, p in module.named_parameters()}
             got = mweights.canonical_from_chunk(params, self.model, shard, self.adapter, gather_tp)
-            if layout.dp_rank == 0 and layout.tp_rank == 0:
-                for name, g in got.items():
-                    if self.request.full:
-                        mine_grads[f"grad/{name}"] = g.cpu().numpy()
-                    else:
-                        mine_grads[f"sk/grad/{name}"] = make_sketch(g)
-                    if self.request.adam_eps is not None:
-                        mine_grads[f"sk/update/{name}"] = make_sketch(adam_first_update(g, self.request.adam_eps))
+            for name, g in mweights.first_copies(got, layout, self.adapter).items():
+                if self.request.full:
+                    mine_grads[f"grad/{name}"] = g.cpu().numpy()
+                else:
+                    mine_grads[f"sk/grad/{name}"] = make_sketch(g)
+                if self.request.adam_eps is not None:
+                    mine_grads[f"sk/update/{name}"] = make_sketch(adam_first_update(g, self.request.adam_eps))
             del got
+
+        self._routing_decisions(builder, gather_tp)
 
         losses, token_losses = [], None
         if layout.reports_loss and layout.dp_rank == 0:
@@ -223,7 +290,8 @@ class StepRecorder:
 
         shares = {k: (v.cpu().numpy(), n2, shape) for k, (v, n2, shape) in self.shares.items()}
         mine = {"whole": whole if layout.dp_rank == 0 else {}, "order": self.order, "shares": shares,
-                "grads": mine_grads, "losses": losses, "token_losses": token_losses}
+                "grads": mine_grads, "losses": losses, "token_losses": token_losses,
+                "routing": dict(builder.capture.routing) if layout.tp_rank == 0 else {}}
         if layout.world == 1:
             everyone = [mine]  # no pickling of a 1B model's gradients through a collective to itself
         else:
@@ -254,6 +322,8 @@ class StepRecorder:
                     cap.sketches[f"fwd/{micro_name('loss', micro)}"] = Sketch(np.array([loss]), abs(loss), ())
             if part["token_losses"] is not None:
                 cap.token_losses = part["token_losses"]
+            for name, value in part["routing"].items():
+                cap.routing.setdefault(name, value)
         for key, (values, norm2, shape) in summed.items():
             cap.sketches[f"fwd/{key}"] = Sketch(values, float(np.sqrt(norm2)), shape)
         names = set(cap.forward) | {k[len("fwd/"):] for k in cap.sketches if k.startswith("fwd/") and "@" not in k}

@@ -14,7 +14,8 @@ when the job runs on the CPU. Nothing here changes any arithmetic.
    for the token counter of every pipeline schedule, the FP32 optimizer's loss-scale tensor)
    and tied embeddings with PP>1 call `weight.data.cuda()`. A TorchFunctionMode, active for the
    whole worker, rewrites a CUDA `device=` of any torch call to the CPU and makes
-   `Tensor.cuda()` / `Tensor.to("cuda")` stay on the CPU.
+   `Tensor.cuda()` / `Tensor.to("cuda")` stay on the CPU; a backward pass started through it
+   runs with it on (a mode is off inside its own handler).
 3. The CUDA RNG tracker: attention runs its dropout inside `get_cuda_rng_tracker().fork()`,
    which swaps CUDA generator states. Without CUDA there are no states to swap, and with
    dropout 0 nothing draws from them: megatron-core's own inference tracker, whose `fork` is a
@@ -47,6 +48,18 @@ def _names_cuda(device) -> bool:
     return isinstance(device, int) and not isinstance(device, bool)
 
 
+def _backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, inputs=None):
+    """torch.autograd.backward past its __torch_function__ dispatch: the engine call it makes."""
+    from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
+    from torch.autograd.graph import _engine_run_backward
+
+    tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+    inputs = () if inputs is None else ((inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs))
+    grads = _make_grads(tensors, _tensor_or_tensors_to_tuple(grad_tensors, len(tensors)), is_grads_batched=False)
+    _engine_run_backward(tensors, grads, create_graph if retain_graph is None else retain_graph, create_graph, inputs,
+                         allow_unreachable=True, accumulate_grad=True)
+
+
 class CudaDevicesOnCpu(TorchFunctionMode):
     """Shim 2: every torch call that asks for a CUDA device gets the CPU instead."""
 
@@ -58,6 +71,13 @@ class CudaDevicesOnCpu(TorchFunctionMode):
             return args[0]
         if func is torch.Tensor.to and len(args) > 1 and isinstance(args[1], (str, torch.device)) and _names_cuda(args[1]):
             args = (args[0], torch.device("cpu"), *args[2:])
+        if func is torch.autograd.backward:
+            # torch 2.13's backward dispatches through the mode, and a mode is off while its own
+            # handler runs: every op of the backward's autograd functions would run unshimmed (the
+            # MoE dispatcher's backward allocates its all-gather output on "the current device").
+            # The backward runs with the mode on again, past its own dispatch.
+            with self:
+                return _backward(*args, **kwargs)
         return func(*args, **kwargs)
 
 

@@ -100,6 +100,9 @@ def transformer_config(case: CaseSpec, model, adapter: MegatronFamily, precision
         # An uneven split (e.g. "Et*5|t*5|t*4L"); megatron-core places the layers and numbers
         # them globally, so chunk_layers() reads each chunk's global layers back as for an even split.
         pipeline_model_parallel_layout=case.pp_layout,
+        # MoE: the experts over EP ranks; megatron marks expert parameters `allreduce=False` from
+        # this (their gradients then reduce over the expert-data-parallel ranks only)
+        expert_model_parallel_size=case.ep,
         sequence_parallel=case.sp,
         # the family's math (norm, activation, biases, RoPE pairing, QK-norm)
         **adapter.config_overrides(model),
@@ -138,7 +141,7 @@ def build_model_chunks(config, model, adapter: MegatronFamily, layout: ParallelL
         pre_process, post_process = chunk_stages(layout, chunk)
         kwargs = dict(
             config=config,
-            transformer_layer_spec=layer_spec,
+            transformer_layer_spec=adapter.block_spec(config, layer_spec, chunk if layout.vpp > 1 else None),
             vocab_size=vocab_rows,
             max_sequence_length=model.max_seq_len,
             pre_process=pre_process,

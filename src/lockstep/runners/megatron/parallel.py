@@ -40,6 +40,14 @@ class ParallelLayout:
     pp_rank: int
     device: torch.device
     reports: bool = True  # writes the log's step lines and the results (local rank 0 of node 0)
+    ep: int = 1  # expert-parallel size (MoE): the experts split over EP of the DP ranks
+    ep_rank: int = 0
+    edp_rank: int = 0  # rank among the ranks holding the same experts (expert data parallel)
+
+    @property
+    def holds_first_expert_copy(self) -> bool:
+        """This rank's experts are read back here: expert-data-parallel rank 0, (expert) TP rank 0."""
+        return self.edp_rank == 0 and self.tp_rank == 0
 
     @property
     def is_first_stage(self) -> bool:
@@ -84,12 +92,15 @@ def init_parallel(case: CaseSpec, device_kind: str) -> ParallelLayout:
             tensor_model_parallel_size=case.tp,
             pipeline_model_parallel_size=case.pp,
             virtual_pipeline_model_parallel_size=case.vpp if case.vpp > 1 else None,
+            expert_model_parallel_size=case.ep,  # the expert tensor-parallel size stays TP (its default)
         )
     layout = ParallelLayout(
         rank=rank, world=world, local_rank=local_rank, dp=parallel_state.get_data_parallel_world_size(),
         tp=case.tp, pp=case.pp, vpp=case.vpp, dp_rank=parallel_state.get_data_parallel_rank(),
         tp_rank=parallel_state.get_tensor_model_parallel_rank(),
-        pp_rank=parallel_state.get_pipeline_model_parallel_rank(), device=device, reports=reports_results())
+        pp_rank=parallel_state.get_pipeline_model_parallel_rank(), device=device, reports=reports_results(),
+        ep=case.ep, ep_rank=parallel_state.get_expert_model_parallel_rank(),
+        edp_rank=parallel_state.get_expert_data_parallel_rank())
     if layout.dp != case.dp:
         raise LockstepError(f"megatron-core made {layout.dp} data-parallel ranks, the case asks for {case.dp}")
     return layout
@@ -112,6 +123,7 @@ def grid_in_place(case: CaseSpec) -> bool:
 
     return (parallel_state.model_parallel_is_initialized() and case.pp == 1 and case.vpp == 1
             and parallel_state.get_tensor_model_parallel_world_size() == case.tp
+            and parallel_state.get_expert_model_parallel_world_size() == case.ep
             and parallel_state.get_pipeline_model_parallel_world_size() == 1)
 
 

@@ -83,13 +83,14 @@ class MegatronRunner(FrameworkRunner):
         if case.zero == 1 and inputs.family.optimizer.kind != "adam":
             return (f"megatron-core's distributed optimizer (ZeRO-1) accepts only Adam (an assertion in "
                     f"distrib_optimizer.py), the {inputs.family.title} contract is {inputs.family.optimizer.label}")
-        if case.sp and (inputs.device != "cuda" or not apex_installed()):
+        from lockstep.runners.megatron.families import adapter_for
+
+        adapter = adapter_for(inputs.model)
+        if case.sp and not adapter.sequence_parallel_norms and (inputs.device != "cuda" or not apex_installed()):
             # The local layer spec's LayerNorm is Apex's FusedLayerNorm when Apex is installed (CUDA
             # only), else torch's, which megatron-core refuses to use with sequence parallelism.
             return "sequence parallel with megatron-core's local layer spec needs NVIDIA Apex's FusedLayerNorm (CUDA)"
-        from lockstep.runners.megatron.families import adapter_for
-
-        problem = adapter_for(inputs.model).layout_problem(case, inputs.model)
+        problem = adapter.layout_problem(case, inputs.model)
         if problem:
             return f"megatron-core cannot lay this model out: {problem}"
         return super().skip_reason(case, inputs)

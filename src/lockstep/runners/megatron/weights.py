@@ -146,3 +146,11 @@ def load_chunk(module: torch.nn.Module, mapped: dict[str, MappedTensor], rank: i
         param.data.copy_(value.to(param.device))
         total += value.numel()
     return total
+
+
+def first_copies(tensors: dict, layout, adapter: MegatronFamily) -> dict:
+    """Of one rank's canonical tensors, those it reads back for the whole model: DP rank 0 / TP rank 0
+    holds the first copy of the replicated ones, and each expert-parallel rank's first copy (expert
+    DP rank 0, TP rank 0) that of its experts."""
+    dense = layout.dp_rank == 0 and layout.tp_rank == 0
+    return {n: t for n, t in tensors.items() if (layout.holds_first_expert_copy if adapter.is_expert(n) else dense)}

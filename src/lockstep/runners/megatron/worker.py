@@ -191,6 +191,8 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
                  f"max_position_embeddings={job.model.max_seq_len} micro_batch_size={B} global_batch_size={global_batch} "
                  f"num_microbatches={case.accum} data_parallel_size={case.dp} tensor_model_parallel_size={case.tp} "
                  f"pipeline_model_parallel_size={case.pp} virtual_pipeline_model_parallel_size={case.vpp} "
+                 + (f"num_moe_experts={job.model.num_experts} moe_router_topk={job.model.router_topk} "
+                    f"expert_model_parallel_size={case.ep} " if adapter.moe else "")
                  + (f"pipeline_model_parallel_layout={case.pp_layout} " if case.pp_layout else "") +
                  f"batch_p2p_comm={p2p.batch} overlap_p2p_comm={p2p.overlap} " +
                  f"sequence_parallel={case.sp} vocab_size={job.model.vocab_size} padded_vocab_size={vocab_rows} "
@@ -217,7 +219,8 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
             chunk.cuda(layout.device)
         shard = mweights.ChunkShard(rank=layout.rank, tp_rank=layout.tp_rank, tp_size=layout.tp,
                                     pre_process=chunk.pre_process, post_process=chunk.post_process,
-                                    layers=mmodel.chunk_layers(chunk), vocab_rows=vocab_rows)
+                                    layers=mmodel.chunk_layers(chunk), vocab_rows=vocab_rows,
+                                    ep_rank=layout.ep_rank, ep_size=layout.ep)
         shards.append(shard)
         loaded += mweights.load_chunk(chunk, mweights.chunk_tensors(canonical, ckpt.config, shard, adapter),
                                       layout.rank)
@@ -334,7 +337,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
         "megatron_core_version": version,
         "device_name": device_name,
         "world_size": layout.world,
-        "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "sequence_parallel": case.sp,
+        "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "ep": layout.ep, "sequence_parallel": case.sp,
         "pipeline_p2p": {"batch_p2p_comm": config.batch_p2p_comm, "overlap_p2p_comm": config.overlap_p2p_comm},
         "distributed_optimizer": case.zero >= 1,
         "precision": precision.label,
@@ -377,7 +380,7 @@ def final_canonical_params(chunks: list, shards: list, model, adapter, layout: P
             module = module.module
         params = {n: p.detach().float().cpu().numpy() for n, p in module.named_parameters()}
         mine.update(mweights.canonical_from_chunk(params, model, shard, adapter, gather_tp))
-    sent = mine if (layout.dp_rank == 0 and layout.tp_rank == 0) else {}
+    sent = mweights.first_copies(mine, layout, adapter)
     everything = [None] * layout.world if layout.rank == 0 else None
     dist.gather_object(sent, everything, dst=0)
     if layout.rank != 0:
@@ -437,9 +440,11 @@ class PersistentTraining:
 def main(argv: list[str]) -> int:
     from lockstep.runners.megatron.parallel import shutdown, start_process_group
     from lockstep.runners.test_plugins import apply_test_plugins
+    from lockstep.runners.mkl_vml import settle_mkl_vml_dispatch
     from lockstep.runners.workers import StartupTimeline, serve_arguments, serve_jobs
 
     apply_test_plugins()
+    settle_mkl_vml_dispatch()  # before any parallel torch op: see mkl_vml.py (megatron's CE hit it)
     serving = serve_arguments(argv)
     if serving is not None:
         queue_dir, device = serving

@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from lockstep.capture.request import MAX_MICRO_BATCHES, CaptureBuilder, CaptureRequest, micro_name
+from lockstep.capture.routing import ROUTER, add_routing
 from lockstep.cases.spec import CaseSpec
 from lockstep.data.loader import TokenBatches
 from lockstep.formats.step_capture import StepCapture
@@ -91,12 +92,45 @@ class StepRecorder:
         self.order: list[str] = []
         self.token_losses: list[np.ndarray] = []
         self.handles = forward_hooks(model, self._record)
+        self.restore_routes: list = []
+        self._watch_routers()
         self.emb_parts: dict[str, torch.Tensor] = {}
         for module in model.modules():
             if isinstance(module, nn.Embedding):
                 name = next((n for n, p in self.params.items() if p is module.weight), None)
                 if name is not None:
                     self.handles.append(module.register_forward_hook(self._embedding_hook(name)))
+
+    def _watch_routers(self) -> None:
+        """Mixture-of-experts blocks (an `mlp` with a `router` and a `route` rule, models/mixtral): the
+        router logits as module output `router[i]`, and what `route` decided (capture/routing.py)."""
+        for i, blk in enumerate(getattr(self.model, "h", [])):
+            moe = blk.mlp
+            if hasattr(moe, "router") and hasattr(moe, "route"):
+                self._watch_router(i, moe)
+
+    def _watch_router(self, layer: int, moe: nn.Module) -> None:
+        batch: list[tuple[int, int]] = [(0, 0)]  # (B, T) of the block's input: the router sees B*T rows
+
+        def block_input(module, args):
+            batch[0] = tuple(args[0].shape[:2])
+
+        def router_output(module, args, logits):
+            self._record(f"{ROUTER}[{layer}]", logits.view(*batch[0], -1))
+
+        route = moe.route
+
+        def recorded_route(logits, topk):
+            experts, weights = route(logits, topk)
+            if self.current == 0:
+                with torch.no_grad():
+                    aux = self.model.layer_aux_loss(logits.detach(), experts)
+                add_routing(self.builder, layer, experts.view(*batch[0], -1), weights.detach().view(*batch[0], -1), aux)
+            return experts, weights
+
+        self.handles += [moe.register_forward_pre_hook(block_input), moe.router.register_forward_hook(router_output)]
+        self.restore_routes.append((moe, route))
+        moe.route = recorded_route
 
     def _embedding_hook(self, name: str):
         # The embedding-use gradient of a parameter read by an nn.Embedding: the gradient arriving at
@@ -172,6 +206,9 @@ class StepRecorder:
         for h in self.handles:
             h.remove()
         self.handles = []
+        for moe, route in self.restore_routes:
+            moe.route = route
+        self.restore_routes = []
 
 
 def capture_step(model: nn.Module, case: CaseSpec, tokens: np.ndarray, request: CaptureRequest,

@@ -13,9 +13,11 @@ from lockstep.errors import LockstepError
 from lockstep.runners.megatron.families.base import MegatronFamily
 from lockstep.runners.megatron.families.gpt2 import GPT2Adapter
 from lockstep.runners.megatron.families.llama3 import Llama3Adapter
+from lockstep.runners.megatron.families.mixtral import MixtralAdapter
 from lockstep.runners.megatron.families.qwen3 import Qwen3Adapter
 
-ADAPTERS: dict[str, MegatronFamily] = {a.family: a for a in (GPT2Adapter(), Llama3Adapter(), Qwen3Adapter())}
+ADAPTERS: dict[str, MegatronFamily] = {a.family: a for a in (GPT2Adapter(), Llama3Adapter(), Qwen3Adapter(),
+                                                              MixtralAdapter())}
 
 
 def adapter_for(config) -> MegatronFamily:

@@ -67,6 +67,8 @@ class ChunkShard:
     post_process: bool  # holds the final norm and the output layer
     layers: tuple[int, ...]  # the global 0-based layer of each local layer, in local order
     vocab_rows: int  # Megatron's vocabulary over all TP ranks (Vm)
+    ep_rank: int = 0  # expert-parallel rank: which experts a MoE layer holds
+    ep_size: int = 1
 
 
 def fit_rows(a: np.ndarray, rows: int) -> np.ndarray:
@@ -105,6 +107,8 @@ class MegatronFamily:
     """What a family adapter provides; the shared defaults live here."""
 
     family: str
+    moe = False  # its layers are mixtures of experts (expert parallelism applies)
+    sequence_parallel_norms = False  # its norms train under SP without Apex / Transformer Engine
 
     def config_overrides(self, model) -> dict:
         """TransformerConfig fields of the family's math (shape fields are set by model.py)."""
@@ -113,6 +117,18 @@ class MegatronFamily:
     def layer_spec(self, model):
         """The local (non-Transformer-Engine) layer spec."""
         raise NotImplementedError
+
+    def block_spec(self, config, layer_spec, vp_stage: int | None):
+        """What GPTModel builds its decoder from: the layer spec itself, or a block spec made of it."""
+        return layer_spec
+
+    def mlp_maps(self, prefix: str, layer: int, model, shard: "ChunkShard") -> list["TensorMap"]:
+        """The MLP's parameters of one layer (dense families: in their weight_maps)."""
+        raise NotImplementedError
+
+    def is_expert(self, canonical: str) -> bool:
+        """Whether a canonical tensor belongs to an expert (held by its expert-parallel rank only)."""
+        return False
 
     def gpt_model_kwargs(self, model) -> dict:
         """GPTModel arguments: positions, rotary base, tied or untied output layer."""
@@ -131,6 +147,8 @@ class MegatronFamily:
 
     def layout_problem(self, case: CaseSpec, model) -> str | None:
         """Why megatron-core cannot split this model the way the case asks, or None."""
+        if case.ep > 1 and not self.moe:
+            return f"expert parallelism (EP={case.ep}) needs a mixture-of-experts model"
         if model.num_heads % case.tp:
             return f"TP={case.tp} does not divide the model's {model.num_heads} attention heads"
         if model.num_kv_heads % case.tp:

@@ -66,14 +66,18 @@ class Llama3Adapter(MegatronFamily):
                 TensorMap(p + "self_attention.linear_qkv.weight", "qkvw" + at, "rows", grouped, ungrouped),
                 TensorMap(p + "self_attention.linear_proj.weight", "attprojw" + at, "columns"),
                 TensorMap(p + "pre_mlp_layernorm.weight", "ln2w" + at),
-                # fc1 holds two canonical tensors: [gate; up]; the "glu" split keeps them apart per rank.
-                TensorMap(p + "mlp.linear_fc1.weight", ("fcw2" + at, "fcw" + at), "glu_rows"),
-                TensorMap(p + "mlp.linear_fc2.weight", "fcprojw" + at, "columns"),
             ]
+            maps += self.mlp_maps(p, layer, model, shard)
         if shard.post_process:
             maps += [TensorMap("decoder.final_layernorm.weight", "lnfw"),
                      TensorMap("output_layer.weight", "lm_head", "rows")]
         return maps
+
+    def mlp_maps(self, prefix: str, layer: int, model, shard: ChunkShard) -> list[TensorMap]:
+        at = f"[{layer}]"
+        # fc1 holds two canonical tensors: [gate; up]; the "glu" split keeps them apart per rank.
+        return [TensorMap(prefix + "mlp.linear_fc1.weight", ("fcw2" + at, "fcw" + at), "glu_rows"),
+                TensorMap(prefix + "mlp.linear_fc2.weight", "fcprojw" + at, "columns")]
 
     def attention_maps(self, prefix: str, at: str) -> list[TensorMap]:
         """Per-layer attention parameters besides qkv and proj (Qwen3's QK-norm)."""

@@ -101,3 +101,31 @@ def test_infinitrain_llama3_cpu_build_matches_pytorch(capsys, tmp_path, monkeypa
     assert rc == 0, err
     text = json.dumps(summary)
     assert "llama3_1" in text and "infinitrain" in text
+
+
+QWEN3_BUILD = os.environ.get("LOCKSTEP_INFINITRAIN_BUILD")
+
+
+@pytest.mark.skipif(not (QWEN3_BUILD and (Path(QWEN3_BUILD) / "qwen3").is_file()),
+                    reason="set LOCKSTEP_INFINITRAIN_BUILD to an InfiniTrain build with a qwen3 executable (e.g. a "
+                           "CPU build of branch feat/add_Qwen3-8B) to run this comparison")
+def test_infinitrain_qwen3_branch_build_matches_pytorch(capsys, tmp_path, monkeypatch):
+    """qwen3-tiny FP32 on the build's qwen3, handed the LLMC version its loader asks for: every step
+    within 1e-5 of the reference. A version-3 build (a3f84f8) hard-codes Adam beta2 0.95, which
+    only the first two steps do not feel, and has no --save, so no step-1 certificate."""
+    monkeypatch.setenv("LOCKSTEP_CACHE", str(tmp_path / "cache"))
+    out_dir = tmp_path / "o"
+    args = ["--matrix", "qwen3", "--cases", "qwen3_1", "--frameworks", "pytorch,infinitrain", "--model",
+            "qwen3-tiny", "--device", "cpu", "--steps", "2", "--out", str(out_dir), "--no-report"]
+    if SHARED_TEXT.is_file():
+        args += ["--text", str(SHARED_TEXT)]
+    rc, out, err = run_cli(capsys, *args)
+    assert rc == 0, out + err
+    summary = json.loads((out_dir / "summary.json").read_text())
+    case = {(comp["test_framework"], c["case"]): c for comp in summary["comparisons"] for c in comp["cases"]}[
+        ("infinitrain", "qwen3_1")]
+    assert case["verdict"] == "PASS" and case["max_abs_diff"] <= 1e-5, case
+    record = (out_dir / "infinitrain" / "qwen3_1.jsonl").read_text()
+    if '"infinitrain_llmc_version": 3' in record:
+        assert ".qwen3-v3.bin" in record
+        assert not case["certificate"]["available"] and "has no --save" in case["certificate"]["problem"]

@@ -88,13 +88,14 @@ def map_tensors(path: str | os.PathLike, layout: CheckpointLayout) -> dict[str, 
 
 
 def write_checkpoint(path: str | os.PathLike, header: np.ndarray, layout: CheckpointLayout,
-                     tensors: dict[str, np.ndarray]) -> None:
-    """Write header + tensors atomically, checking every tensor's shape against the layout."""
+                     tensors: dict[str, np.ndarray], order: list[tuple[str, tuple[int, ...]]] | None = None) -> None:
+    """Write header + tensors atomically, checking every tensor's shape against the layout;
+    `order`: another reader's order of the same tensors (default the layout's)."""
     if header.shape != (HEADER_INTS,):
         raise FormatError(path, f"an LLMC header is {HEADER_INTS} int32 words, got {header.shape}")
     with atomic_write(path, what="LLMC checkpoint", size=layout.file_size) as f:
         f.write(np.asarray(header, dtype="<i4").tobytes())
-        for name, shape in layout.tensor_shapes:
+        for name, shape in order if order is not None else layout.tensor_shapes:
             if name not in tensors:
                 raise FormatError(path, f"tensor {name} is missing")
             t = np.asarray(tensors[name], dtype=np.float32)

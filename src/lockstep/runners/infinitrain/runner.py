@@ -25,6 +25,7 @@ Facts about InfiniTrain this module relies on (example/gpt2/main.cc at commit b2
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -44,6 +45,7 @@ from lockstep.runners.infinitrain.options import BUILD_ENV_VAR, COMMIT_FILE
 from lockstep.runners.infinitrain.capture import KEEP_SAVE, PRECISION_CHECK_DIR
 from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.infinitrain.precision_check import precision_check_flag
+from lockstep.runners.infinitrain.probe import ExecutableFacts, executable_flags, llmc_version_read
 from lockstep.runners.launch import worker_env
 from lockstep.runners.logged_process import check_finished, run_logged
 from lockstep.runners.nodes import srun_per_node
@@ -64,6 +66,18 @@ class InfiniTrainRunner(FrameworkRunner):
     def __init__(self, build_dir: str | os.PathLike | None = None):
         given = build_dir if build_dir else os.environ.get(BUILD_ENV_VAR)
         self.build_dir: Path | None = Path(given).expanduser() if given else None
+        self._facts: dict[Path, ExecutableFacts] = {}  # what each probed executable said (probe.py)
+
+    def facts(self, family: str) -> ExecutableFacts | None:
+        """The family's executable as it answered the probes (asked once per runner), or None for an
+        adapter that needs none: its executable is taken to have b24d92f's flags."""
+        adapter = adapter_for(family)
+        if adapter.probe_magic is None:
+            return None
+        exe = self.executable(family)
+        if exe not in self._facts:
+            self._facts[exe] = ExecutableFacts(exe, executable_flags(exe), llmc_version_read(exe, adapter.probe_magic))
+        return self._facts[exe]
 
     # ------------------------------------------------------------------ checks before running
 
@@ -112,6 +126,10 @@ class InfiniTrainRunner(FrameworkRunner):
             return (f"this InfiniTrain build has no {adapter.executable} executable ({adapter.missing_note})"
                     if adapter.missing_note else f"this InfiniTrain build has no {adapter.executable} executable")
         reason = adapter.skip_reason(case, inputs.model, inputs.checkpoint)
+        facts = self.facts(inputs.model.family) if self.build_dir is not None else None
+        if not reason and facts is not None:
+            reason = (adapter.build_skip_reason(case, inputs.model, inputs.family.optimizer, facts)
+                      or _flag_skip_reason(case, facts))
         return reason or super().skip_reason(case, inputs)
 
     # ------------------------------------------------------------------ step 1 from inside
@@ -123,6 +141,10 @@ class InfiniTrainRunner(FrameworkRunner):
         if case.world_size > 1:
             return ("InfiniTrain's step 1 is captured from one process's saved weights; its --save of a parallel "
                     "run is untested here")
+        facts = self.facts(inputs.model.family) if self.build_dir is not None else None
+        if facts is not None and not facts.has_flag("save"):
+            return (f"this InfiniTrain build's {facts.path.name} has no --save, and its step 1 is captured from the "
+                    "weights it saves")
         return None
 
     def capture_needs_reference(self, case: CaseSpec, inputs: RunInputs) -> bool:
@@ -198,13 +220,24 @@ class InfiniTrainRunner(FrameworkRunner):
         if case.vpp > 1:
             args += ["--virtual_pipeline_parallel", str(case.vpp)]
         if case.zero:
-            args += ["--zero_stage", str(case.zero)]
+            facts = self.facts(inputs.model.family)
+            if facts is None or facts.has_flag("zero_stage"):
+                args += ["--zero_stage", str(case.zero)]
+            else:  # older builds: DistributedOptimizer on or off, which is ZeRO-1 (_flag_skip_reason)
+                args += ["--use_distributed_optimizer=true"]
         return args
 
     def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
         self.preflight(inputs)
         check_enough_tokens(case, inputs.tokens)
-        cmd = self.command(case, inputs)
+        facts = self.facts(inputs.model.family)
+        llmc = inputs.checkpoint
+        if facts is not None:
+            llmc = adapter_for(inputs.model.family).checkpoint_for(facts, inputs.checkpoint, inputs.model,
+                                                                   Path(log_path).parent)
+            if inputs.save_final_params and not facts.has_flag("save"):
+                raise LockstepError(f"{facts.path} has no --save, so lockstep cannot read its final weights")
+        cmd = self.command(case, dataclasses.replace(inputs, checkpoint=llmc) if llmc != inputs.checkpoint else inputs)
         check_dir = inputs.extra.get(PRECISION_CHECK_DIR)
         if check_dir:
             cmd.append(precision_check_flag(_absolute(Path(check_dir))))
@@ -236,6 +269,8 @@ class InfiniTrainRunner(FrameworkRunner):
             **log_phases(text),
             "worker_command": shlex.join(cmd),
             "infinitrain_build": str(self.build_dir),
+            **({"infinitrain_llmc": str(llmc), "infinitrain_llmc_version": facts.llmc_version}
+               if llmc != inputs.checkpoint else {}),
             "infinitrain_commit": find_build_commit(self.build_dir) or "unknown",
             "launcher": ("subprocess" + (f", {case.world_size} threads" if case.world_size > 1 else "")
                          if not inputs.nodes.multi_node else f"infini_run on {inputs.nodes.label}"),
@@ -244,6 +279,17 @@ class InfiniTrainRunner(FrameworkRunner):
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _flag_skip_reason(case: CaseSpec, facts: ExecutableFacts) -> str | None:
+    """A case the probed executable has no flag for."""
+    if case.zero and not facts.has_flag("zero_stage"):
+        if not facts.has_flag("use_distributed_optimizer"):
+            return f"this InfiniTrain build's {facts.path.name} has no ZeRO flag"
+        if case.zero > 1:
+            return (f"this InfiniTrain build's {facts.path.name} has only --use_distributed_optimizer (ZeRO-1), "
+                    f"not ZeRO stage {case.zero}")
+    return None
 
 
 def saved_checkpoint(save_dir: Path, case: CaseSpec) -> Path:

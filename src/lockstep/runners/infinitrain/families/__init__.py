@@ -28,12 +28,23 @@ class InfiniTrainFamily:
     optional: bool = False
     missing_note: str = ""
     flags: tuple[str, ...] = ()  # what the executable needs besides the training flags
+    # Set: the runner asks the executable (probe.py) which LLMC version of this magic it reads,
+    # and which flags it has, before a case runs; None: the executable is b24d92f's, as documented.
+    probe_magic: int | None = None
 
     def preflight(self, model, checkpoint: Path, optimizer: OptimizerSpec) -> None:
         """Raise LockstepError when the executable can never train this model."""
 
     def skip_reason(self, case: CaseSpec, model, checkpoint: Path) -> str | None:
         return None
+
+    def build_skip_reason(self, case: CaseSpec, model, optimizer: OptimizerSpec, facts) -> str | None:
+        """Why this build (probed: `facts`, a probe.ExecutableFacts) cannot train the case, or None."""
+        return None
+
+    def checkpoint_for(self, facts, checkpoint: Path, model, dest_dir: Path) -> Path:
+        """The LLMC file the probed executable reads: the case's own, or one written for it in dest_dir."""
+        return checkpoint
 
     def canonical_state(self, state: dict[str, np.ndarray], config) -> dict[str, np.ndarray]:
         """InfiniTrain's saved tensors (its module names, TP=1, one stage) under LLMC names."""

@@ -299,10 +299,6 @@ def run_in_process(log_path: Path, on_step: StepCallback | None, train: Callable
     returns the info for the record; running out of device memory is a failed run, said so."""
     import torch
 
-    from lockstep.runners.mkl_vml import settle_mkl_vml_dispatch
-
-    settle_mkl_vml_dispatch()  # before any parallel torch op: see mkl_vml.py
-
     steps: list[StepRecord] = []
 
     def emit(rec: StepRecord) -> None:

@@ -18,9 +18,9 @@ It is pytorch/pytorch#188792 (fixed upstream in oneMKL 2025.0).
 `settle_mkl_vml_dispatch()` makes each VML function's first call on a one-element tensor. That is
 below torch's parallel grain, so it runs on the calling thread alone, and after it no thread ever
 reads the static half-written. It changes no result: a settled process computes what an unlucky
-one would have computed had it not been unlucky. Every lockstep process that trains or captures
-with torch calls it before its first torch op: the worker entry points, and the parent before it
-trains or captures in-process. Without MKL (another platform, another torch build) the same ops
+one would have computed had it not been unlucky. It is called where torch compute begins: the
+reference's one training step (runners/pytorch/step.py: every pytorch and pytorch-fast loop and
+every capture, in a worker or in lockstep's own process) and the megatron worker's entry point. Without MKL (another platform, another torch build) the same ops
 are a few scalar ops that do no harm.
 """
 
@@ -41,6 +41,8 @@ _settled = False
 def settle_mkl_vml_dispatch() -> None:
     """Make the process's first call of every MKL VML function on this thread alone (idempotent)."""
     global _settled
+    if _settled:  # called at every step of the reference loops: the common case takes no lock
+        return
     with _LOCK:
         if _settled:
             return

@@ -20,6 +20,8 @@ from typing import Callable, ContextManager, Iterable
 import torch
 import torch.nn.functional as F
 
+from lockstep.runners.mkl_vml import settle_mkl_vml_dispatch
+
 
 def token_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool,
                  observe: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> torch.Tensor:
@@ -60,6 +62,7 @@ def contract_step(micro_batches: Iterable[MicroBatch], losses_of: LossesOf, divi
     complete; the optimizer step (None: a capture, which leaves the weights at step 0's and zeroes
     nothing itself). Returns each micro batch's detached per-token losses. `micro_batches` may be a
     generator: its data is then fetched inside the step, as the contract's timing counts it."""
+    settle_mkl_vml_dispatch()  # every loop and capture comes here before its first parallel op (mkl_vml.py)
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)
     micro_losses: list[torch.Tensor] = []

@@ -308,10 +308,7 @@ def main(argv: list[str]) -> int:
     `... --serve QUEUE_DIR` as a persistent worker."""
     from lockstep.runners.launch import ResultsWriter
     from lockstep.runners.test_plugins import apply_test_plugins
-    from lockstep.runners.mkl_vml import settle_mkl_vml_dispatch
     from lockstep.runners.workers import StartupTimeline, serve_arguments, serve_jobs
-
-    settle_mkl_vml_dispatch()  # before any parallel torch op: see mkl_vml.py
 
     apply_test_plugins()
     pg = ProcessGroupInfo.from_env()

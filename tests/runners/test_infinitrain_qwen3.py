@@ -123,7 +123,7 @@ def test_version_4_builds_read_the_case_file_and_other_versions_are_skipped(tmp_
     v4 = InfiniTrainRunner(tmp_path / "v4")
     assert v4.skip_reason(case(steps=10), inputs(tmp_path)) is None
     facts = v4.facts("qwen3")
-    assert adapter_for("qwen3").checkpoint_for(facts, tmp_path / "model.bin", SMALL, tmp_path) == tmp_path / "model.bin"
+    assert adapter_for("qwen3").checkpoint_for(facts, tmp_path / "model.bin", "", SMALL, tmp_path) == tmp_path / "model.bin"
     fake_qwen3(tmp_path / "v7", "Check failed: version == kQwen3FP32Version (0 vs. 7)")
     assert InfiniTrainRunner(tmp_path / "v7").skip_reason(case(), inputs(tmp_path)) == (
         "this InfiniTrain build's qwen3 reads Qwen3 LLMC version 7; lockstep writes versions 3 (branch "
@@ -139,10 +139,14 @@ def test_a_version_3_build_is_handed_a_version_3_copy_written_once(tmp_path):
     facts = InfiniTrainRunner(tmp_path / "b").facts("qwen3")
     dest_dir = tmp_path / "run"
     dest_dir.mkdir()
-    written = adapter_for("qwen3").checkpoint_for(facts, source, SMALL, dest_dir)
+    written = adapter_for("qwen3").checkpoint_for(facts, source, "", SMALL, dest_dir)
     assert written == dest_dir / f"qwen3_small.{sha256_file(source)[:16]}.qwen3-v3.bin"
     write_v3(tmp_path / "direct.bin", SMALL, tensors)
     assert sha256_file(written) == sha256_file(tmp_path / "direct.bin")
     stamp = written.stat().st_mtime_ns
-    assert adapter_for("qwen3").checkpoint_for(facts, source, SMALL, dest_dir) == written
+    assert adapter_for("qwen3").checkpoint_for(facts, source, "", SMALL, dest_dir) == written
     assert written.stat().st_mtime_ns == stamp
+    # The plan's digest names the copy when it is given (no second hash of a large file).
+    given = adapter_for("qwen3").checkpoint_for(facts, source, "ab" * 32, SMALL, dest_dir)
+    assert given == dest_dir / f"qwen3_small.{'ab' * 8}.qwen3-v3.bin"
+    assert sha256_file(given) == sha256_file(tmp_path / "direct.bin")

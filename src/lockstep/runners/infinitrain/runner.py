@@ -233,8 +233,8 @@ class InfiniTrainRunner(FrameworkRunner):
         facts = self.facts(inputs.model.family)
         llmc = inputs.checkpoint
         if facts is not None:
-            llmc = adapter_for(inputs.model.family).checkpoint_for(facts, inputs.checkpoint, inputs.model,
-                                                                   Path(log_path).parent)
+            llmc = adapter_for(inputs.model.family).checkpoint_for(facts, inputs.checkpoint, inputs.checkpoint_sha256,
+                                                                   inputs.model, Path(log_path).parent)
             if inputs.save_final_params and not facts.has_flag("save"):
                 raise LockstepError(f"{facts.path} has no --save, so lockstep cannot read its final weights")
         cmd = self.command(case, dataclasses.replace(inputs, checkpoint=llmc) if llmc != inputs.checkpoint else inputs)

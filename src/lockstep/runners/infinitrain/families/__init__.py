@@ -42,8 +42,9 @@ class InfiniTrainFamily:
         """Why this build (probed: `facts`, a probe.ExecutableFacts) cannot train the case, or None."""
         return None
 
-    def checkpoint_for(self, facts, checkpoint: Path, model, dest_dir: Path) -> Path:
-        """The LLMC file the probed executable reads: the case's own, or one written for it in dest_dir."""
+    def checkpoint_for(self, facts, checkpoint: Path, checkpoint_sha256: str, model, dest_dir: Path) -> Path:
+        """The LLMC file the probed executable reads: the case's own, or one written for it in dest_dir
+        (named by `checkpoint_sha256`, the plan's digest of `checkpoint`)."""
         return checkpoint
 
     def canonical_state(self, state: dict[str, np.ndarray], config) -> dict[str, np.ndarray]:

@@ -52,14 +52,15 @@ class Qwen3Family(Llama3Family):
                     f"(--steps {BETA_FREE_STEPS})")
         return None
 
-    def checkpoint_for(self, facts, checkpoint: Path, model, dest_dir: Path) -> Path:
+    def checkpoint_for(self, facts, checkpoint: Path, checkpoint_sha256: str, model, dest_dir: Path) -> Path:
         if facts.llmc_version == VERSION_FP32:
             return checkpoint
         if facts.llmc_version != VERSION_A3F84F8:
             raise LockstepError(f"{facts.path} reads Qwen3 LLMC version {facts.llmc_version}, which lockstep does "
                                 "not write")
         # Named by the source's content: every case of a run reuses it, another checkpoint never does.
-        digest = sha256_file(checkpoint)[:16]
+        # The plan hashed it already (a Qwen3-1.7B file takes seconds); a caller without it hashes here.
+        digest = (checkpoint_sha256 or sha256_file(checkpoint))[:16]
         dest = Path(dest_dir) / f"{Path(checkpoint).stem}.{digest}.qwen3-v{VERSION_A3F84F8}.bin"
         if not dest.is_file():
             source = load_checkpoint(checkpoint)

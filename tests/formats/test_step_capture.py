@@ -104,3 +104,23 @@ def test_whole_tensors_are_views_of_the_mapped_file(tmp_path):
     (tmp_path / "bad.npz").write_bytes(raw[:at] + b"XX" + raw[at + 2:])
     with pytest.raises(FormatError, match=r"bad\.npz: entry grad/wte: no zip local header"):
         StepCapture.load(tmp_path / "bad.npz").grads["wte"]
+
+
+def test_routing_entries_round_trip_in_their_dtypes(tmp_path):
+    experts = np.array([[[3, 0], [7, 2]]], dtype=np.int64)  # (B, T, k), highest logit first
+    weights = np.array([[[0.75, 0.25], [0.5, 0.5]]], dtype=np.float64)
+    cap = StepCapture("megatron", loss=1.0, routing={"experts[1]": experts, "weights[1]": weights,
+                                                      "aux_loss[1]": np.float64(1.0000000000000002)})
+    cap.save(tmp_path / "r.npz")
+    back = StepCapture.load(tmp_path / "r.npz")
+    assert back.routing["experts[1]"].dtype == np.int16 and back.routing["experts[1]"].tolist() == experts.tolist()
+    assert back.routing["weights[1]"].dtype == np.float32 and back.routing["weights[1]"].tolist() == weights.tolist()
+    assert back.routing["aux_loss[1]"].dtype == np.float64 and float(back.routing["aux_loss[1]"]) == 1.0000000000000002
+    assert sorted(back.names("route")) == ["aux_loss[1]", "experts[1]", "weights[1]"]
+
+
+def test_a_routing_entry_of_another_kind_is_not_written(tmp_path):
+    cap = StepCapture("megatron", loss=1.0, routing={"logits[0]": np.zeros((1, 2, 8), dtype=np.float32)})
+    with pytest.raises((FormatError, ValueError), match="not a routing entry"):
+        cap.save(tmp_path / "r.npz")
+    assert list(tmp_path.iterdir()) == []

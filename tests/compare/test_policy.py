@@ -66,6 +66,12 @@ def test_adam_amplification_is_a_failure_with_evidence_else_unexplained():
     far = AmplificationEvidence(test_vs_fp64=1e-4, reference_vs_fp64=9e-6, reference_fp64="e.jsonl")
     j = judge_pair(d, THRESHOLD, holding(), None, far)
     assert j.verdict is VerdictClass.FAIL_UNEXPLAINED and "more than 3x" in j.cause
+    # The certificate's summary is said once, and a bound that does not exist is not a thing tried.
+    assert j.cause.startswith("step 1 agrees from inside (") and j.cause.count("agrees from inside") == 1
+    assert "not explained by Adam amplification" in j.cause and "(no logging-precision bound applies)" in j.cause
+    bare = judge_pair(d, THRESHOLD, holding(), None, None)
+    assert bare.verdict is VerdictClass.FAIL_UNEXPLAINED and "nothing measured explains it" in bare.cause
+    assert "not explained by no" not in bare.cause
 
 
 def test_without_any_certificate_a_failing_loss_is_unexplained_and_says_why():

@@ -227,13 +227,17 @@ def judge_pair(diffs, threshold: float, certificate=None, bound: PrecisionBound 
                              f"{worst.abs_diff:.2e}; the test is {amplification.test_vs_fp64:.2e} from an FP64 run of "
                              f"the case, the FP32 reference itself {amplification.reference_vs_fp64:.2e}",
                              bound=bound, amplification=amplification)
-    tried = [f"logging precision (up to {bound.worst:.2e})" if bound else "no logging-precision bound",
+    tried = [f"logging precision (up to {bound.worst:.2e})" if bound else None,
              (f"Adam amplification (the test is {amplification.test_vs_fp64:.2e} from FP64, the reference "
               f"{amplification.reference_vs_fp64:.2e}: more than {AMPLIFICATION_FACTOR:g}x)") if amplification else None]
+    tried = [t for t in tried if t]
+    unexplained = (f"not explained by {' nor by '.join(tried)}" if tried else "nothing measured explains it") + (
+        "" if bound else " (no logging-precision bound applies)")
+    # summary_line() already reads "step 1 agrees from inside (...)"
     return PairJudgement(VerdictClass.FAIL_UNEXPLAINED,
-                         f"step 1 agrees from inside ({certificate.summary_line()}), but |Δloss| reaches "
+                         f"{certificate.summary_line()}, but |Δloss| reaches "
                          f"{worst.abs_diff:.2e} at step {worst.step} (> {threshold:.0e} from step {first_bad.step}); "
-                         f"not explained by {' nor by '.join(t for t in tried if t)}: the update differs "
+                         f"{unexplained}: the update differs "
                          "(lockstep diagnose measures the drift)", bound=bound, amplification=amplification)
 
 

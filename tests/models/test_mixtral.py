@@ -389,3 +389,25 @@ def test_lockstep_run_trains_it_on_pytorch(tmp_path):
     with torch.no_grad():
         _, loss = model(x, y)
     assert abs(losses["pytorch"][0] - float(loss)) <= LIMIT, (losses["pytorch"][0], float(loss))
+
+
+def test_bf16_autocast_trains_and_stays_near_fp32(converted):
+    """BF16 autocast around the forward (the contract's BF16 cases): the experts' BF16 outputs are
+    summed into the FP32 stream (before, index_add refused BF16 into FP32 and every BF16 case
+    failed); the loss and the gradients exist and are within BF16's reach of the FP32 step."""
+    _, path = converted
+    ckpt = load_checkpoint(path)
+    ids = torch.as_tensor(tokens())
+    losses, grads = {}, {}
+    for bf16 in (False, True):
+        model = reference.Mixtral.from_llmc(ckpt.tensors, ckpt.config)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits, _ = model(ids[:, :-1], routings=[])
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
+        loss.backward()
+        losses[bf16] = loss.item()
+        grads[bf16] = model.lm_head.weight.grad.clone()
+        assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+    assert abs(losses[True] - losses[False]) < 1e-2, losses
+    rel = (grads[True] - grads[False]).norm() / grads[False].norm()
+    assert 0 < rel < 5e-2, rel.item()

@@ -80,7 +80,9 @@ class MoE(nn.Module):
         for e, expert in enumerate(self.experts):
             token, slot = torch.where(experts == e)  # its tokens, in token order
             if token.numel():
-                out = out.index_add(0, token, expert(h[token]) * weights[token, slot, None])
+                # Under BF16 autocast an expert's output is BF16 while the stream stays FP32: its
+                # weighted share is summed into the FP32 stream, as a dense MLP's output is added.
+                out = out.index_add(0, token, (expert(h[token]) * weights[token, slot, None]).to(out.dtype))
         routings.append(Routing(logits, experts, weights))
         return out.view(B, T, C)
 

@@ -215,3 +215,48 @@ def test_layouts_megatron_refuses_say_why():
         "expert parallelism (EP=2) needs a mixture-of-experts model")
     assert mixtral.layout_problem(case("c", dp=2, ep=2), SMALL) is None
     assert case("c", dp=2, ep=2).parallel_label == "DP=2 EP=2"
+
+
+def test_router_gating_backward_runs_under_the_forward_s_autocast():
+    """BF16 autocast MoE cases failed in megatron-core's router gating backward ("expected mat1 and
+    mat2 to have the same dtype", measured on an H200): its custom autograd function's backward ran
+    outside autocast. Patched, the gating's forward and backward are bitwise an autocast linear's
+    (here on the CPU's autocast; the CUDA one takes the same path), and FP32 is untouched."""
+    import torch
+    from megatron.core.transformer.moe import moe_utils
+
+    from lockstep.runners.megatron.families.mixtral import autocast_aware_router_gating
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    function = moe_utils.RouterGatingLinearFunction
+    saved = function.forward, function.backward, getattr(function, "_lockstep_autocast_aware", False)
+    try:
+        function.forward, function.backward = staticmethod(saved[0]), staticmethod(saved[1])
+        function._lockstep_autocast_aware = saved[2]
+        gen = torch.Generator().manual_seed(0)
+        x0, w0 = torch.randn(6, 8, generator=gen), torch.randn(4, 8, generator=gen)
+
+        def gating(linear):
+            x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = linear(x, w)
+            out.float().square().sum().backward()
+            return out, x.grad, w.grad
+
+        megatron_gating = lambda x, w: moe_utils.router_gating_linear(x, w, None, x.dtype)  # noqa: E731
+        if not saved[2]:  # megatron-core as it comes: the backward's dtype error
+            with pytest.raises(RuntimeError, match="same dtype"):
+                gating(megatron_gating)
+        autocast_aware_router_gating(function)
+        autocast_aware_router_gating(function)  # idempotent
+        ours, expected = gating(megatron_gating), gating(torch.nn.functional.linear)
+        assert ours[0].dtype == torch.bfloat16
+        for a, b in zip(ours, expected):
+            assert torch.equal(a, b)
+        x = x0.clone().requires_grad_()
+        moe_utils.router_gating_linear(x, w0, None, x.dtype).sum().backward()
+        assert x.grad.dtype == torch.float32
+    finally:
+        function.forward, function.backward = staticmethod(saved[0]), staticmethod(saved[1])
+        function._lockstep_autocast_aware = saved[2]

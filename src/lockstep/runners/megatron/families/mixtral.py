@@ -20,6 +20,10 @@ dispatcher, SequentialMLP experts) in every layer (docs/reference/mixtral.md).
 - megatron-core 0.16.1 without Transformer Engine binds no `te_general_gemm` in moe_utils, which
   the router's gating reads (a NameError on its first forward, on any device); 0.19 binds it to
   None. `layer_spec` binds it to None where it is missing, which is the path 0.19 takes.
+- BF16 autocast: the router's gating is a custom autograd function whose backward runs outside
+  autocast and multiplies the BF16 output gradient by the FP32 weight (a dtype error, so every
+  BF16 MoE case failed). `layer_spec` makes its backward run under the forward's autocast state,
+  as the backward of an autocast linear computes in BF16 (`autocast_aware_router_gating`).
 - Norms: torch's RMSNorm, as the Llama 3 adapter's local spec builds it, but allowed under
   sequence parallelism, with its weight marked `sequence_parallel` so that finalize_model_grads
   sums its gradient over the TP ranks (what Transformer Engine's and Apex's norms do). megatron-core
@@ -87,6 +91,7 @@ class MixtralAdapter(Llama3Adapter):
 
         if not getattr(moe_utils, "HAVE_TE", False) and not hasattr(moe_utils, "te_general_gemm"):
             moe_utils.te_general_gemm = None  # the router's plain torch.mm path, as megatron-core 0.19 has it
+        autocast_aware_router_gating(moe_utils.RouterGatingLinearFunction)
 
         spec = get_gpt_layer_local_spec(num_experts=model.num_experts, moe_grouped_gemm=False,
                                         normalization="RMSNorm", qk_layernorm=False)
@@ -131,3 +136,29 @@ class MixtralAdapter(Llama3Adapter):
 
 
 ADAPTER = MixtralAdapter()
+
+
+def autocast_aware_router_gating(function) -> None:
+    """Make megatron-core's RouterGatingLinearFunction run its backward under the autocast state
+    its forward saw (what torch.amp.custom_fwd/custom_bwd do, for every device type): without it
+    the backward's torch.mm meets a BF16 gradient and the FP32 weight. Idempotent."""
+    import contextlib
+
+    if getattr(function, "_lockstep_autocast_aware", False):
+        return
+    forward, backward = function.forward, function.backward
+
+    def forward_noting_autocast(ctx, *args):
+        ctx.lockstep_autocast = [(device, torch.get_autocast_dtype(device)) for device in ("cuda", "cpu")
+                                 if torch.is_autocast_enabled(device)]
+        return forward(ctx, *args)
+
+    def backward_under_autocast(ctx, *grads):
+        with contextlib.ExitStack() as stack:
+            for device, dtype in ctx.lockstep_autocast:
+                stack.enter_context(torch.autocast(device, dtype=dtype))
+            return backward(ctx, *grads)
+
+    function.forward = staticmethod(forward_noting_autocast)
+    function.backward = staticmethod(backward_under_autocast)
+    function._lockstep_autocast_aware = True

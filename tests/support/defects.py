@@ -45,6 +45,11 @@ each loads the checkpoint as the trainer does, then damages what it loaded:
 - resume_step_reset: Adam's step count is set back to 0 after the load;
 - resume_rank0_only: under DP, only rank 0 keeps what it loaded; the other ranks keep the
   weights they were built with and a fresh optimizer (in torchrun workers: worker_env).
+
+A defect that shows only after step 1 (`lockstep diagnose --at-step`'s negative control):
+- fast_adam_bias_correction_step1: pytorch-fast's Adam bias-corrects every update as if it were
+  the first (1 - beta^1 instead of 1 - beta^t), its step count otherwise kept: step 1 is exactly
+  right, every later update is too large (llama3's betas: ~1.9x at step 6).
 """
 
 from __future__ import annotations
@@ -166,7 +171,7 @@ for _defect, _kw in MIXTRAL_DEFECTS.items():
 REFERENCE_DEFECTS = {"exact_gelu": ExactGeluGPT2, "frozen_layernorm": FrozenLayerNormGPT2,
                      "transposed_bias_grad": TransposedBiasGradGPT2, "broken_tie": BrokenTieGPT2}
 RESUME_DEFECTS = ("resume_data_restarted", "resume_moments_zeroed", "resume_step_reset", "resume_rank0_only")
-OTHER_DEFECTS = ("data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
+OTHER_DEFECTS = ("fast_adam_bias_correction_step1", "data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
                  "megatron_layernorm_bias_grad_5pct", "megatron_batched_p2p", *RESUME_DEFECTS,
                  *MIXTRAL_DEFECTS, "mixtral_aux_loss_doubled", "megatron_expert3_grad_scaled",
                  "megatron_ep_not_in_config")
@@ -226,6 +231,12 @@ def inject(name: str, patch) -> None:
             return config
 
         patch.setattr(model, "transformer_config", without_ep)
+    elif name == "fast_adam_bias_correction_step1":
+        from lockstep.runners.pytorch_fast import train as fast
+
+        right = fast.build_fast_optimizer
+        patch.setattr(fast, "build_fast_optimizer",
+                      lambda *args, **kwargs: bias_corrected_as_step1(right(*args, **kwargs)))
     elif name == "data_order_off_by_one":
         from lockstep.data import loader
 
@@ -273,6 +284,25 @@ def inject(name: str, patch) -> None:
         patch.setattr(model, "pipeline_p2p", lambda case: model.PipelineP2P(batch=True, overlap=False))
     else:
         raise ValueError(f"unknown defect {name!r}; known: {', '.join(DEFECTS)}")
+
+
+def bias_corrected_as_step1(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """`optimizer` (torch's Adam) whose every step bias-corrects as step 1 does: each parameter's
+    step count is set to 0 before the step (which counts it to 1 and corrects with 1 - beta^1) and
+    to its true count after."""
+    step = optimizer.step
+
+    def step_as_if_first(*args, **kwargs):
+        counts = [(state["step"], state["step"].clone()) for state in optimizer.state.values() if "step" in state]
+        for count, _ in counts:
+            count.zero_()
+        result = step(*args, **kwargs)
+        for count, was in counts:
+            count.copy_(was + 1)
+        return result
+
+    optimizer.step = step_as_if_first
+    return optimizer
 
 
 def _broken_load(name: str, load):

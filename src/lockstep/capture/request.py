@@ -41,10 +41,23 @@ class CaptureRequest:
     # With `full` and `adam_eps`: False keeps each gradient as its sketch and its Adam update whole
     # (int8 signs, a quarter of the bytes), for a diagnose whose other side shows only that update.
     whole_grads: bool = True
+    # `lockstep diagnose --at-step N`: the step captured is N+1, from the reference's state after N
+    # steps (`start_state`, a torch.distributed.checkpoint folder of the pytorch reference: its
+    # weights, optimizer state and data position), loaded by the framework in its own checkpoint
+    # format; its data window is step N+1's, and the update its optimizer applies is recorded too.
+    start_step: int = 0
+    start_state: str | None = None
 
     def __post_init__(self):
         if not self.whole_grads and (self.adam_eps is None or not self.full):
             raise ValueError("a capture without whole gradients keeps their Adam update whole: it needs full and adam_eps")
+        if self.start_step < 0 or (self.start_step > 0) != (self.start_state is not None):
+            raise ValueError("a capture after step N > 0 needs the state it starts from, and only then")
+
+    @property
+    def step(self) -> int:
+        """The step captured (1-based): 1, or the one after the state it starts from."""
+        return self.start_step + 1
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

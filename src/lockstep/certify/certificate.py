@@ -20,19 +20,20 @@ from pathlib import Path
 from lockstep.cases.spec import CaseSpec
 from lockstep.compare.policy import loss_threshold
 from lockstep.certify.classify import (ADAM_SIGN_SHARE, BACKWARD_INPUT, DOWNSTREAM, FORWARD, GRADIENT_ONLY,
-                                       MICRO_BATCH, TENSOR_TOLERANCE, TIE, Finding, LossCheck, add_micro_batch_findings,
-                                       add_output_grad_findings, classify, differs, loss_check)
+                                       MICRO_BATCH, OPTIMIZER, TENSOR_TOLERANCE, TIE, Finding, LossCheck,
+                                       add_applied_findings, add_micro_batch_findings, add_output_grad_findings,
+                                       classify, differs, loss_check)
 from lockstep.certify.routing import (ROUTING_KINDS, LayerRouting, add_routing_findings, compare_routing,
                                      group_expert_findings)
-from lockstep.certify.tensors import (ADAM_UPDATE, TensorDiff, compare_forward, compare_grads, compare_micro_batches,
-                                      compare_output_grads, diff)
+from lockstep.certify.tensors import (ADAM_UPDATE, TensorDiff, compare_applied, compare_forward,
+                                      compare_grads, compare_micro_batches, compare_output_grads, diff)
 from lockstep.errors import FormatError
 from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, StepCapture
 from lockstep.fsutil import atomic_write, read_text
 
 CERTIFICATE_SUFFIX = ".certificate.json"
 # Findings that say the two frameworks compute differently; the others (logging precision) do not.
-DEFECT_KINDS = (FORWARD, TIE, BACKWARD_INPUT, GRADIENT_ONLY, DOWNSTREAM, MICRO_BATCH, *ROUTING_KINDS)
+DEFECT_KINDS = (FORWARD, TIE, BACKWARD_INPUT, GRADIENT_ONLY, DOWNSTREAM, MICRO_BATCH, OPTIMIZER, *ROUTING_KINDS)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Step1Evaluation:
     loss: LossCheck
     findings: list[Finding]
     routing: list[LayerRouting] = field(default_factory=list)  # MoE layers: the routers compared
+    applied: list[TensorDiff] = field(default_factory=list)  # the optimizers' applied updates (--at-step)
 
 
 @dataclass
@@ -55,11 +57,13 @@ class Step1Diffs:
     micro_batches: dict[int, list[TensorDiff]]
     grads: list[TensorDiff]
     output_grads: list[TensorDiff]
+    applied: list[TensorDiff] = field(default_factory=list)
 
 
 def compare_step1(ref: StepCapture, test: StepCapture, adam_eps: float = 1e-8) -> Step1Diffs:
     return Step1Diffs(forward=compare_forward(ref, test), micro_batches=compare_micro_batches(ref, test),
-                      grads=compare_grads(ref, test, adam_eps), output_grads=compare_output_grads(ref, test))
+                      grads=compare_grads(ref, test, adam_eps), output_grads=compare_output_grads(ref, test),
+                      applied=compare_applied(ref, test))
 
 
 def evaluate_step1(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps: float = 1e-8,
@@ -104,7 +108,13 @@ def evaluate_step1(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps
     routing = compare_routing(ref, test)
     if routing:
         findings = add_routing_findings(findings, routing, forward, tol)
-    return Step1Evaluation(tol, forward, micro, output_grads, grads, loss, findings, routing)
+    findings = add_applied_findings(findings, diffs.applied, tol, captured_step(test))
+    return Step1Evaluation(tol, forward, micro, output_grads, grads, loss, findings, routing, diffs.applied)
+
+
+def captured_step(capture: StepCapture) -> int:
+    """The step a capture is of: 1, or the one after the saved state it started from (--at-step)."""
+    return int((capture.meta.get("request") or {}).get("start_step", 0)) + 1
 
 
 ROUNDING_FACTOR = 3.0  # a framework may differ from the reference by 3x what FP32 moves the reference itself
@@ -228,11 +238,13 @@ def certify(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps: float
         worst={"module outputs": _worst(ev.forward), "later micro batches": _worst(micro),
                "output gradients": _worst(ev.output_grads), "gradients": _worst(ev.grads),
                **({"routing weights": _worst([r.weights for r in ev.routing if r.weights]),
-                   "aux losses": _worst([r.aux for r in ev.routing if r.aux])} if ev.routing else {})},
+                   "aux losses": _worst([r.aux for r in ev.routing if r.aux])} if ev.routing else {}),
+               **({"optimizer updates": _worst(ev.applied)} if ev.applied else {})},
         compared={"module outputs": len(ev.forward), "later micro batches": len(micro),
                   "output gradients": len(ev.output_grads), "gradients": len(ev.grads),
                   **({"routed tokens": sum(r.tokens for r in ev.routing),
-                      "aux losses": sum(r.aux is not None for r in ev.routing)} if ev.routing else {})},
+                      "aux losses": sum(r.aux is not None for r in ev.routing)} if ev.routing else {}),
+                  **({"optimizer updates": len(ev.applied)} if ev.applied else {})},
         notes=list(ref.notes) + list(test.notes) + (
             [f"each tensor may also differ by {ROUNDING_FACTOR:g}x what FP32 moves the reference itself from an FP64 "
              f"run of the same step ({fp64.source})"] if fp64 is not None else []))

@@ -16,7 +16,9 @@ Rules, in order (each one line in the verdict):
 4. *Micro batches paired wrong*: micro batch 0's module outputs agree but a later micro batch's
    outputs or loss differ (from the first module that differs on it): the framework fed that micro
    batch the wrong input, labels or gradient (e.g. a pipeline's p2p exchange that swaps them).
-5. *Optimizer update*: forward and gradients agree but the losses after step 1 part (drift).
+5. *Optimizer update*: forward and gradients agree, but the update the optimizer applied differs
+   (a capture that steps its optimizer from a saved state: diagnose --at-step), or the losses after
+   step 1 part (drift).
 6. *Logging precision only*: forward and gradients agree, and the step-1 loss differs by no more
    than an FP32 sequential sum of the per-token losses can move the mean.
 """
@@ -252,6 +254,30 @@ def add_output_grad_findings(findings: list[Finding], forward: list, output_grad
     return findings + [Finding(BACKWARD_INPUT, producer,
                                f"input gradient of {producer}'s backward: the gradient arriving at {d.name}'s output "
                                f"differs (relative {d.rel:.2e}, cosine {d.cosine:.3f}) while it agrees at {later}")]
+
+
+def add_applied_findings(findings: list[Finding], applied: list[TensorDiff], tol: float,
+                         step: int) -> list[Finding]:
+    """Rule 5 from the updates themselves: with the forward and the gradients of the step in
+    agreement (no other finding that says the frameworks compute differently), the update each
+    optimizer applied, tensor by tensor. Differences downstream of a forward or gradient finding
+    are that finding's, and are not said again."""
+    if not applied or any(f.kind not in (LOGGING,) for f in findings):
+        return findings
+    wrong = [d for d in applied if differs(d, tol)]
+    if not wrong:
+        return findings
+    worst = max(wrong, key=lambda d: d.rel)
+    rels = sorted(d.rel for d in wrong)
+    where = "every parameter" if len(wrong) == len(applied) else ", ".join(d.name for d in wrong[:6]) + (
+        f" and {len(wrong) - 6} more" if len(wrong) > 6 else "")
+    return findings + [Finding(
+        OPTIMIZER, "optimizer" if len(wrong) == len(applied) else wrong[0].name,
+        f"optimizer update of step {step}: the forward and the gradients agree, but the update the optimizer "
+        f"applied differs in {len(wrong)} of {len(applied)} tensors ({where}; relative {rels[0]:.2e} to "
+        f"{rels[-1]:.2e}, worst {worst.name}, cosine {worst.cosine:.4f}): the optimizer's arithmetic or its "
+        "state (moments, step count, bias correction) differs",
+        tensors=tuple(d.name for d in wrong))]
 
 
 def add_drift_findings(findings: list[Finding], drift: list, loss_tolerance: float) -> list[Finding]:

@@ -12,15 +12,16 @@ import numpy as np
 
 from lockstep.capture import request as capture_request
 from lockstep.capture.request import adam_first_update, make_sketch, on_gpu_if_large
-from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, Sketch, StepCapture
+from lockstep.formats.step_capture import APPLIED, GRAD_ADAM_UPDATE, Sketch, StepCapture
 
 FORWARD, OUTPUT_GRADIENT, GRADIENT, ADAM_UPDATE = "forward", "output gradient", "gradient", "adam update"
+APPLIED_UPDATE = "optimizer update"  # the update the optimizer applied in the captured step
 
 
 @dataclass(frozen=True)
 class TensorDiff:
     name: str
-    kind: str  # "forward" | "output gradient" | "gradient" | "adam update"
+    kind: str  # "forward" | "output gradient" | "gradient" | "adam update" | "optimizer update"
     max_abs: float | None  # None when measured from sketches
     rel: float  # ||test - ref|| / ||ref||
     cosine: float
@@ -196,6 +197,28 @@ def compare_grads(ref: StepCapture, test: StepCapture, adam_eps: float = 1e-8) -
         if d is None:
             raise ValueError(f"{n}: the captures of {ref.framework} and {test.framework} cannot be compared "
                              "(different shapes, or no common form)")
+        out.append(d)
+    return out
+
+
+def compare_applied(ref: StepCapture, test: StepCapture) -> list[TensorDiff]:
+    """The update each side's optimizer applied to every parameter (captures that stepped their
+    optimizer: diagnose --at-step), in the reference's parameter order; empty unless both have it.
+    Each tensor's precision is what both sides' FP32 rounding of the weights after it allows."""
+    have = set(test.names(APPLIED))
+    order = [n for n in (ref.param_order or ref.names("grad")) if n in set(ref.names(APPLIED))]
+    order += [n for n in ref.names(APPLIED) if n not in order]
+    if not have:
+        return []
+    ref_precision, test_precision = ref.applied_precision, test.applied_precision
+    out = []
+    for n in order:
+        if n not in have:
+            raise ValueError(f"{test.framework} recorded no optimizer update for {n}")
+        d = diff(ref, test, APPLIED, n, APPLIED_UPDATE, ref_precision.get(n, 0.0) + test_precision.get(n, 0.0))
+        if d is None:
+            raise ValueError(f"{n}: the optimizer updates of {ref.framework} and {test.framework} cannot be compared "
+                             "(different shapes)")
         out.append(d)
     return out
 

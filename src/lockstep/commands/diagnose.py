@@ -32,6 +32,11 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=42, help="seed of the llm.c init when no --llmc is given")
     p.add_argument("--timeout", type=float, default=None, help="seconds per framework run before it fails")
     add_runner_arguments(p)  # each runner's own flags, as for run (--infinitrain-build, ...)
+    p.add_argument("--at-step", type=int, default=0, metavar="N",
+                   help="compare step N+1 instead of step 1, every framework starting it from the reference's state "
+                        "after step N (its weights, optimizer state and data position, made once by training the "
+                        "reference N steps, loaded by each framework in its own checkpoint format); also compares "
+                        "the update each optimizer applies. For defects that show only after step 1 (default 0: step 1)")
     p.add_argument("--drift-steps", type=int, default=5, help="steps per lr of the drift runs (default 5)")
     p.add_argument("--no-drift", action="store_true", help="skip the loss drift at lr 1e-12, 1e-5 and the case's lr")
     p.add_argument("--keep-tensors", action="store_true",
@@ -53,10 +58,12 @@ def run(args) -> int:
                           matrix=args.matrix, model=args.model, llmc=args.llmc, data=args.data, text=args.text,
                           device=args.device, out=args.out, seed=args.seed, timeout_s=args.timeout,
                           framework_options=framework_options_from(args), drift=not args.no_drift,
-                          drift_steps=args.drift_steps, keep_tensors=args.keep_tensors)
+                          drift_steps=args.drift_steps, keep_tensors=args.keep_tensors, at_step=args.at_step)
     plan = plan_diagnose(req)
+    at = (f" | at step {plan.at_step + 1}, from the reference's state after step {plan.at_step}" if plan.at_step
+          else "")
     console.print(f"diagnose {plan.case.name} ({plan.case.dtype} {plan.case.parallel_label}, {plan.inputs.model_name}) | "
-                  f"{', '.join(plan.frameworks[1:])} vs {plan.frameworks[0]} | device {plan.inputs.device} | "
+                  f"{', '.join(plan.frameworks[1:])} vs {plan.frameworks[0]}{at} | device {plan.inputs.device} | "
                   f"out {plan.out_dir}", highlight=False)
     verdicts = run_diagnose(plan, drift=req.drift, drift_steps=req.drift_steps,
                             say=lambda text: console.print(f"[dim]{text}[/dim]", highlight=False),

@@ -28,15 +28,16 @@ def _loss(x) -> str:
 
 def print_verdict(console: Console, v: dict, rows: int = TOP_ROWS) -> None:
     console.print(f"[bold]diagnose {escape(v['case'])}: {escape(v['test'])} vs {escape(v['reference'])}[/] "
-                  f"({v['dtype']}, tensor tolerance {v['tensor_tolerance']:.0e}, gradients {v['gradient_source']})")
+                  f"{escape(v.get('compared') or 'at step 1')} ({v['dtype']}, tensor tolerance "
+                  f"{v['tensor_tolerance']:.0e}, gradients {v['gradient_source']})", highlight=False)
     t = Table(title=f"tensors, worst first (top {rows} of {len(v['ranked'])})", title_justify="left")
     for col in ("tensor", "kind", "max |Δ|", "‖Δ‖/‖ref‖", "cosine"):
         t.add_column(col, justify="left" if col in ("tensor", "kind") else "right")
     for r in v["ranked"][:rows]:
         t.add_row(escape(r["tensor"]), r["kind"], _fmt(r["max_abs_diff"]), f"{r['rel_error']:.2e}", f"{r['cosine']:.6f}")
     console.print(t)
-    loss = v["loss_step1"]
-    console.print(f"step-1 loss: {escape(v['reference'])} {_loss(loss['reference'])}, {escape(v['test'])} "
+    loss = v["loss_step1"]  # the compared step's loss (step 1, or N+1 with --at-step N)
+    console.print(f"step-{v.get('step', 1)} loss: {escape(v['reference'])} {_loss(loss['reference'])}, {escape(v['test'])} "
                   f"{_loss(loss['test'])}, |Δ| {_fmt(loss['abs_diff'])} (threshold {loss['threshold']:.0e}; an FP32 "
                   f"sequential loss sum would move it by {_fmt(loss['fp32_sequential_sum_shift'])})", highlight=False)
     if v["drift"]:
@@ -51,6 +52,10 @@ def print_verdict(console: Console, v: dict, rows: int = TOP_ROWS) -> None:
     if v.get("output_gradients"):
         first = v.get("first_diverging_output_gradient") or "none (every module output's gradient agrees)"
         console.print(f"first differing gradient at a module output, in backward order: {escape(first)}")
+    if v.get("optimizer_updates"):
+        worst = max(v["optimizer_updates"], key=lambda r: r["rel_error"])
+        console.print(f"optimizer updates of step {v.get('step', 1)}: {len(v['optimizer_updates'])} tensors, worst "
+                      f"{escape(worst['tensor'])} relative {worst['rel_error']:.2e}", highlight=False)
     if v["findings"]:
         for f in v["findings"]:
             console.print(f"[bold red]✗[/] {escape(f['classification'])}", highlight=False)
@@ -79,7 +84,7 @@ def html_section(verdicts: list[dict], rows: int = TOP_ROWS) -> str:
     e = html.escape
     parts = ["<h2>Diagnose: first divergence</h2>"]
     for v in verdicts:
-        parts.append(f"<h3>{e(v['case'])}: {e(v['test'])} vs {e(v['reference'])}</h3>")
+        parts.append(f"<h3>{e(v['case'])}: {e(v['test'])} vs {e(v['reference'])} {e(v.get('compared') or '')}</h3>")
         if v.get("output_gradients"):
             parts.append(f"<p>first differing gradient at a module output (backward order): "
                          f"<strong>{e(v.get('first_diverging_output_gradient') or 'none')}</strong></p>")

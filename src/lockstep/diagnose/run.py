@@ -1,6 +1,10 @@
 """`lockstep diagnose`'s data flow: plan (as `lockstep run` plans) -> step-1 captures -> drift ->
 verdicts -> <out>/diagnose/<case>_<base>_vs_<test>.{json,npz...}.
 
+With `at_step` N (> 0; diagnose/at_step.py): first the reference's state after step N, made once;
+then every framework's capture of step N+1 from it (with the update its optimizer applied), and
+the same comparison; no drift (it runs from step 0) and no FP64 allowance (it is of step 1).
+
 Two ways in: a fresh plan from the same options as `lockstep run` (`--case NAME` of a matrix),
 or an existing run directory, whose run.json gives the case, the checkpoint, the tokens and the
 device; there the losses of the run itself serve as the drift at the case's lr.
@@ -18,6 +22,7 @@ from lockstep.capture.request import CAPTURE_ROWS, CaptureRequest, make_sketch
 from lockstep.certify.certificate import close_call
 from lockstep.cases.spec import CaseSpec
 from lockstep.compare.pairing import DIAGNOSE_DIR
+from lockstep.diagnose.at_step import ReferenceState, check_at_step, make_reference_state, remove_state
 from lockstep.diagnose.verdict import DriftRun, DriftStep, Verdict, diagnose_captures
 from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, GRAD_EXACT, SKETCH_KINDS, StepCapture
 from lockstep.step_contract import LOGGED_LOSS_WORDS
@@ -53,6 +58,7 @@ class DiagnoseRequest:
     drift: bool = True
     drift_steps: int = DEFAULT_DRIFT_STEPS
     keep_tensors: bool = False  # keep the step-1 captures' whole tensors, not only their sketches
+    at_step: int = 0  # > 0: compare step at_step+1, every framework from the reference's state after at_step
 
 
 @dataclass
@@ -63,14 +69,22 @@ class DiagnosePlan:
     out_dir: Path  # <out>/diagnose
     run_dir: Path | None = None  # an existing run whose losses are the drift at the case's lr
     options: dict = field(default_factory=dict)  # a runner spec's name -> its options (RunRequest.framework_options)
+    at_step: int = 0  # see DiagnoseRequest
 
     def runner(self, framework: str):
         return get_runner(framework, framework_options=self.options)
 
 
 def plan_diagnose(req: DiagnoseRequest) -> DiagnosePlan:
-    if req.run_dir:
-        return _plan_from_run_dir(req)
+    if req.at_step < 0:  # said before anything is planned or trained
+        raise LockstepError(f"--at-step {req.at_step}: a step cannot be negative (0, or no --at-step, compares step 1)")
+    plan = _plan_from_run_dir(req) if req.run_dir else _plan_fresh(req)
+    plan.at_step = req.at_step
+    check_at_step(plan.case, plan.at_step, plan.frameworks, plan.runner, plan.inputs)
+    return plan
+
+
+def _plan_fresh(req: DiagnoseRequest) -> DiagnosePlan:
     run_req = RunRequest(matrix=req.matrix, cases=[req.case], frameworks=req.frameworks, model=req.model,
                          llmc=req.llmc, data=req.data, text=req.text, device=req.device, out=req.out or "lockstep-out",
                          seed=req.seed, timeout_s=req.timeout_s, framework_options=req.framework_options)
@@ -245,13 +259,15 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
     """The verdicts of every test against the baseline, written to plan.out_dir. The step-1
     captures are kept as sketches only once the verdicts are written (`keep_sketches_only`), unless
     `keep_tensors`."""
-    verdicts, kept = _run_diagnose(plan, drift, drift_steps, say)
+    verdicts, kept = _run_diagnose(plan, drift and not plan.at_step, drift_steps, say)
+    if plan.at_step and not keep_tensors:
+        remove_state(plan)
     if not keep_tensors:
         before = sum(p.stat().st_size for p in kept)
         for path in kept:
             keep_sketches_only(path)
         after = sum(p.stat().st_size for p in kept)
-        say(f"step-1 captures kept as sketches: {after / 1e6:.1f} MB instead of {before / 1e6:.1f} MB of whole "
+        say(f"{'step-1 ' if not plan.at_step else ''}captures kept as sketches: {after / 1e6:.1f} MB instead of {before / 1e6:.1f} MB of whole "
             "tensors (--keep-tensors keeps them whole)")
     return verdicts
 
@@ -287,6 +303,8 @@ def _run_diagnose(plan: DiagnosePlan, drift: bool, drift_steps: int, say) -> tup
             if reason:
                 raise LockstepError(f"{fw} cannot run case {plan.case.name} here: {reason}")
     check_free_space(plan.out_dir, diagnose_scratch_bytes(plan, tests), "lockstep diagnose's step-1 captures")
+    state: ReferenceState | None = make_reference_state(plan, say) if plan.at_step else None
+    step = plan.at_step + 1
     captures: dict[str, StepCapture] = {}
     losses: dict[str, dict[float, dict[int, float]]] = {}
     notes: dict[str, str] = {}
@@ -300,14 +318,16 @@ def _run_diagnose(plan: DiagnosePlan, drift: bool, drift_steps: int, say) -> tup
     signs_only = adam_view_only(plan, tests)
 
     def one(fw: str) -> None:
-        say(f"step 1 on {fw}" + (f", and its drift at lr {', '.join(f'{lr:g}' for lr in drift_lrs(plan.case))}"
+        say(f"step {step} on {fw}" + (f" from the reference's state after step {plan.at_step}" if state else "")
+            + (f", and its drift at lr {', '.join(f'{lr:g}' for lr in drift_lrs(plan.case))}"
                                  if drift and fw in plan.frameworks else "") + " ...")
         start = time.perf_counter()
-        request = CaptureRequest(path=str(plan.out_dir / f"{fw}_{plan.case.name}_step1.npz"), full=True,
+        request = CaptureRequest(path=str(plan.out_dir / f"{fw}_{plan.case.name}_step{step}.npz"), full=True,
                                  adam_eps=adam_eps, rows=CAPTURE_ROWS,
-                                 reference=(str(plan.out_dir / f"{ref}_{plan.case.name}_step1.npz")
+                                 reference=(str(plan.out_dir / f"{ref}_{plan.case.name}_step{step}.npz")
                                             if fw != ref else None),
-                                 whole_grads=not (fw == base and signs_only))
+                                 whole_grads=not (fw == base and signs_only),
+                                 start_step=plan.at_step, start_state=str(state.folder) if state else None)
         parts: dict[str, float] = {}
         captures[fw], losses[fw], notes[fw] = step1_and_drift(plan, fw, request, drift and fw in plan.frameworks,
                                                               drift_steps, parts)
@@ -334,7 +354,7 @@ def _run_diagnose(plan: DiagnosePlan, drift: bool, drift_steps: int, say) -> tup
             captures["fp64"] = fp64_step1()
 
     reference = (Background(reference_and_fp64, ref, name=f"lockstep-diagnose-{ref}")
-                 if beside_fits(plan) else None)
+                 if beside_fits(plan) and not plan.at_step else None)
     if reference is None:
         one(ref)
     for fw in order[1:]:
@@ -350,7 +370,12 @@ def _run_diagnose(plan: DiagnosePlan, drift: bool, drift_steps: int, say) -> tup
         drift_note = notes[base] or notes[test]
         verdict = diagnose_captures(captures[base], captures[test], plan.case, drift=runs,
                                     structure=captures[ref], adam_eps=adam_eps or 1e-8)
-        if base == ref and close_call(verdict.findings, verdict.ranked(), verdict.tolerance):
+        if state is not None:
+            verdict.notes.insert(0, state.note())
+            if close_call(verdict.findings, verdict.ranked(), verdict.tolerance):
+                verdict.notes.append("a close call: no FP64 allowance at --at-step (the reference's FP64 run is of "
+                                     "step 1)")
+        elif base == ref and close_call(verdict.findings, verdict.ranked(), verdict.tolerance):
             say("a close call: measuring what FP32 moves the reference itself (its step 1 in FP64) ...")
             if "fp64" not in captures:
                 captures["fp64"] = fp64_step1()
@@ -361,9 +386,12 @@ def _run_diagnose(plan: DiagnosePlan, drift: bool, drift_steps: int, say) -> tup
         verdict.notes += [drift_note] if drift_note else []
         verdict.notes += [f"logged loss, {fw}: {LOGGED_LOSS_WORDS[plan.runner(fw).logged_loss]}"
                           for fw in (base, test)]
-        verdict.seconds = {f"step1_and_drift_{fw}": round(seconds[fw], 2) for fw in (base, test)}
+        verdict.seconds = {(f"step{step}_{fw}" if state else f"step1_and_drift_{fw}"): round(seconds[fw], 2)
+                           for fw in (base, test)}
         verdict.seconds |= {f"{fw} {k}": v for fw in (base, test) for k, v in phases[fw].items()}
         verdict.seconds |= {"compare": round(time.perf_counter() - t1, 2)}
+        if state is not None:
+            verdict.seconds["reference's state after step {}".format(state.step)] = round(state.seconds, 2)
         if "fp64 step 1" in seconds:
             verdict.seconds["reference's fp64 step 1" + (" (beside)" if reference is not None else ", in compare")] = \
                 round(seconds["fp64 step 1"], 2)
@@ -413,7 +441,8 @@ def diagnose_scratch_bytes(plan: DiagnosePlan, tests: list[str]) -> int:
 
 
 def verdict_path(out_dir: Path, verdict: Verdict) -> Path:
-    return out_dir / f"{verdict.case}_{verdict.reference}_vs_{verdict.test}.json"
+    at = f".at_step{verdict.at_step}" if verdict.at_step else ""
+    return out_dir / f"{verdict.case}_{verdict.reference}_vs_{verdict.test}{at}.json"
 
 
 def write_verdict(out_dir: Path, verdict: Verdict) -> Path:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from lockstep.cases.spec import CaseSpec
 from lockstep.compare.policy import loss_threshold
-from lockstep.certify.certificate import Step1Diffs, evaluate_step1
+from lockstep.certify.certificate import Step1Diffs, captured_step, evaluate_step1
 from lockstep.certify.classify import NONE, Finding, LossCheck, add_drift_findings
 from lockstep.certify.tensors import TensorDiff
 from lockstep.formats.step_capture import StepCapture
@@ -61,12 +61,26 @@ class Verdict:
     seconds: dict[str, float] = field(default_factory=dict)
     output_grads: list[TensorDiff] = field(default_factory=list)  # backward order
     micro_batches: dict[int, list[TensorDiff]] = field(default_factory=dict)  # micro batches 1.., sketched
+    applied: list[TensorDiff] = field(default_factory=list)  # the optimizers' updates of the step (--at-step)
+    at_step: int = 0  # 0: step 1 from the same init; N: step N+1, from the reference's state after step N
+
+    @property
+    def step(self) -> int:
+        """The step compared."""
+        return self.at_step + 1
+
+    @property
+    def compared_what(self) -> str:
+        """Which step was compared, from what, in words."""
+        if not self.at_step:
+            return "at step 1, from the same initial weights"
+        return f"at step {self.step}, from the reference's state after step {self.at_step}"
 
     def raw_diffs(self) -> Step1Diffs:
         """The tensors' comparison as made, for a second judgement with the FP64 allowance (only
         from a verdict made without one: its diffs carry no allowance yet)."""
         return Step1Diffs(forward=self.forward, micro_batches=self.micro_batches, grads=self.grads,
-                          output_grads=self.output_grads)
+                          output_grads=self.output_grads, applied=self.applied)
 
     @property
     def headline(self) -> str:
@@ -84,13 +98,14 @@ class Verdict:
     def ranked(self, n: int | None = None) -> list[TensorDiff]:
         """Every tensor, forward and gradient, worst relative error first."""
         later = [d for ds in self.micro_batches.values() for d in ds]
-        rows = sorted(self.forward + later + self.output_grads + self.grads,
+        rows = sorted(self.forward + later + self.output_grads + self.grads + self.applied,
                       key=lambda d: (-d.rel, -(d.max_abs or 0.0)))
         return rows[:n] if n else rows
 
     def to_json(self) -> dict:
         return {
             "case": self.case, "reference": self.reference, "test": self.test, "dtype": self.dtype,
+            "at_step": self.at_step, "step": self.step, "compared": self.compared_what,
             "tensor_tolerance": self.tolerance, "gradient_source": self.grad_kind,
             "verdict": self.headline, "first_diverging_module": self.first_diverging_module,
             "first_diverging_output_gradient": self.first_diverging_output_grad,
@@ -98,6 +113,7 @@ class Verdict:
             "ranked": [d.to_json() for d in self.ranked()],
             "forward": [d.to_json() for d in self.forward], "gradients": [d.to_json() for d in self.grads],
             "output_gradients": [d.to_json() for d in self.output_grads],
+            "optimizer_updates": [d.to_json() for d in self.applied],
             "micro_batches": {str(m): [d.to_json() for d in ds] for m, ds in self.micro_batches.items()},
             "drift": [d.to_json() for d in self.drift], "notes": self.notes, "seconds": self.seconds,
         }
@@ -122,4 +138,4 @@ def diagnose_captures(ref: StepCapture, test: StepCapture, case: CaseSpec, drift
     return Verdict(case=case.name, reference=ref.framework, test=test.framework, dtype=case.dtype,
                    tolerance=ev.tolerance, forward=ev.forward, grads=ev.grads, findings=findings, loss=ev.loss,
                    grad_kind=test.grad_kind, drift=list(drift or []), notes=notes, output_grads=ev.output_grads,
-                   micro_batches=ev.micro_batches)
+                   micro_batches=ev.micro_batches, applied=ev.applied, at_step=captured_step(test) - 1)

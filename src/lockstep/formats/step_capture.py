@@ -29,6 +29,11 @@ A `StepCapture` holds, under canonical names (LLMC tensor names, per layer `qkvw
   and exact norm, under `fwd/NAME`, `outgrad/NAME`, `grad/NAME`, `tie/NAME`, `update/NAME`
   (Adam's first update computed from an exact gradient). The certificate of `lockstep run`
   records sketches only: a few MB whatever the model's size.
+- `applied/NAME` (sketches only): the update the framework's optimizer applied to each parameter
+  in the captured step, (w_before - w_after)/lr, recorded by a capture that steps its optimizer
+  (`lockstep diagnose --at-step N`: step N+1 from a saved state, where Adam's moments and step
+  count shape the update); `meta["applied"]` holds the step, the lr and, per tensor, the bound on
+  ||error|| / ||update|| that w_after's FP32 rounding allows.
 
 On disk: one .npz written tensor by tensor (never the whole capture in memory twice), entries
 `fwd/`, `outgrad/`, `grad/`, `update/`, `tie/`, `route/`, `sk/<kind>/NAME`, `token_losses` and a JSON `meta`;
@@ -56,6 +61,7 @@ GRAD_SGD_RECOVERED = "sgd-recovered"
 GRAD_ADAM_UPDATE = "adam-update"
 CAPTURE_SCHEMA = 3  # 3: `update/` entries, and int8 for sign-valued tensors (2 still reads)
 SKETCH_KINDS = ("fwd", "outgrad", "grad", "tie", "update")
+APPLIED = "applied"  # the optimizer's applied update of the captured step: sketches only
 
 
 @dataclass(frozen=True)
@@ -175,7 +181,12 @@ class StepCapture:
     def store(self, kind: str) -> Mapping[str, np.ndarray]:
         """The whole tensors of a kind ("fwd", "outgrad", "grad", "update", "tie")."""
         return {"fwd": self.forward, "outgrad": self.output_grads, "grad": self.grads, "update": self.updates,
-                "tie": self.tie_parts, "route": self.routing}[kind]
+                "tie": self.tie_parts, "route": self.routing, APPLIED: {}}[kind]
+
+    @property
+    def applied_precision(self) -> dict[str, float]:
+        """Per tensor, the bound on ||error|| / ||update|| of its applied update (see `applied/`)."""
+        return dict((self.meta.get(APPLIED) or {}).get("precision", {}))
 
     def save(self, path: str | os.PathLike) -> None:
         """Written aside, one entry at a time, and renamed into place; a failed write says why,

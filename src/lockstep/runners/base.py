@@ -118,6 +118,12 @@ class FrameworkRunner(ABC):
         """Why this runner cannot capture step 1 of the case (None: it can)."""
         return f"{self.name} cannot show its step 1 from inside"
 
+    def at_step_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        """Why this runner cannot capture a later step from the reference's saved state (`lockstep
+        diagnose --at-step N`: the pytorch reference's weights and optimizer state after N steps,
+        loaded by the framework in its own checkpoint format), or None when it can."""
+        return f"{self.name} cannot start a step from a saved training state yet"
+
     def capture_needs_reference(self, case: CaseSpec, inputs: RunInputs) -> bool:
         """Whether its capture reads the reference's (`request.reference`): then the reference's
         step 1 must be recorded first."""

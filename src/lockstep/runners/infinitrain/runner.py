@@ -134,6 +134,10 @@ class InfiniTrainRunner(FrameworkRunner):
 
     # ------------------------------------------------------------------ step 1 from inside
 
+    def at_step_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        return ("InfiniTrain cannot start from the reference's state yet: writing it as InfiniTrain's native "
+                "checkpoint folder for its --load is not built")
+
     def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
         reason = self.skip_reason(case, inputs)
         if reason:

@@ -98,6 +98,10 @@ class MegatronRunner(FrameworkRunner):
     def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
         return self.skip_reason(case, inputs)  # it records step 1 of any case it can train
 
+    def at_step_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        return ("megatron cannot load a saved training state yet: the reference's weights and Adam state "
+                "written as a dist_checkpointing folder and loaded by the megatron runner are not built")
+
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
         """A one-step run of the case that records its step 1 (the update after it changes nothing recorded)."""
         from lockstep.formats.step_capture import StepCapture

@@ -16,6 +16,12 @@ with the wrong inputs is seen); the gradient arriving at the first micro batch's
 parameter's gradient of the whole step; and for a tied tensor (GPT-2's wte, read by the
 embedding and the output head) the part its embedding use alone gives (`tie/`), so that a
 framework that lost the tie is recognised as exactly that.
+
+From a saved state (`lockstep diagnose --at-step N`: the model and its optimizer loaded from the
+reference's checkpoint after step N), `capture_step` records step N+1 the same way, on step N+1's
+data window, and then lets the optimizer step: the update it applied to each parameter,
+(w_before - w_after)/lr, is recorded too (`applied/` sketches), since from a state with Adam's
+moments and step count the gradients can agree while the update does not.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from lockstep.capture.request import MAX_MICRO_BATCHES, CaptureBuilder, CaptureR
 from lockstep.capture.routing import ROUTER, add_routing
 from lockstep.cases.spec import CaseSpec
 from lockstep.data.loader import TokenBatches
-from lockstep.formats.step_capture import StepCapture
+from lockstep.formats.step_capture import APPLIED, StepCapture
 from lockstep.runners.pytorch import step as reference_step
 from lockstep.runners.pytorch.step import MicroBatch
 from lockstep.step_contract import fp32_matmul_precision, logged_step_loss
@@ -182,7 +188,9 @@ class StepRecorder:
             self._sketch_only("fwd", micro_name("loss", self.current), mean)
         self.current = None
 
-    def finish(self, step_loss: float, first_x: torch.Tensor) -> StepCapture:
+    def finish(self, step_loss: float, first_x: torch.Tensor, write: bool = True) -> StepCapture:
+        """The step's capture, written to the request's path (unless `write` is False: the
+        caller adds what comes after the gradients, the optimizer's update, and writes it)."""
         cap = self.builder.capture
         grads = {}
         for name, p in self.params.items():
@@ -200,7 +208,7 @@ class StepRecorder:
         cap.forward_order = self.order
         cap.token_losses = np.stack(self.token_losses) if self.token_losses else None
         cap.meta.update({"device": str(first_x.device), "case": self.case.to_dict()})
-        return self.builder.finish()
+        return self.builder.finish() if write else cap
 
     def close(self) -> None:
         for h in self.handles:
@@ -212,9 +220,14 @@ class StepRecorder:
 
 
 def capture_step(model: nn.Module, case: CaseSpec, tokens: np.ndarray, request: CaptureRequest,
-                 device: torch.device | str = "cpu", framework: str = "pytorch") -> StepCapture:
+                 device: torch.device | str = "cpu", framework: str = "pytorch",
+                 optimizer: torch.optim.Optimizer | None = None) -> StepCapture:
     """Step 1 of `model` under the contract without an optimizer update; the weights are step 0's.
-    Every DP rank's micro batches run here one after the other, each loss divided by accum·DP."""
+    Every DP rank's micro batches run here one after the other, each loss divided by accum·DP.
+
+    With `optimizer` (the model and it loaded from the state after step `request.start_step`),
+    step start_step+1 on its own data window, and then the optimizer's step: its applied update
+    is recorded as well (`applied/`), and the model holds the weights after it."""
     device = torch.device(device)
     model = model.to(device)
     model.zero_grad(set_to_none=True)
@@ -222,12 +235,13 @@ def capture_step(model: nn.Module, case: CaseSpec, tokens: np.ndarray, request: 
     # of mean / accum (DP averages parameter gradients, not activations): output gradients × DP.
     recorder = StepRecorder(model, case, request, framework=framework, output_grad_scale=case.dp)
     divisor = case.accum * case.dp
+    before: dict[str, torch.Tensor] = {}
 
     def micro_batches():
         for dp_rank in range(case.dp):
             batches = TokenBatches(tokens, case, dp_rank=dp_rank)
             for micro in range(case.accum):
-                x, y = batches.micro_batch(0, micro)
+                x, y = batches.micro_batch(request.start_step, micro)
                 yield MicroBatch(x.to(device), y.to(device), dp_rank, micro)
 
     def losses_of(mb: MicroBatch) -> torch.Tensor:
@@ -237,17 +251,41 @@ def capture_step(model: nn.Module, case: CaseSpec, tokens: np.ndarray, request: 
     captured: list[StepCapture] = []
 
     def finish(means: list[torch.Tensor], first_x: torch.Tensor) -> None:
-        captured.append(recorder.finish(logged_step_loss(means, case.accum, case.dp), first_x))
+        captured.append(recorder.finish(logged_step_loss(means, case.accum, case.dp), first_x,
+                                        write=optimizer is None))
+        if optimizer is not None:
+            before.update({n: p.detach().clone() for n, p in recorder.params.items()})
 
     try:
         with fp32_matmul_precision(enabled_tf32=False):
             # No optimizer: the step's gradients are recorded, the weights stay step 0's.
-            reference_step.contract_step(micro_batches(), losses_of, divisor, before_update=finish)
+            reference_step.contract_step(micro_batches(), losses_of, divisor, optimizer, before_update=finish)
     finally:
         recorder.close()
     capture = captured[0]
+    if optimizer is not None:
+        add_applied_update(recorder.builder, before, recorder.params, case.lr, request.step)
+        capture = recorder.builder.finish()
     model.zero_grad(set_to_none=True)
     return capture
+
+
+def add_applied_update(builder: CaptureBuilder, before: dict[str, torch.Tensor], params: dict[str, nn.Parameter],
+                       lr: float, step: int) -> None:
+    """The update the optimizer applied in `step`, (w_before - w_after)/lr per parameter, sketched
+    (`applied/NAME`), with the bound on its relative error that w_after's FP32 rounding allows (as
+    for a gradient recovered from saved weights: 2^-24·||w_after||/lr over ||update||)."""
+    from lockstep.capture.request import make_sketch
+
+    precision = {}
+    for name, p in params.items():
+        after = p.detach().double()
+        moved = (before[name].double() - after) / lr
+        builder.capture.sketches[f"{APPLIED}/{name}"] = make_sketch(moved)
+        norm = float(torch.linalg.vector_norm(moved))
+        bound = 2.0 ** -24 * float(torch.linalg.vector_norm(after)) / lr
+        precision[name] = bound / norm if norm > 0 else 0.0
+    builder.capture.meta[APPLIED] = {"step": step, "lr": lr, "precision": precision}
 
 
 def capture_reference(model: nn.Module, case: CaseSpec, tokens: np.ndarray, device: torch.device | str = "cpu",

@@ -38,6 +38,11 @@ class PyTorchRunner(FrameworkRunner):
     def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
         return None  # any case: its DP ranks run one after the other in one process, TP/PP are the same math
 
+    def at_step_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        if case.zero:
+            return "the pytorch reference saves and loads its training state without ZeRO only"
+        return None  # its own torch.distributed.checkpoint folder (checkpoint.py)
+
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
         from lockstep.runners.pytorch.train import capture_case
 

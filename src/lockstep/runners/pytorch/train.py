@@ -262,22 +262,38 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
 
 
 def capture_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, request: CaptureRequest,
-                 framework: str = "pytorch", prepare_model=None, float64: bool = False) -> StepCapture:
+                 framework: str = "pytorch", prepare_model=None, float64: bool = False,
+                 optimizer_for=build_optimizer) -> StepCapture:
     """Step 1 of the case without an optimizer update, every DP rank's micro batches in this one
     process, recorded as `request` asks (diagnose, and certificates of runs of several ranks).
     `prepare_model` may swap kernels first (pytorch-fast: SDPA attention); `float64` runs it in
-    FP64 (what exact arithmetic gives: the certificate's yardstick of FP32 rounding)."""
+    FP64 (what exact arithmetic gives: the certificate's yardstick of FP32 rounding).
+
+    A request that starts from a saved state (`request.start_state`, diagnose --at-step) builds the
+    optimizer too (`optimizer_for(spec, params, lr)`: the runner's own), loads both from that
+    torch.distributed.checkpoint folder as a resume does, and captures the step after it with its
+    update."""
     ckpt = load_checkpoint(checkpoint)
     stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
     case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
     device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
+    family = model_family(ckpt.family)
     with torch.device(device):
-        model = model_family(ckpt.family).reference_class().from_llmc(ckpt.tensors, ckpt.config)
+        model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config)
     if prepare_model is not None:
         prepare_model(model)
     if float64:
         model = model.to(torch.float64)
-    return capture_step(model, case, stream.tokens, request, device, framework=framework)
+    optimizer = None
+    if request.start_state is not None:
+        import_optimizer_machinery()
+        optimizer = optimizer_for(family.optimizer, model.parameters(), case.lr)
+        shift = saved_state.load_training_state(saved_state.ResumePlan(request.start_state, request.start_step),
+                                                model, optimizer)
+        if shift:
+            raise RunError(f"{request.start_state}: its data position is step {request.start_step + shift}, not "
+                           f"{request.start_step}: not the state after step {request.start_step}")
+    return capture_step(model, case, stream.tokens, request, device, framework=framework, optimizer=optimizer)
 
 
 def _start_process_group(device: str, pg: ProcessGroupInfo) -> None:

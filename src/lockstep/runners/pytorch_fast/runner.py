@@ -29,14 +29,21 @@ class PyTorchFastRunner(FrameworkRunner):
     def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
         return None
 
+    def at_step_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        return None  # plain torch: the reference's torch.distributed.checkpoint folder is its own format too
+
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
         """Its model (SDPA attention) captured eagerly: torch.compile changes fusion and rounding, not
-        the math, and hooks inside a compiled graph would break it up."""
+        the math, and hooks inside a compiled graph would break it up. From a saved state (diagnose
+        --at-step) its own fused optimizer loads the state and makes the update."""
         from lockstep.runners.pytorch.train import capture_case
-        from lockstep.runners.pytorch_fast.train import use_sdpa
+        from lockstep.runners.pytorch_fast import train as fast
+
+        def fast_optimizer(spec, params, lr):
+            return fast.build_fast_optimizer(spec, params, lr, fast.FastSettings())
 
         cap = capture_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, request,
-                           framework=self.name, prepare_model=use_sdpa)
+                           framework=self.name, prepare_model=fast.use_sdpa, optimizer_for=fast_optimizer)
         cap.notes.append("pytorch-fast step 1 captured eagerly with SDPA attention (torch.compile fuses the same math)")
         return cap
 

@@ -67,6 +67,7 @@ def state_case(case: CaseSpec, at_step: int) -> CaseSpec:
 def make_reference_state(plan, say=lambda text: None) -> ReferenceState:
     """Train the reference through step `plan.at_step` and save there: `<out>/diagnose/at_step_N/`."""
     from lockstep.runners.pytorch.checkpoint import CheckpointPlan, SavePlan, step_dir
+    from lockstep.runners.pytorch.train import one_process_meant
 
     ref = reference_framework()
     runner = plan.runner(ref)
@@ -79,7 +80,8 @@ def make_reference_state(plan, say=lambda text: None) -> ReferenceState:
     say(f"the reference's state after step {plan.at_step}: {ref} trains steps 1..{plan.at_step} of {plan.case.name} "
         "and saves ...")
     start = time.perf_counter()
-    record = runner.run(case, inputs, work)
+    with one_process_meant():
+        record = runner.run(case, inputs, work)
     seconds = time.perf_counter() - start
     folder = step_dir(root, plan.at_step)
     if not record.ok:

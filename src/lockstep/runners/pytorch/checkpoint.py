@@ -13,9 +13,7 @@ them; a framework's own resume always loads everything.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,8 +149,7 @@ def save_training_state(plan: SavePlan, step: int, model: torch.nn.Module, optim
     if dist.is_initialized():
         dist.barrier()
     try:
-        with _one_process_is_meant():
-            dcp.save(_state(model, optimizer if plan.optimizer else None, step), checkpoint_id=str(partial))
+        dcp.save(_state(model, optimizer if plan.optimizer else None, step), checkpoint_id=str(partial))
     except OSError as e:
         raise RunError(f"{partial}: could not save the checkpoint of step {step} ({e})") from None
     if dist.is_initialized():
@@ -183,8 +180,7 @@ def load_training_state(plan: ResumePlan, model: torch.nn.Module, optimizer: tor
     saved_optimizer = _has_optimizer_state(folder)
     if not saved_optimizer:
         del state["optim"]
-    with _one_process_is_meant():
-        dcp.load(state, checkpoint_id=str(folder))
+    dcp.load(state, checkpoint_id=str(folder))
     trainer = state["trainer"]
     if trainer.get("format") != FORMAT or int(trainer["step"]) != plan.step:
         raise RunError(f"{folder}: holds step {trainer.get('step')} ({trainer.get('format')}), "
@@ -202,15 +198,6 @@ def load_training_state(plan: ResumePlan, model: torch.nn.Module, optimizer: tor
     torch.set_rng_state(trainer["rng_torch"])
     data_next = int(trainer["data_next_step"]) if plan.data_step is None else plan.data_step
     return data_next - plan.step
-
-
-@contextlib.contextmanager
-def _one_process_is_meant():
-    """DCP warns on every save and load without a process group that it assumes one process: that
-    is what one process (an in-process run, diagnose's captures) means."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-        yield
 
 
 def _has_optimizer_state(folder: Path) -> bool:

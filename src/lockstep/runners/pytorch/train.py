@@ -288,12 +288,24 @@ def capture_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind:
     if request.start_state is not None:
         import_optimizer_machinery()
         optimizer = optimizer_for(family.optimizer, model.parameters(), case.lr)
-        shift = saved_state.load_training_state(saved_state.ResumePlan(request.start_state, request.start_step),
-                                                model, optimizer)
+        with one_process_meant():
+            shift = saved_state.load_training_state(saved_state.ResumePlan(request.start_state, request.start_step),
+                                                    model, optimizer)
         if shift:
             raise RunError(f"{request.start_state}: its data position is step {request.start_step + shift}, not "
                            f"{request.start_step}: not the state after step {request.start_step}")
     return capture_step(model, case, stream.tokens, request, device, framework=framework, optimizer=optimizer)
+
+
+@contextlib.contextmanager
+def one_process_meant():
+    """DCP warns on every save and load without a process group that it assumes one process: in
+    lockstep's own process (diagnose --at-step's state and captures) that is what is meant."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 def _start_process_group(device: str, pg: ProcessGroupInfo) -> None:

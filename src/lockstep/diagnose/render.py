@@ -60,7 +60,8 @@ def print_verdict(console: Console, v: dict, rows: int = TOP_ROWS) -> None:
         for f in v["findings"]:
             console.print(f"[bold red]✗[/] {escape(f['classification'])}", highlight=False)
     else:
-        console.print("[bold green]no divergence[/]: every module output and gradient agrees within the tolerance")
+        also = ", gradient and optimizer update" if v.get("optimizer_updates") else " and gradient"
+        console.print(f"[bold green]no divergence[/]: every module output{also} agrees within the tolerance")
     for note in v["notes"]:
         console.print(f"[dim]{escape(note)}[/]", highlight=False)
     console.print(f"[dim]seconds: {', '.join(f'{k} {s}' for k, s in v['seconds'].items())}[/]", highlight=False)

@@ -113,3 +113,32 @@ def test_the_fp64_allowance_judged_on_the_first_comparison_is_the_fresh_one():
     assert again.to_json() == fresh.to_json() and FORWARD not in [f.kind for f in again.findings]
     off = diagnose_captures(ref, wrong, CASE)
     assert diagnose_captures(ref, wrong, CASE, fp64=fp64, diffs=off.raw_diffs()).findings[0].kind == FORWARD
+
+
+def test_the_optimizers_applied_updates_name_the_optimizer_only_where_the_gradients_agree():
+    """diagnose --at-step's rows (`applied/` sketches): a test whose every update is 1.9x the
+    reference's is an optimizer update naming them; the same updates downstream of a gradient
+    that differs are that gradient's finding, not said again; a drift's optimizer finding (of the
+    losses, no tensors) is no close call that an FP64 step 1 could explain."""
+    from lockstep.capture.request import make_sketch
+    from lockstep.certify.certificate import close_call
+    from lockstep.certify.classify import GRADIENT_ONLY, Finding
+
+    ref, test, _ = pair()
+    for cap, scale in ((ref, 1.0), (test, 1.915)):
+        cap.sketches.update({f"applied/{n}": make_sketch(g * scale) for n, g in ref.grads.items()})
+        cap.meta["applied"] = {"step": 6, "lr": 1e-4, "precision": {n: 1e-6 for n in ref.grads}}
+    test.meta["request"] = {"start_step": 5}
+    v = diagnose_captures(ref, test, CASE)
+    [finding] = v.findings
+    assert (finding.kind, finding.where, finding.tensors) == (OPTIMIZER, "optimizer", ("wte", "lnfw"))
+    assert finding.line.startswith("optimizer update of step 6: the forward and the gradients agree, but the update "
+                                   "the optimizer applied differs in 2 of 2 tensors (every parameter; relative 9.15e-01")
+    assert v.at_step == 5 and [d.kind for d in v.applied] == ["optimizer update"] * 2
+
+    test.grads["lnfw"] = test.grads["lnfw"] * 1.01
+    assert [f.kind for f in diagnose_captures(ref, test, CASE).findings] == [GRADIENT_ONLY]
+
+    rel = v.ranked()[-1:]  # a tensor that agrees
+    assert not close_call([Finding(OPTIMIZER, "optimizer", "losses part")], rel, 1e-5)
+    assert close_call([Finding(OPTIMIZER, "optimizer", "updates differ", ("wte",))], rel, 1e-5)

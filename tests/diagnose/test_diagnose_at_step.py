@@ -120,7 +120,7 @@ def test_the_same_pair_without_the_defect_agrees_at_step_3_updates_included(inpu
     (["--at-step", "-1"], "pytorch,pytorch-fast",
      "--at-step -1: a step cannot be negative (0, or no --at-step, compares step 1)"),
     (["--at-step", "2"], "pytorch,megatron",
-     "--at-step 2 on case adam: megatron cannot load a saved training state yet"),
+     "--at-step 2 on case adam: megatron cannot start a captured step from a saved training state yet"),
 ])
 def test_an_at_step_that_cannot_be_done_is_one_sentence_before_anything_trains(inputs, tmp_path, capsys, extra,
                                                                                 frameworks, sentence):

@@ -99,8 +99,8 @@ class MegatronRunner(FrameworkRunner):
         return self.skip_reason(case, inputs)  # it records step 1 of any case it can train
 
     def at_step_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
-        return ("megatron cannot load a saved training state yet: the reference's weights and Adam state "
-                "written as a dist_checkpointing folder and loaded by the megatron runner are not built")
+        return ("megatron cannot start a captured step from a saved training state yet (its capture records step 1 "
+                "of a run from the LLMC weights only)")
 
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
         """A one-step run of the case that records its step 1 (the update after it changes nothing recorded)."""

@@ -26,6 +26,11 @@ The defects are the ones issue 16's audit found hidden under the contract's lr 1
   on CUDA before issue 22 (with PP=2 and VPP, megatron-core then swaps activations and gradients
   in the interleaved schedule's two-way exchanges).
 
+A defect that shows only after step 1 (`lockstep diagnose --at-step`'s negative control):
+- fast_adam_bias_correction_step1: pytorch-fast's Adam bias-corrects every update as if it were
+  the first (1 - beta^1 instead of 1 - beta^t), its step count otherwise kept: step 1 is exactly
+  right, every later update is too large (llama3's betas: ~1.9x at step 6).
+
 Mixtral (MoE) routing defects, the certificate's negative controls (tests/runners/test_megatron_mixtral.py),
 each of the reference through the family seam (FAMILIES["mixtral"]) unless named megatron_:
 - mixtral_router_unrenormalised: routing weights are the full softmax's top-k probabilities, not
@@ -45,11 +50,6 @@ each loads the checkpoint as the trainer does, then damages what it loaded:
 - resume_step_reset: Adam's step count is set back to 0 after the load;
 - resume_rank0_only: under DP, only rank 0 keeps what it loaded; the other ranks keep the
   weights they were built with and a fresh optimizer (in torchrun workers: worker_env).
-
-A defect that shows only after step 1 (`lockstep diagnose --at-step`'s negative control):
-- fast_adam_bias_correction_step1: pytorch-fast's Adam bias-corrects every update as if it were
-  the first (1 - beta^1 instead of 1 - beta^t), its step count otherwise kept: step 1 is exactly
-  right, every later update is too large (llama3's betas: ~1.9x at step 6).
 """
 
 from __future__ import annotations
@@ -171,11 +171,12 @@ for _defect, _kw in MIXTRAL_DEFECTS.items():
 REFERENCE_DEFECTS = {"exact_gelu": ExactGeluGPT2, "frozen_layernorm": FrozenLayerNormGPT2,
                      "transposed_bias_grad": TransposedBiasGradGPT2, "broken_tie": BrokenTieGPT2}
 RESUME_DEFECTS = ("resume_data_restarted", "resume_moments_zeroed", "resume_step_reset", "resume_rank0_only")
-OTHER_DEFECTS = ("fast_adam_bias_correction_step1", "data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
+OTHER_DEFECTS = ("data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
                  "megatron_layernorm_bias_grad_5pct", "megatron_batched_p2p", *RESUME_DEFECTS,
                  *MIXTRAL_DEFECTS, "mixtral_aux_loss_doubled", "megatron_expert3_grad_scaled",
                  "megatron_ep_not_in_config")
-DEFECTS = (*REFERENCE_DEFECTS, *OTHER_DEFECTS)
+AFTER_STEP1_DEFECTS = ("fast_adam_bias_correction_step1",)
+DEFECTS = (*REFERENCE_DEFECTS, *OTHER_DEFECTS, *AFTER_STEP1_DEFECTS)
 
 
 class _Forever:

@@ -10,6 +10,7 @@ real 128,256 rows make one CPU diagnose take over a minute.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 
@@ -106,12 +107,19 @@ def test_a_defect_after_step_1_passes_step_1_and_at_step_5_is_named_the_optimize
 def test_the_same_pair_without_the_defect_agrees_at_step_3_updates_included(inputs, tmp_path, capsys):
     assert diagnose(inputs, tmp_path, "--at-step", "3") == 0
     out = capsys.readouterr().out
-    assert "no divergence" in out
+    assert "no divergence: every module output, gradient and optimizer update agrees" in out
     v = json.loads((tmp_path / "diagnose" / "adam_pytorch_vs_pytorch-fast.at_step3.json").read_text())
     assert v["findings"] == [] and len(v["optimizer_updates"]) == 17
     # The fused Adam's update rounds as the reference's does, to within w's FP32 rounding.
     assert max(r["rel_error"] for r in v["optimizer_updates"]) < 1e-3
     assert any(n.startswith("at step 4, from the reference's state after step 3") for n in v["notes"])
+    # Step 4 from the state is step 4 of the run that never stopped: the same weights, Adam state
+    # and data window (its loss bitwise the uninterrupted run's, not step 1's window again).
+    uninterrupted = _uninterrupted_losses(inputs, tmp_path / "run", steps=4)
+    assert v["loss_step1"]["reference"] == uninterrupted[4] != uninterrupted[1]
+    reference_steps = [json.loads(line) for line in
+                       (tmp_path / "diagnose" / "at_step_3" / "pytorch" / "adam_to_step3.jsonl").read_text().splitlines()[1:]]
+    assert [s["loss"] for s in reference_steps] == [uninterrupted[k] for k in (1, 2, 3)]
 
 
 @pytest.mark.parametrize("extra, frameworks, sentence", [
@@ -141,6 +149,17 @@ def test_infinitrain_says_why_it_cannot_start_from_the_state_yet(inputs):
                     lr=1e-4)
     problem = get_runner("infinitrain").at_step_problem(case, RunInputs(ckpt, tokens, SMALL_LLAMA, "cpu"))
     assert problem.startswith("InfiniTrain cannot start from the reference's state yet")
+
+
+def _uninterrupted_losses(inputs, out, steps: int) -> dict[int, float]:
+    from lockstep.runners.base import RunInputs
+    from lockstep.runners.pytorch import PyTorchRunner
+
+    ckpt, tokens, _ = inputs
+    case = dataclasses.replace(_case({"case": "adam", "dtype": "float32"}), steps=steps)
+    record = PyTorchRunner().run(case, RunInputs(ckpt, tokens, SMALL_LLAMA, "cpu"), out)
+    assert record.ok, record.error
+    return {s.step: s.loss for s in record.steps}
 
 
 def _case(verdict: dict):

@@ -13,6 +13,7 @@ from typing import Any
 from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import CaseSpec
 from lockstep.models import config_from_dict
+from lockstep.runners.checkpoint_plan import CheckpointPlan
 
 WORKER_MODULE = "lockstep.runners.megatron.worker"
 # The marker line every megatron log starts with. The log parsers key on it: Megatron-LM's own
@@ -51,13 +52,20 @@ class MegatronJob:
     capture: CaptureRequest | None = None
     # Write every parameter after the last step, under canonical LLMC names, here (.npz; rank 0).
     final_params_path: str | None = None
+    # Save step folders and/or resume from one (runners/megatron/checkpoint.py).
+    checkpoints: CheckpointPlan | None = None
+    # Instead of training: write the model (built from `checkpoint`, canonical weights) and this
+    # canonical Adam state as a step folder (checkpoint.write_state; diagnose --at-step).
+    write_state: dict | None = None
 
     def to_dict(self) -> dict:
         return {"case": self.case.to_dict(), "model": self.model.to_dict(), "checkpoint": self.checkpoint, "tokens": self.tokens,
                 "tokens_sha256": self.tokens_sha256, "device": self.device, "options": asdict(self.options),
                 "error_path": self.error_path, "results_path": self.results_path,
                 "capture": self.capture.to_dict() if self.capture else None,
-                "final_params_path": self.final_params_path}
+                "final_params_path": self.final_params_path,
+                "checkpoints": self.checkpoints.to_dict() if self.checkpoints else None,
+                "write_state": self.write_state}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MegatronJob":
@@ -65,4 +73,5 @@ class MegatronJob:
                    tokens=d["tokens"], tokens_sha256=d.get("tokens_sha256", ""), device=d["device"],
                    options=MegatronOptions(**d.get("options", {})), error_path=d.get("error_path"),
                    results_path=d.get("results_path"), capture=CaptureRequest.from_dict(d.get("capture")),
-                   final_params_path=d.get("final_params_path"))
+                   final_params_path=d.get("final_params_path"),
+                   checkpoints=CheckpointPlan.from_dict(d.get("checkpoints")), write_state=d.get("write_state"))

@@ -24,11 +24,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from lockstep.capture.request import CaptureRequest
-from lockstep.cases.spec import CaseSpec
+from lockstep.cases.spec import NEEDS_CHECKPOINT, CaseSpec
 from lockstep.errors import RunError
 from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
                                    launch_meta, oversubscribed_env)
+from lockstep.runners.checkpoint_plan import plan_for
 from lockstep.runners.launch import run_workers
 from lockstep.runners.megatron.options import INSTALL_HINT, megatron_core_installed  # noqa: F401 (also read from here)
 from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions
@@ -55,6 +56,8 @@ def megatron_core_version() -> str:
 
 class MegatronRunner(FrameworkRunner):
     name = "megatron"
+    # Save/resume through megatron-core's dist_checkpointing (checkpoint.py, docs/reference/checkpoints.md).
+    supports = frozenset({NEEDS_CHECKPOINT})
 
     def __init__(self, native_bf16: bool = False):
         self.options = MegatronOptions(native_bf16=native_bf16)
@@ -107,7 +110,9 @@ class MegatronRunner(FrameworkRunner):
         from lockstep.formats.step_capture import StepCapture
 
         work_dir = Path(work_dir)
-        one_step = case.with_overrides(steps=1)
+        # Step 1 from the initial weights: never a resume, and never a save that would replace the
+        # case's own step folders.
+        one_step = dataclasses.replace(case.with_overrides(steps=1), checkpoint=None)
         log_path = work_dir / f"megatron_{case.name}_step1.log"
         work_dir.mkdir(parents=True, exist_ok=True)
         self.execute(one_step, dataclasses.replace(inputs, capture=request, save_final_params=False), log_path, None)
@@ -130,12 +135,16 @@ class MegatronRunner(FrameworkRunner):
         # Checked here too (cheap: header only) so an impossible case fails before torchrun starts.
         case.check(max_seq_len=inputs.model.max_seq_len,
                    available_tokens=len(read_token_stream(inputs.tokens, check_ids=False)))
+        checkpoints = plan_for(case, log_path)
+        if checkpoints is not None:
+            checkpoints.clear_earlier_saves()  # a resume after a failed save must not find an older run's
         with tempfile.TemporaryDirectory(prefix="lockstep-megatron-") as td:
             error_path = Path(td) / "error.txt"
             job = MegatronJob(case=case, model=inputs.model, checkpoint=str(inputs.checkpoint), tokens=str(inputs.tokens),
                               tokens_sha256=inputs.tokens_sha256, device=inputs.device, options=self.options,
                               error_path=str(error_path), capture=inputs.capture,
-                              final_params_path=str(final_params_path(log_path)) if inputs.save_final_params else None)
+                              final_params_path=str(final_params_path(log_path)) if inputs.save_final_params else None,
+                              checkpoints=checkpoints)
             env = oversubscribed_env(case, inputs)
             try:
                 if workers is not None:

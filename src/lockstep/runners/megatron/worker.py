@@ -156,6 +156,8 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     from lockstep.models import family as model_family
     from lockstep.models import load_checkpoint
     from lockstep.models.family import split_canonical
+    from lockstep.runners.checkpoint_plan import ShiftedBatches
+    from lockstep.runners.megatron import checkpoint as mcheckpoint
     from lockstep.runners.megatron import dataset as mdata
     from lockstep.runners.megatron import model as mmodel
     from lockstep.runners.megatron import weights as mweights
@@ -256,13 +258,23 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     batches = mdata.MicroBatches(dataset, case, layout.dp_rank, layout.device)
     forward_step = make_forward_step(batches.attention_mask, padded_vocab_mask(vocab_rows, job.model.vocab_size, layout))
     phases.lap("data")
+    info: dict = {}
+    checkpoints = job.checkpoints
+    first_step = 0
+    if checkpoints is not None and checkpoints.resume is not None:
+        shift = mcheckpoint.load_training_state(checkpoints.resume, chunks, optimizer, scheduler, layout, case.zero)
+        first_step = checkpoints.resume.step
+        if shift:
+            batches = ShiftedBatches(batches, shift)
+        _say(layout, f"resumed from {checkpoints.resume.directory} (megatron-core dist_checkpointing, step "
+                     f"{first_step}): training steps {first_step + 1}..{case.steps}")
+        phases.lap("weights")
     forward_backward = get_forward_backward_func()
     if layout.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(layout.device)
     times_ms: list[float] = []
     rates: list[float] = []
-    info: dict = {}
-    for step in range(case.steps):
+    for step in range(first_step, case.steps):
         dist.barrier()  # every rank starts the step together, so the slowest rank's time is the step's
         with StepClock(layout.device) as clock:
             for chunk in chunks:
@@ -304,6 +316,9 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
         peak = torch.cuda.max_memory_allocated(layout.device) / 2**20 if layout.device.type == "cuda" else 0.0
         slowest_s, slowest_peak = slowest_rank(elapsed_s, peak, layout.device, layout.world)
         loss = float(loss_t[0].item())
+        if checkpoints is not None and layout.dp > 1:  # the resume judge's per-rank evidence (a collective)
+            own = sum(micro_means) / len(micro_means) if layout.reports_loss else 0.0
+            info.setdefault("rank_losses", {})[str(step + 1)] = mcheckpoint.gather_rank_losses(own, layout)
         step_ms = slowest_s * 1e3
         tokens_per_s = case.total_batch / (step_ms / 1e3)
         times_ms.append(step_ms)
@@ -318,6 +333,11 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
             writer.step(StepRecord(step=step + 1, loss=loss, step_ms=step_ms, tokens_per_s=tokens_per_s, lr=lr,
                                    peak_mem_mb=slowest_peak if layout.device.type == "cuda" else None,
                                    loss_fp32_sum=float(loss_t[1].item()) if layout.dp == 1 else None))
+        if checkpoints is not None and checkpoints.save is not None and checkpoints.save.due(step + 1, case.steps):
+            began = time.perf_counter()
+            mcheckpoint.save_training_state(checkpoints.save, step + 1, chunks, optimizer, scheduler, layout, case.zero,
+                                            consumed_samples=(step + 1) * global_batch)
+            info["checkpoint_save_s"] = round(info.get("checkpoint_save_s", 0.0) + time.perf_counter() - began, 3)
 
     phases.lap("training")
     if job.final_params_path:
@@ -404,13 +424,14 @@ def _write_error(job: MegatronJob, text: str) -> None:
 
 def import_megatron() -> None:
     """Everything `train` imports from megatron-core (seconds of imports), loaded now."""
+    import megatron.core.dist_checkpointing  # noqa: F401
     import megatron.core.distributed  # noqa: F401
     import megatron.core.models.gpt.gpt_model  # noqa: F401
     import megatron.core.optimizer  # noqa: F401
     import megatron.core.pipeline_parallel  # noqa: F401
     import megatron.core.tensor_parallel  # noqa: F401
 
-    from lockstep.runners.megatron import dataset, model, weights  # noqa: F401
+    from lockstep.runners.megatron import checkpoint, dataset, model, weights  # noqa: F401
     from lockstep.runners.megatron.families import adapter_for  # noqa: F401
 
 

@@ -14,109 +14,17 @@ them; a framework's own resume always loads everything.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from lockstep.cases.spec import CaseSpec
 from lockstep.errors import RunError
+# The plan (folders, intervals, what-ifs) is every framework's; re-exported here for the trainer.
+from lockstep.runners.checkpoint_plan import (STEP_PREFIX, WHAT_IF_OPTIMIZER, CheckpointPlan,  # noqa: F401
+                                              ResumePlan, SavePlan, ShiftedBatches, checkpoints_root,
+                                              partial_dir, plan_for, prune, step_dir)
 
-STEP_PREFIX = "step_"
 FORMAT = "lockstep-pytorch-dcp-1"
-# What-if loads of a checkpoint (ResumePlan.what_if): the resume judge's alternatives.
-WHAT_IF_OPTIMIZER = ("fresh", "moments_zeroed", "step_reset")
-
-
-def checkpoints_root(log_path: Path, case_name: str) -> Path:
-    """Where a case's step folders go: beside its log, `<case>.checkpoints/`."""
-    return Path(log_path).with_name(f"{case_name}.checkpoints")
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return Path(root) / f"{STEP_PREFIX}{step:06d}"
-
-
-@dataclass(frozen=True)
-class SavePlan:
-    """Save after every `interval`-th step and after the last; keep the newest `keep` (0: all)."""
-
-    root: str
-    interval: int
-    keep: int = 0
-    optimizer: bool = True
-
-    def due(self, step: int, last_step: int) -> bool:
-        return self.interval > 0 and (step % self.interval == 0 or step == last_step)
-
-
-@dataclass(frozen=True)
-class ResumePlan:
-    """Load the step folder `directory` (saved after step `step`) and train the steps after it.
-
-    `what_if` (the judge's alternatives only): `data_step`, the 0-based step whose window the
-    stream reads first instead of the saved position; `optimizer`, one of WHAT_IF_OPTIMIZER."""
-
-    directory: str
-    step: int
-    data_step: int | None = None
-    optimizer: str | None = None
-
-    def what_if(self, data_step: int | None = None, optimizer: str | None = None) -> "ResumePlan":
-        if optimizer is not None and optimizer not in WHAT_IF_OPTIMIZER:
-            raise ValueError(f"unknown what-if optimizer {optimizer!r}")
-        return ResumePlan(self.directory, self.step, data_step, optimizer)
-
-
-@dataclass(frozen=True)
-class CheckpointPlan:
-    save: SavePlan | None = None
-    resume: ResumePlan | None = None
-
-    def clear_earlier_saves(self) -> None:
-        """Remove the step folders an earlier run of this case saved (unless this run resumes from
-        one of them): a resumed case must never load what another run left behind."""
-        if self.save is None:
-            return
-        root = Path(self.save.root)
-        if self.resume is not None and Path(self.resume.directory).parent == root:
-            return
-        shutil.rmtree(root, ignore_errors=True)
-
-    def to_dict(self) -> dict:
-        return {"save": vars(self.save) if self.save else None, "resume": vars(self.resume) if self.resume else None}
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> "CheckpointPlan | None":
-        if not d:
-            return None
-        return cls(SavePlan(**d["save"]) if d.get("save") else None,
-                   ResumePlan(**d["resume"]) if d.get("resume") else None)
-
-
-def plan_for(case: CaseSpec, log_path: Path) -> CheckpointPlan | None:
-    """The case's `checkpoint` table as the reference trainer does it: it saves beside its own log
-    and resumes from `resume_case`'s folder (its own name's when no case is named)."""
-    spec = case.checkpoint
-    if spec is None:
-        return None
-    save = (SavePlan(str(checkpoints_root(log_path, case.name)), spec.save_interval, spec.max_checkpoint_keep,
-                     spec.save_optimizer_state) if spec.save_interval else None)
-    resume = None
-    if spec.resume_from is not None:
-        source = checkpoints_root(log_path, spec.resume_case or case.name)
-        resume = ResumePlan(str(step_dir(source, spec.resume_from)), spec.resume_from)
-    return CheckpointPlan(save, resume)
-
-
-class ShiftedBatches:
-    """The contract's batches read `shift` steps away from the loop's step (a what-if resume)."""
-
-    def __init__(self, batches, shift: int):
-        self.batches, self.shift = batches, shift
-
-    def micro_batch(self, step: int, micro_step: int):
-        return self.batches.micro_batch(step + self.shift, micro_step)
 
 
 def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, step: int) -> dict:
@@ -142,7 +50,7 @@ def save_training_state(plan: SavePlan, step: int, model: torch.nn.Module, optim
     import torch.distributed.checkpoint as dcp
 
     final = step_dir(Path(plan.root), step)
-    partial = final.with_name(final.name + ".partial")
+    partial = partial_dir(final)
     if is_writer:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True, exist_ok=True)
@@ -157,10 +65,7 @@ def save_training_state(plan: SavePlan, step: int, model: torch.nn.Module, optim
     if is_writer:
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
-        if plan.keep > 0:
-            kept = sorted(p for p in Path(plan.root).glob(f"{STEP_PREFIX}[0-9]*") if not p.name.endswith(".partial"))
-            for old in kept[: -plan.keep]:
-                shutil.rmtree(old, ignore_errors=True)
+        prune(Path(plan.root), plan.keep)
     if dist.is_initialized():
         dist.barrier()
     return final

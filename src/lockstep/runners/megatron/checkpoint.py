@@ -1,0 +1,216 @@
+"""Saving and resuming megatron-core training through megatron-core's own `dist_checkpointing`
+(docs/reference/checkpoints.md), as Megatron-LM's `save_checkpoint` / `load_checkpoint` do with
+`--ckpt-format torch_dist`, inside the lockstep worker (worker.py).
+
+A step folder, `<out>/megatron/<case>.checkpoints/step_NNNNNN/` (written as `.partial`, then
+renamed), holds one sharded state dict:
+- `model` (`model0`, `model1`, ... with VPP): every chunk's `sharded_state_dict()`, each tensor a
+  ShardedTensor with its global shape and this rank's offsets under TP/PP (the tied output
+  weight of the last stage is the first stage's embedding, replicated);
+- `optimizer` (unless `save_optimizer_state = false`): the megatron optimizer's
+  `sharded_state_dict(model)` -- torch Adam's `exp_avg`, `exp_avg_sq` sharded like their
+  parameters and its step as the common `common_step`; SGD without momentum holds only its
+  param groups; the distributed optimizer (ZeRO-1) its FP32 main-parameter shards and moments
+  in the `dp_reshardable` layout Megatron-LM uses by default;
+- `opt_param_scheduler` (its constant lr and step count), `iteration` and `lockstep` (the
+  format, the step, the data position -- the next step whose window the stream reads -- the
+  consumed samples, whether the optimizer was saved), common to every rank;
+- `rng_state`: Python's, numpy's, torch's (and CUDA's) generators and megatron's RNG tracker
+  states, a ShardedObject per (pipeline, tensor) rank replicated over DP, as Megatron-LM saves it.
+The sharding metadata the state dict was made with is saved as the checkpoint's content
+metadata, and the resume builds its own state dict with the same metadata, so dist_checkpointing
+loads (and reshards, for model and Adam state) into the resumed run's layout.
+
+`write_state` (at the end) is the other way in: a checkpoint written from canonical (LLMC-named)
+Adam moments, for a run whose model was built from canonical weights (`lockstep diagnose
+--at-step N` starts every framework from the reference's step-N state through it).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from lockstep.errors import RunError
+from lockstep.runners.checkpoint_plan import ResumePlan, SavePlan, partial_dir, prune, step_dir
+from lockstep.runners.megatron.parallel import ParallelLayout
+
+FORMAT = "lockstep-megatron-dist-1"
+METADATA_FILE = "metadata.json"  # dist_checkpointing writes it last: a folder without one is no checkpoint
+
+
+def sharding_metadata(zero: int) -> dict:
+    """How the sharded state dicts are made, as Megatron-LM's `_build_sharded_state_dict_metadata`
+    makes them by default (megatron-core 0.16 and 0.19): the distributed optimizer's state in the
+    `dp_reshardable` layout (each rank writes its own buffers, no gather), no prefixes for a
+    chained optimizer of one, no singleton local shards."""
+    metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
+    if zero >= 1:
+        metadata["distrib_optim_sharding_type"] = "dp_reshardable"
+    return metadata
+
+
+def unwrap(chunk):
+    """The GPTModel inside megatron's DDP (and Float16Module) wrappers."""
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return chunk
+
+
+def _model_keys(chunks: list) -> list[str]:
+    return ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
+
+
+def _sub_optimizers(optimizer) -> list:
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _rng_state(layout: ParallelLayout):
+    """This rank's generators as Megatron-LM's `get_rng_state` collects them, one ShardedObject per
+    (pipeline, tensor) rank, the DP ranks its replicas."""
+    from megatron.core import tensor_parallel
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    state = {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
+             "torch_rng_state": torch.get_rng_state(),
+             "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states()}
+    if layout.device.type == "cuda":
+        state["cuda_rng_state"] = torch.cuda.get_rng_state()
+    return ShardedObject("rng_state", [state], (layout.pp, layout.tp), (layout.pp_rank, layout.tp_rank),
+                         replica_id=layout.dp_rank)
+
+
+def _set_rng_state(loaded, layout: ParallelLayout) -> None:
+    from megatron.core import tensor_parallel
+
+    state = loaded[0] if isinstance(loaded, list) else loaded
+    random.setstate(state["random_rng_state"])
+    np.random.set_state(state["np_rng_state"])
+    torch.set_rng_state(state["torch_rng_state"])
+    if layout.device.type == "cuda" and "cuda_rng_state" in state:
+        torch.cuda.set_rng_state(state["cuda_rng_state"])
+    if state.get("rng_tracker_states"):
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
+
+
+def _sharded_state(chunks: list, optimizer, scheduler, layout: ParallelLayout, step: int, metadata: dict,
+                   with_optimizer: bool, is_loading: bool, consumed_samples: int) -> dict:
+    state: dict = {}
+    model_state: dict = {}
+    for key, chunk in zip(_model_keys(chunks), chunks):
+        model_state[key] = unwrap(chunk).sharded_state_dict(metadata=metadata)
+    state.update(model_state)
+    if with_optimizer:
+        if is_loading:
+            # megatron-core's FP32Optimizer fills an empty state before loading by calling its
+            # init_state_fn, which get_megatron_optimizer leaves None for SGD (0.16.1): SGD
+            # without momentum has no state to fill.
+            for sub in _sub_optimizers(optimizer):
+                if getattr(sub, "init_state_fn", True) is None:
+                    sub.init_state_fn = lambda opt, config=None: None
+        state["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=is_loading, metadata=metadata)
+    state["opt_param_scheduler"] = scheduler.state_dict()
+    state["iteration"] = step
+    state["lockstep"] = {"format": FORMAT, "step": step, "data_next_step": step, "consumed_samples": consumed_samples,
+                         "optimizer_saved": with_optimizer}
+    state["rng_state"] = _rng_state(layout)
+    return state
+
+
+def save_training_state(plan: SavePlan, step: int, chunks: list, optimizer, scheduler, layout: ParallelLayout,
+                        zero: int, consumed_samples: int) -> Path:
+    """dist_checkpointing-save the state after `step` (a collective: every rank writes its shards),
+    into `step_NNNNNN.partial`, renamed once complete, then prune to the newest `plan.keep`."""
+    from megatron.core import dist_checkpointing
+
+    final = step_dir(Path(plan.root), step)
+    partial = partial_dir(final)
+    if layout.rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    metadata = sharding_metadata(zero)
+    state = _sharded_state(chunks, optimizer, scheduler, layout, step, metadata, with_optimizer=plan.optimizer,
+                           is_loading=False, consumed_samples=consumed_samples)
+    try:
+        dist_checkpointing.save(state, str(partial), content_metadata=metadata)
+    except OSError as e:
+        raise RunError(f"{partial}: could not save the checkpoint of step {step} ({e})") from None
+    dist.barrier()
+    if layout.rank == 0:
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+        prune(Path(plan.root), plan.keep)
+    dist.barrier()
+    return final
+
+
+def saved_trainer_state(folder: Path, step: int) -> dict:
+    """The `lockstep` entry of a step folder, checked to be this format's checkpoint of `step`."""
+    from megatron.core import dist_checkpointing
+
+    if not (folder / METADATA_FILE).is_file():
+        raise RunError(f"{folder}: no checkpoint of step {step} there (no megatron-core dist_checkpointing "
+                       f"{METADATA_FILE}); the saving case must run first, with a save_interval that reaches the step")
+    common = dist_checkpointing.load_common_state_dict(str(folder))
+    trainer = common.get("lockstep") or {}
+    if trainer.get("format") != FORMAT or int(trainer.get("step", -1)) != step:
+        raise RunError(f"{folder}: holds step {trainer.get('step')} ({trainer.get('format')}), not step {step} of {FORMAT}")
+    return trainer
+
+
+def load_training_state(plan: ResumePlan, chunks: list, optimizer, scheduler, layout: ParallelLayout,
+                        zero: int) -> int:
+    """Load `plan.directory` into the model chunks, the optimizer (a fresh one where the folder has
+    no optimizer state), the scheduler and the generators; returns the shift of the data stream
+    from the loop's step (0 for a true resume: the saved position is the step)."""
+    from megatron.core import dist_checkpointing
+
+    folder = Path(plan.directory)
+    trainer = saved_trainer_state(folder, plan.step)
+    metadata = dist_checkpointing.load_content_metadata(str(folder)) or sharding_metadata(zero)
+    with_optimizer = bool(trainer.get("optimizer_saved", True))
+    state = _sharded_state(chunks, optimizer, scheduler, layout, plan.step, metadata, with_optimizer=with_optimizer,
+                           is_loading=True, consumed_samples=int(trainer.get("consumed_samples", 0)))
+    try:
+        loaded = dist_checkpointing.load(state, str(folder))
+    except Exception as e:  # megatron's CheckpointingException and torch's errors: one sentence naming the folder
+        raise RunError(f"{folder}: megatron-core could not load the checkpoint of step {plan.step} into this "
+                       f"run's layout ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    for key, chunk in zip(_model_keys(chunks), chunks):
+        unwrap(chunk).load_state_dict(loaded[key], strict=True)
+    if with_optimizer:
+        optimizer.load_state_dict(loaded["optimizer"])
+    else:
+        # A fresh optimizer on the loaded weights; mixed-precision optimizers copy them into their
+        # main parameters (a no-op for the FP32 optimizer, whose parameters are the model's).
+        for sub in _sub_optimizers(optimizer):
+            if getattr(sub, "optimizer", None) is not None:
+                sub.optimizer.state.clear()
+        optimizer.reload_model_params()
+    scheduler.load_state_dict(loaded["opt_param_scheduler"])
+    _set_rng_state(loaded["rng_state"], layout)
+    return int(trainer["data_next_step"]) - plan.step
+
+
+def timed(fn, *args, **kwargs) -> tuple[object, float]:
+    began = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - began
+
+
+def gather_rank_losses(own_loss: float, layout: ParallelLayout) -> list[float]:
+    """Every DP replica's own loss of the step (before the average over DP), in DP-rank order:
+    where a shard that was not restored shows first (compare/resume.py). The replica's loss lives
+    on its last stage's TP rank 0 (`reports_loss`); a collective over every rank."""
+    parts = torch.zeros(layout.dp, dtype=torch.float64, device=layout.device)
+    if layout.reports_loss:
+        parts[layout.dp_rank] = own_loss
+    dist.all_reduce(parts, op=dist.ReduceOp.SUM)
+    return [float(v) for v in parts.cpu().tolist()]

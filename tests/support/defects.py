@@ -50,6 +50,9 @@ each loads the checkpoint as the trainer does, then damages what it loaded:
 - resume_step_reset: Adam's step count is set back to 0 after the load;
 - resume_rank0_only: under DP, only rank 0 keeps what it loaded; the other ranks keep the
   weights they were built with and a fresh optimizer (in torchrun workers: worker_env).
+Broken resumes of the megatron runner (its workers: worker_env), loading as it does, then:
+- megatron_resume_data_restarted: the data position is restored as 0 (batch 0 read again);
+- megatron_resume_step_reset: torch Adam's step count of every parameter set back to 0.
 """
 
 from __future__ import annotations
@@ -171,8 +174,9 @@ for _defect, _kw in MIXTRAL_DEFECTS.items():
 REFERENCE_DEFECTS = {"exact_gelu": ExactGeluGPT2, "frozen_layernorm": FrozenLayerNormGPT2,
                      "transposed_bias_grad": TransposedBiasGradGPT2, "broken_tie": BrokenTieGPT2}
 RESUME_DEFECTS = ("resume_data_restarted", "resume_moments_zeroed", "resume_step_reset", "resume_rank0_only")
+MEGATRON_RESUME_DEFECTS = ("megatron_resume_data_restarted", "megatron_resume_step_reset")
 OTHER_DEFECTS = ("data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
-                 "megatron_layernorm_bias_grad_5pct", "megatron_batched_p2p", *RESUME_DEFECTS,
+                 "megatron_layernorm_bias_grad_5pct", "megatron_batched_p2p", *RESUME_DEFECTS, *MEGATRON_RESUME_DEFECTS,
                  *MIXTRAL_DEFECTS, "mixtral_aux_loss_doubled", "megatron_expert3_grad_scaled",
                  "megatron_ep_not_in_config")
 AFTER_STEP1_DEFECTS = ("fast_adam_bias_correction_step1",)
@@ -279,6 +283,11 @@ def inject(name: str, patch) -> None:
         from lockstep.runners.pytorch import checkpoint
 
         patch.setattr(checkpoint, "load_training_state", _broken_load(name, checkpoint.load_training_state))
+    elif name in MEGATRON_RESUME_DEFECTS:
+        # The module's attribute, which the megatron worker calls at the resume.
+        from lockstep.runners.megatron import checkpoint
+
+        patch.setattr(checkpoint, "load_training_state", _broken_megatron_load(name, checkpoint.load_training_state))
     elif name == "megatron_batched_p2p":
         from lockstep.runners.megatron import model
 
@@ -329,6 +338,19 @@ def _broken_load(name: str, load):
                 state["exp_avg"].zero_()
                 state["exp_avg_sq"].zero_()
             else:
+                state["step"].zero_()
+        return shift
+
+    return broken
+
+
+def _broken_megatron_load(name: str, load):
+    def broken(plan, chunks, optimizer, scheduler, layout, zero):
+        shift = load(plan, chunks, optimizer, scheduler, layout, zero)
+        if name == "megatron_resume_data_restarted":
+            return -plan.step  # the loop's step N reads step 0's window
+        for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
+            for state in sub.optimizer.state.values():
                 state["step"].zero_()
         return shift
 

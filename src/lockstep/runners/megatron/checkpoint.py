@@ -39,10 +39,9 @@ import torch.distributed as dist
 
 from lockstep.errors import RunError
 from lockstep.runners.checkpoint_plan import ResumePlan, SavePlan, partial_dir, prune, step_dir
+from lockstep.runners.megatron.job import CHECKPOINT_FORMAT as FORMAT
+from lockstep.runners.megatron.job import missing_checkpoint
 from lockstep.runners.megatron.parallel import ParallelLayout
-
-FORMAT = "lockstep-megatron-dist-1"
-METADATA_FILE = "metadata.json"  # dist_checkpointing writes it last: a folder without one is no checkpoint
 
 
 def sharding_metadata(zero: int) -> dict:
@@ -99,8 +98,12 @@ def _set_rng_state(loaded, layout: ParallelLayout) -> None:
         tensor_parallel.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
 
 
+def _layout_of(layout: ParallelLayout) -> dict:
+    return {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "ep": layout.ep}
+
+
 def _sharded_state(chunks: list, optimizer, scheduler, layout: ParallelLayout, step: int, metadata: dict,
-                   with_optimizer: bool, is_loading: bool, consumed_samples: int) -> dict:
+                   with_optimizer: bool, is_loading: bool, consumed_samples: int, with_rng: bool = True) -> dict:
     state: dict = {}
     model_state: dict = {}
     for key, chunk in zip(_model_keys(chunks), chunks):
@@ -118,8 +121,9 @@ def _sharded_state(chunks: list, optimizer, scheduler, layout: ParallelLayout, s
     state["opt_param_scheduler"] = scheduler.state_dict()
     state["iteration"] = step
     state["lockstep"] = {"format": FORMAT, "step": step, "data_next_step": step, "consumed_samples": consumed_samples,
-                         "optimizer_saved": with_optimizer}
-    state["rng_state"] = _rng_state(layout)
+                         "optimizer_saved": with_optimizer, "layout": _layout_of(layout)}
+    if with_rng:
+        state["rng_state"] = _rng_state(layout)
     return state
 
 
@@ -155,9 +159,9 @@ def saved_trainer_state(folder: Path, step: int) -> dict:
     """The `lockstep` entry of a step folder, checked to be this format's checkpoint of `step`."""
     from megatron.core import dist_checkpointing
 
-    if not (folder / METADATA_FILE).is_file():
-        raise RunError(f"{folder}: no checkpoint of step {step} there (no megatron-core dist_checkpointing "
-                       f"{METADATA_FILE}); the saving case must run first, with a save_interval that reaches the step")
+    problem = missing_checkpoint(folder, step)
+    if problem:
+        raise RunError(problem)
     common = dist_checkpointing.load_common_state_dict(str(folder))
     trainer = common.get("lockstep") or {}
     if trainer.get("format") != FORMAT or int(trainer.get("step", -1)) != step:
@@ -176,13 +180,21 @@ def load_training_state(plan: ResumePlan, chunks: list, optimizer, scheduler, la
     trainer = saved_trainer_state(folder, plan.step)
     metadata = dist_checkpointing.load_content_metadata(str(folder)) or sharding_metadata(zero)
     with_optimizer = bool(trainer.get("optimizer_saved", True))
+    # The generators are saved per (pipeline, tensor) rank: a resume in another layout reshards the
+    # model and Adam's state but cannot give a rank the generators of a rank that no longer exists.
+    # Nothing draws while training (no dropout, no shuffling), so they are then left as they are.
+    saved = trainer.get("layout") or {}
+    with_rng = (saved.get("tp"), saved.get("pp")) == (layout.tp, layout.pp)
     state = _sharded_state(chunks, optimizer, scheduler, layout, plan.step, metadata, with_optimizer=with_optimizer,
-                           is_loading=True, consumed_samples=int(trainer.get("consumed_samples", 0)))
+                           is_loading=True, consumed_samples=int(trainer.get("consumed_samples", 0)), with_rng=with_rng)
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+
     try:
         loaded = dist_checkpointing.load(state, str(folder))
-    except Exception as e:  # megatron's CheckpointingException and torch's errors: one sentence naming the folder
+    except (Exception, CheckpointException) as e:  # megatron's CheckpointingException, torch's: one sentence
+        detail = next((line.strip() for line in reversed(str(e).splitlines()) if line.strip()), "")
         raise RunError(f"{folder}: megatron-core could not load the checkpoint of step {plan.step} into this "
-                       f"run's layout ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+                       f"run's layout ({type(e).__name__}: {detail[:300]})") from None
     for key, chunk in zip(_model_keys(chunks), chunks):
         unwrap(chunk).load_state_dict(loaded[key], strict=True)
     if with_optimizer:
@@ -195,7 +207,8 @@ def load_training_state(plan: ResumePlan, chunks: list, optimizer, scheduler, la
                 sub.optimizer.state.clear()
         optimizer.reload_model_params()
     scheduler.load_state_dict(loaded["opt_param_scheduler"])
-    _set_rng_state(loaded["rng_state"], layout)
+    if with_rng:
+        _set_rng_state(loaded["rng_state"], layout)
     return int(trainer["data_next_step"]) - plan.step
 
 

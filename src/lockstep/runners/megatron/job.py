@@ -7,7 +7,7 @@ its `skip_reason` cheap, on machines without it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-
+from pathlib import Path
 from typing import Any
 
 from lockstep.capture.request import CaptureRequest
@@ -23,6 +23,20 @@ WORKER_MODULE = "lockstep.runners.megatron.worker"
 LOG_MARKER = "lockstep megatron runner"
 DATA_SEED = 1234  # GPTDataset's random_seed; only shuffles the (single) document, and the shuffle index is replaced
 MODEL_SEED = 1234  # megatron's model-parallel RNG seed (no dropout and no random init are used, so it changes nothing)
+
+# A step folder of the megatron runner (checkpoint.py): megatron-core's dist_checkpointing writes
+# its metadata.json last, so a folder without one holds no complete checkpoint.
+CHECKPOINT_FORMAT = "lockstep-megatron-dist-1"
+CHECKPOINT_METADATA_FILE = "metadata.json"
+
+
+def missing_checkpoint(folder: str | Path, step: int) -> str | None:
+    """Why `folder` is not a step folder to resume step `step` from (one sentence), or None."""
+    folder = Path(folder)
+    if (folder / CHECKPOINT_METADATA_FILE).is_file():
+        return None
+    return (f"{folder}: no checkpoint of step {step} there (no megatron-core dist_checkpointing "
+            f"{CHECKPOINT_METADATA_FILE}); the saving case must run first, with a save_interval that reaches the step")
 
 
 @dataclass(frozen=True)

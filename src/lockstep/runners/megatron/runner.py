@@ -32,7 +32,7 @@ from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, St
 from lockstep.runners.checkpoint_plan import plan_for
 from lockstep.runners.launch import run_workers
 from lockstep.runners.megatron.options import INSTALL_HINT, megatron_core_installed  # noqa: F401 (also read from here)
-from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions
+from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions, missing_checkpoint
 from lockstep.runners.workers import WorkerGroup, WorkerGroupDied
 
 def apex_installed() -> bool:
@@ -138,6 +138,10 @@ class MegatronRunner(FrameworkRunner):
         checkpoints = plan_for(case, log_path)
         if checkpoints is not None:
             checkpoints.clear_earlier_saves()  # a resume after a failed save must not find an older run's
+            if checkpoints.resume is not None:  # before torchrun starts: the folder must be there
+                problem = missing_checkpoint(checkpoints.resume.directory, checkpoints.resume.step)
+                if problem:
+                    raise RunError(problem)
         with tempfile.TemporaryDirectory(prefix="lockstep-megatron-") as td:
             error_path = Path(td) / "error.txt"
             job = MegatronJob(case=case, model=inputs.model, checkpoint=str(inputs.checkpoint), tokens=str(inputs.tokens),

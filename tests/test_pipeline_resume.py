@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from lockstep.cli import main
 from support import defects
 
@@ -63,8 +65,22 @@ def test_the_baseline_keeps_its_resume_pair_where_no_other_framework_runs_it(tmp
 
     matrix = tmp_path / "resume.toml"
     matrix.write_text(MATRIX)
-    plan = plan_run(RunRequest(matrix=str(matrix), frameworks=["pytorch", "megatron"], device="cpu",
+    plan = plan_run(RunRequest(matrix=str(matrix), frameworks=["pytorch", "pytorch-fast"], device="cpu",
                                llmc=str(tiny_checkpoint), out=str(tmp_path / "o")), make_files=False)
     assert plan.skips == {
-        ("saving", "megatron"): "checkpoint (save/resume) cases are not supported by megatron yet",
-        ("resumed", "megatron"): "checkpoint (save/resume) cases are not supported by megatron yet"}
+        ("saving", "pytorch-fast"): "checkpoint (save/resume) cases are not supported by pytorch-fast yet",
+        ("resumed", "pytorch-fast"): "checkpoint (save/resume) cases are not supported by pytorch-fast yet"}
+
+
+def test_megatron_plans_the_resume_pair_beside_the_reference(tmp_path, tiny_checkpoint):
+    """megatron saves and resumes (runners/megatron/checkpoint.py): neither case is skipped, and the
+    saving case comes first, so its step folders exist when the resume starts."""
+    pytest.importorskip("megatron.core")
+    from lockstep.plan import RunRequest, plan_run
+
+    matrix = tmp_path / "resume.toml"
+    matrix.write_text(MATRIX)
+    plan = plan_run(RunRequest(matrix=str(matrix), frameworks=["pytorch", "megatron"], device="cpu",
+                               llmc=str(tiny_checkpoint), out=str(tmp_path / "o")), make_files=False)
+    assert plan.skips == {}
+    assert [c.name for c in plan.cases] == ["saving", "resumed"]

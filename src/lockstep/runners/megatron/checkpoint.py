@@ -227,3 +227,71 @@ def gather_rank_losses(own_loss: float, layout: ParallelLayout) -> list[float]:
         parts[layout.dp_rank] = own_loss
     dist.all_reduce(parts, op=dist.ReduceOp.SUM)
     return [float(v) for v in parts.cpu().tolist()]
+
+
+def _owner_of(optimizer, param):
+    """The torch optimizer (of a chained megatron optimizer) that updates `param`."""
+    for sub in _sub_optimizers(optimizer):
+        inner = getattr(sub, "optimizer", None)
+        if inner is not None and any(p is param for g in inner.param_groups for p in g["params"]):
+            return inner
+    return None
+
+
+@torch.no_grad()
+def seed_adam_state(chunks: list, shards: list, optimizer, model, adapter, moments: dict, step: int) -> int:
+    """Put canonical Adam state into the megatron optimizer as if it had made `step` updates:
+    `moments` maps `exp_avg.<canonical name>` and `exp_avg_sq.<canonical name>` to arrays of the
+    parameter's canonical shape, mapped onto every chunk's parameters as the weights are
+    (weights.chunk_tensors: Megatron's layout, this rank's TP rows, the tied output weight's copy,
+    zero rows for the padded vocabulary). Returns the number of parameters seeded.
+
+    Only where the torch optimizer updates the model's own FP32 parameters (megatron's FP32
+    optimizer: zero = 0, FP32 or autocast parameters); the distributed optimizer and native bf16
+    keep their state on separate main parameters."""
+    from lockstep.errors import LockstepError
+    from lockstep.runners.megatron import weights as mweights
+
+    for sub in _sub_optimizers(optimizer):
+        if type(sub).__name__ != "FP32Optimizer":
+            raise LockstepError(f"writing megatron-core Adam state from canonical tensors needs its FP32 optimizer "
+                                f"(ZeRO 0, FP32 parameters), not {type(sub).__name__}")
+    exp_avg = {k.split(".", 1)[1]: v for k, v in moments.items() if k.startswith("exp_avg.")}
+    exp_avg_sq = {k.split(".", 1)[1]: v for k, v in moments.items() if k.startswith("exp_avg_sq.")}
+    seeded = 0
+    for chunk, shard in zip(chunks, shards):
+        module = unwrap(chunk)
+        first = mweights.chunk_tensors(exp_avg, model, shard, adapter)
+        second = mweights.chunk_tensors(exp_avg_sq, model, shard, adapter)
+        for name, param in module.named_parameters():
+            inner = _owner_of(optimizer, param)
+            if inner is None:
+                raise LockstepError(f"megatron-core's optimizer does not update parameter {name}")
+            inner.state[param] = {
+                "step": torch.tensor(float(step), dtype=torch.float32),
+                "exp_avg": torch.from_numpy(np.ascontiguousarray(first[name].value, dtype=np.float32)).to(param.device),
+                "exp_avg_sq": torch.from_numpy(np.ascontiguousarray(second[name].value, dtype=np.float32)).to(param.device),
+            }
+            seeded += 1
+    return seeded
+
+
+def write_state(write: dict, chunks: list, shards: list, optimizer, scheduler, layout: ParallelLayout, case,
+                model, adapter) -> dict:
+    """The worker's `write_state` job: the model as built (from canonical weights) and, for Adam,
+    the canonical moments of `write["moments"]` (an .npz), saved as the step folder of step
+    `write["step"]` under `write["root"]`, exactly as a run that made `step` updates saves it:
+    a resume of it (ResumePlan) trains step+1 on."""
+    step = int(write["step"])
+    if write.get("moments"):
+        with np.load(write["moments"]) as npz:
+            moments = {k: npz[k] for k in npz.files}
+        seed_adam_state(chunks, shards, optimizer, model, adapter, moments, step)
+    for _ in range(step):
+        scheduler.step(increment=1)  # its step count, as after `step` updates (the lr stays constant)
+    global_batch = case.total_batch // case.seq_len
+    plan = SavePlan(root=str(write["root"]), interval=max(step, 1), keep=0, optimizer=True)
+    began = time.perf_counter()
+    folder = save_training_state(plan, step, chunks, optimizer, scheduler, layout, case.zero,
+                                 consumed_samples=step * global_batch)
+    return {"checkpoint_written": str(folder), "checkpoint_save_s": round(time.perf_counter() - began, 3)}

@@ -135,7 +135,8 @@ class MegatronRunner(FrameworkRunner):
         # Checked here too (cheap: header only) so an impossible case fails before torchrun starts.
         case.check(max_seq_len=inputs.model.max_seq_len,
                    available_tokens=len(read_token_stream(inputs.tokens, check_ids=False)))
-        checkpoints = plan_for(case, log_path)
+        # A plan of the caller's (a resume of a folder written by write_megatron_checkpoint), or the case's.
+        checkpoints = inputs.extra.get("megatron_checkpoints") or plan_for(case, log_path)
         if checkpoints is not None:
             checkpoints.clear_earlier_saves()  # a resume after a failed save must not find an older run's
             if checkpoints.resume is not None:  # before torchrun starts: the folder must be there
@@ -169,3 +170,78 @@ class MegatronRunner(FrameworkRunner):
             meta["notes"] = ("diagnostic mode native_bf16: Megatron's native bf16 parameters (Float16Module, fp32 main "
                              "params), not the contract's autocast with fp32 parameters")
         return ExecuteResult(steps=steps, meta=meta)
+
+
+def stacked_llmc_tensors(canonical: dict, config) -> dict:
+    """Canonical tensors, per layer (`qkvw[3]`, as final.npz and the captures name them) or already
+    stacked over layers (`qkvw`), as the LLMC file's stacked tensors."""
+    import numpy as np
+
+    out = {}
+    for name, shape in config.tensor_shapes():
+        if name in canonical:
+            out[name] = np.asarray(canonical[name], dtype=np.float32)
+        elif name in config.PER_LAYER:
+            try:
+                out[name] = np.stack([np.asarray(canonical[f"{name}[{layer}]"], dtype=np.float32)
+                                      for layer in range(config.num_layers)])
+            except KeyError as e:
+                raise RunError(f"the canonical parameters have no {e.args[0]}") from None
+        else:
+            raise RunError(f"the canonical parameters have no {name}")
+        if tuple(out[name].shape) != tuple(shape):
+            raise RunError(f"canonical tensor {name} has shape {tuple(out[name].shape)}, the model needs {tuple(shape)}")
+    return out
+
+
+def write_megatron_checkpoint(canonical_params: dict, adam_state: dict | None, step: int, case: CaseSpec,
+                              inputs: RunInputs, dest: Path, workers: WorkerGroup | None = None,
+                              options: MegatronOptions | None = None) -> Path:
+    """Write the state of a run after `step` updates as the megatron runner's own step folder,
+    `dest/step_NNNNNN/` (megatron-core dist_checkpointing, checkpoint.py), from canonical tensors:
+    `canonical_params` (LLMC names, per layer `qkvw[3]` or stacked `qkvw`; the values the model
+    has after `step` updates) and, for an Adam family, `adam_state` =
+    `{"exp_avg": {name: array}, "exp_avg_sq": {name: array}}` under the same names (torch Adam's
+    step count is `step`); None for SGD. The case's layout (TP, PP, VPP, DP) is the one the
+    folder is written for; the megatron workers build the model from the parameters, put the
+    moments in its FP32 optimizer, and save as a run that made `step` updates (data position
+    `step`, scheduler at `step`). Returns the step folder.
+
+    Resume it with `dataclasses.replace(inputs, extra={**inputs.extra, "megatron_checkpoints":
+    CheckpointPlan(resume=ResumePlan(str(folder), step))})` and a case whose `checkpoint` has
+    `resume_from = step`: the run trains steps step+1..steps exactly as a resume of its own save."""
+    import dataclasses as _dc
+
+    import numpy as np
+
+    if (inputs.family.optimizer.kind == "adam") != (adam_state is not None):
+        raise RunError(f"a megatron checkpoint of {inputs.family.title} ({inputs.family.optimizer.label}) needs "
+                       + ("Adam's moments (adam_state)" if adam_state is None else "no optimizer state (adam_state None)"))
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    options = options or MegatronOptions()
+    with tempfile.TemporaryDirectory(prefix="lockstep-megatron-write-", dir=dest) as td:
+        weights = Path(td) / "weights.bin"
+        inputs.family.write(weights, inputs.model, stacked_llmc_tensors(canonical_params, inputs.model))
+        moments = None
+        if adam_state is not None:
+            moments = Path(td) / "moments.npz"
+            np.savez(moments, **{f"{kind}.{name}": np.asarray(v, dtype=np.float32)
+                                 for kind in ("exp_avg", "exp_avg_sq") for name, v in adam_state[kind].items()})
+        error_path = Path(td) / "error.txt"
+        job = MegatronJob(case=_dc.replace(case, checkpoint=None), model=inputs.model, checkpoint=str(weights),
+                          tokens=str(inputs.tokens), tokens_sha256=inputs.tokens_sha256, device=inputs.device,
+                          options=options, error_path=str(error_path),
+                          write_state={"root": str(dest), "step": int(step), "moments": str(moments) if moments else None})
+        log_path = dest / f"write_step_{step:06d}.log"
+        try:
+            if workers is not None:
+                _, info = workers.run_job(job.to_dict(), log_path, timeout_s=inputs.timeout_s)
+            else:
+                _, info = run_workers(WORKER_MODULE, job.to_dict(), nproc=case.world_size, log_path=log_path,
+                                      timeout_s=inputs.timeout_s, env=oversubscribed_env(case, inputs), nodes=inputs.nodes)
+        except RunError as e:
+            if error_path.is_file() and error_path.read_text().strip():
+                raise RunError(f"{log_path}: {error_path.read_text().strip()}") from None
+            raise
+    return Path(info["checkpoint_written"])

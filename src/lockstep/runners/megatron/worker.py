@@ -240,6 +240,17 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     config.grad_scale_func = optimizer.scale_loss
     _say(layout, f"loaded {job.checkpoint} (LLMC v{ckpt.version}) into {len(chunks)} model chunk(s) per rank "
                  f"({loaded:,} values on rank 0)")
+    if job.write_state is not None:  # a step folder from canonical state, no training (checkpoint.write_state)
+        from lockstep.runners.megatron import checkpoint as mcheckpoint
+
+        written = mcheckpoint.write_state(job.write_state, chunks, shards, optimizer, scheduler, layout, case,
+                                          job.model, adapter)
+        _say(layout, f"wrote {written['checkpoint_written']} (megatron-core dist_checkpointing, step "
+                     f"{job.write_state['step']}) from canonical weights" + (" and Adam state" if job.write_state.get(
+                         "moments") else ""))
+        phases.lap("weights")
+        return {**written, **phases.report(), "framework_version": f"megatron-core {version}",
+                "megatron_core_version": version, "world_size": layout.world}
 
     # Data: the converted stream and GPTDataset's index cache are built by one rank at a time where
     # they may share a directory: global rank 0 first, then local rank 0 of every other node (whose

@@ -212,12 +212,6 @@ def load_training_state(plan: ResumePlan, chunks: list, optimizer, scheduler, la
     return int(trainer["data_next_step"]) - plan.step
 
 
-def timed(fn, *args, **kwargs) -> tuple[object, float]:
-    began = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - began
-
-
 def gather_rank_losses(own_loss: float, layout: ParallelLayout) -> list[float]:
     """Every DP replica's own loss of the step (before the average over DP), in DP-rank order:
     where a shard that was not restored shows first (compare/resume.py). The replica's loss lives

@@ -273,7 +273,9 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     checkpoints = job.checkpoints
     first_step = 0
     if checkpoints is not None and checkpoints.resume is not None:
+        began = time.perf_counter()
         shift = mcheckpoint.load_training_state(checkpoints.resume, chunks, optimizer, scheduler, layout, case.zero)
+        info["checkpoint_load_s"] = round(time.perf_counter() - began, 3)
         first_step = checkpoints.resume.step
         if shift:
             batches = ShiftedBatches(batches, shift)

@@ -3,7 +3,8 @@
 runner.py (parent process, never imports megatron-core) launches worker.py under torchrun;
 the worker uses model.py (TransformerConfig, GPTModel chunks, DDP, optimizer), weights.py
 (LLMC -> Megatron layout, sharded for TP/PP), dataset.py (indexed dataset + GPTDataset with
-the identity shuffle), parallel.py (the process grid), one adapter per model family
+the identity shuffle), parallel.py (the process grid), checkpoint.py (save/resume through
+megatron-core's dist_checkpointing), one adapter per model family
 (families/<family>.py) and, without CUDA, cpu_shims.py.
 
 This file registers it (`RUNNER`) and imports neither megatron-core nor torch: the CLI reads it at start.

@@ -45,10 +45,11 @@ from lockstep.runners.megatron.parallel import ParallelLayout
 
 
 def sharding_metadata(zero: int) -> dict:
-    """How the sharded state dicts are made, as Megatron-LM's `_build_sharded_state_dict_metadata`
-    makes them by default (megatron-core 0.16 and 0.19): the distributed optimizer's state in the
-    `dp_reshardable` layout (each rank writes its own buffers, no gather), no prefixes for a
-    chained optimizer of one, no singleton local shards."""
+    """How the sharded state dicts are made, as Megatron-LM's training loop makes them by default:
+    the distributed optimizer's state in the `dp_reshardable` layout (each rank writes its own
+    buffers, no gather; megatron-core's own default without metadata is the deprecated
+    `fully_sharded_model_space`), no prefixes for a chained optimizer of one, no singleton local
+    shards. The keys are the same in megatron-core 0.16.1 and 0.19.2."""
     metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
     if zero >= 1:
         metadata["distrib_optim_sharding_type"] = "dp_reshardable"

@@ -241,8 +241,6 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     _say(layout, f"loaded {job.checkpoint} (LLMC v{ckpt.version}) into {len(chunks)} model chunk(s) per rank "
                  f"({loaded:,} values on rank 0)")
     if job.write_state is not None:  # a step folder from canonical state, no training (checkpoint.write_state)
-        from lockstep.runners.megatron import checkpoint as mcheckpoint
-
         written = mcheckpoint.write_state(job.write_state, chunks, shards, optimizer, scheduler, layout, case,
                                           job.model, adapter)
         _say(layout, f"wrote {written['checkpoint_written']} (megatron-core dist_checkpointing, step "

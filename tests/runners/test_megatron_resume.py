@@ -204,26 +204,6 @@ def test_a_resume_from_a_missing_step_folder_fails_naming_it(gpt2_inputs, tmp_pa
     assert not rec.ok and "megatron/saving.checkpoints/step_000004: no checkpoint of step 4" in rec.error
 
 
-def reference_state(inputs: RunInputs, folder, step: int):
-    """The pytorch reference's state in its step folder as canonical tensors: the parameters, and
-    Adam's moments, under their LLMC names (what `lockstep diagnose --at-step` hands every framework)."""
-    from lockstep.models import load_checkpoint
-    from lockstep.runners.checkpoint_plan import ResumePlan
-    from lockstep.runners.pytorch.checkpoint import load_training_state
-    from lockstep.runners.pytorch.train import build_sharded_optimizer
-
-    ckpt = load_checkpoint(inputs.checkpoint)
-    model = inputs.family.reference_class().from_llmc(ckpt.tensors, ckpt.config)
-    optimizer = build_sharded_optimizer(inputs.family.optimizer, model.parameters(), LLAMA_LR, 0)
-    load_training_state(ResumePlan(str(folder), step), model, optimizer)
-    named = model.llmc_parameters()
-    assert {int(optimizer.state[p]["step"]) for p in named.values()} == {step}
-    params = {n: p.detach().numpy().copy() for n, p in named.items()}
-    adam = {kind: {n: optimizer.state[p][kind].numpy().copy() for n, p in named.items()}
-            for kind in ("exp_avg", "exp_avg_sq")}
-    return params, adam
-
-
 def test_a_folder_written_from_the_references_canonical_state_resumes_as_the_reference(
         llama_tp2_runs, llama_inputs, worker_pool, tmp_path):
     """write_megatron_checkpoint, the way in of `diagnose --at-step`: the reference's step-4 weights
@@ -232,13 +212,17 @@ def test_a_folder_written_from_the_references_canonical_state_resumes_as_the_ref
     is farther, test_a_llama_tp2_resume_restores_adam_and_is_bitwise)."""
     from lockstep.runners.checkpoint_plan import CheckpointPlan, ResumePlan
     from lockstep.runners.megatron.runner import write_megatron_checkpoint
+    from lockstep.runners.pytorch.canonical_state import read_canonical_state
 
     out, mega, ref, _ = llama_tp2_runs
-    params, adam = reference_state(llama_inputs, step_dir(out / "pytorch" / "saving.checkpoints", RESUME_AT), RESUME_AT)
     case = resumed_case("llama3-tiny", LLAMA_LR, name="from-reference", tp=2)
+    state = read_canonical_state(str(step_dir(out / "pytorch" / "saving.checkpoints", RESUME_AT)), RESUME_AT, case,
+                                 str(llama_inputs.checkpoint))
+    assert state.adam_step == RESUME_AT and set(state.exp_avg) == set(state.weights)
     runner = MegatronRunner()
     group = worker_pool.group(runner, case, llama_inputs)
-    folder = write_megatron_checkpoint(params, adam, RESUME_AT, case, llama_inputs, tmp_path / "written", workers=group)
+    folder = write_megatron_checkpoint(state.weights, {"exp_avg": state.exp_avg, "exp_avg_sq": state.exp_avg_sq},
+                                       RESUME_AT, case, llama_inputs, tmp_path / "written", workers=group)
     assert folder == step_dir(tmp_path / "written", RESUME_AT) and (folder / "metadata.json").is_file()
     inputs = dataclasses.replace(llama_inputs, extra={"megatron_checkpoints": CheckpointPlan(
         resume=ResumePlan(str(folder), RESUME_AT))})

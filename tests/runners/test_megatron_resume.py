@@ -3,8 +3,9 @@ checkpoint.py), on CPU (gloo), FP32: its resume judged by the resume judge (comp
 against its own run that never stopped, which a deterministic framework owes bitwise; the resumed
 megatron run against the pytorch reference's resumed run within the FP32 threshold; and the
 judge's negative controls on megatron's side, planted in its workers (tests/support/defects.py):
-a resume that restores the data position as 0 and one that resets Adam's step count must be
-*resume broken* with that cause, told by the reference's alternatives.
+a resume that restores the data position as 0, one that resets Adam's step count (told by the
+reference's alternatives) and, under DP=2, one that restores only DP rank 0 (told per rank) must
+be *resume broken* with that cause.
 
 gpt2-tiny (SGD) at lr 0.1 and a small-vocabulary Llama 3 (Adam, as tests/runners/test_pytorch_resume.py)
 at lr 1e-3, where each broken resume moves the loss past 1e-5 by the last step. The cases run in
@@ -186,7 +187,8 @@ def test_a_tp2_checkpoint_resumes_into_tp1_resharded(llama_tp2_runs, llama_input
     assert max_gap(resumed, ref["resumed"]) <= FP32
 
 
-def test_a_dp2_resume_is_exact_per_rank(gpt2_inputs, tmp_path, worker_pool):
+def test_a_dp2_resume_is_exact_per_rank_and_one_restoring_only_rank_0_is_a_shard_not_restored(
+        gpt2_inputs, tmp_path, worker_pool, monkeypatch):
     full = worker_pool.run(MegatronRunner(), saving_case("gpt2-tiny", GPT2_LR, dp=2), gpt2_inputs, tmp_path)
     resumed = worker_pool.run(MegatronRunner(), resumed_case("gpt2-tiny", GPT2_LR, dp=2), gpt2_inputs, tmp_path)
     assert full.ok and resumed.ok, (full.error, resumed.error)
@@ -197,6 +199,13 @@ def test_a_dp2_resume_is_exact_per_rank(gpt2_inputs, tmp_path, worker_pool):
     assert sorted(resumed.meta["rank_losses"], key=int) == ["5", "6"]
     assert resumed.meta["rank_losses"]["5"] == ranks["5"]
     assert judge_resume(full, resumed).verdict is ResumeVerdictClass.EXACT
+
+    defects.worker_env("megatron_resume_rank0_only", monkeypatch)
+    broken = MegatronRunner().run(resumed_case("gpt2-tiny", GPT2_LR, name="rank0-only", dp=2), gpt2_inputs, tmp_path)
+    assert broken.ok, broken.error
+    verdict = judge_resume(full, broken)
+    assert verdict.verdict is ResumeVerdictClass.BROKEN and verdict.cause is ResumeCause.SHARD_NOT_RESTORED, verdict.sentence()
+    assert "rank(s) 1 differ" in verdict.cause_detail and "rank(s) 0 are bitwise equal" in verdict.cause_detail
 
 
 def test_a_resume_from_a_missing_step_folder_fails_naming_it(gpt2_inputs, tmp_path):

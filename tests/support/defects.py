@@ -52,7 +52,9 @@ each loads the checkpoint as the trainer does, then damages what it loaded:
   weights they were built with and a fresh optimizer (in torchrun workers: worker_env).
 Broken resumes of the megatron runner (its workers: worker_env), loading as it does, then:
 - megatron_resume_data_restarted: the data position is restored as 0 (batch 0 read again);
-- megatron_resume_step_reset: torch Adam's step count of every parameter set back to 0.
+- megatron_resume_step_reset: torch Adam's step count of every parameter set back to 0;
+- megatron_resume_rank0_only: under DP, only DP rank 0 keeps what it loaded; the other replicas
+  keep the weights they were built with and a fresh optimizer.
 """
 
 from __future__ import annotations
@@ -174,7 +176,7 @@ for _defect, _kw in MIXTRAL_DEFECTS.items():
 REFERENCE_DEFECTS = {"exact_gelu": ExactGeluGPT2, "frozen_layernorm": FrozenLayerNormGPT2,
                      "transposed_bias_grad": TransposedBiasGradGPT2, "broken_tie": BrokenTieGPT2}
 RESUME_DEFECTS = ("resume_data_restarted", "resume_moments_zeroed", "resume_step_reset", "resume_rank0_only")
-MEGATRON_RESUME_DEFECTS = ("megatron_resume_data_restarted", "megatron_resume_step_reset")
+MEGATRON_RESUME_DEFECTS = ("megatron_resume_data_restarted", "megatron_resume_step_reset", "megatron_resume_rank0_only")
 OTHER_DEFECTS = ("data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
                  "megatron_layernorm_bias_grad_5pct", "megatron_batched_p2p", *RESUME_DEFECTS, *MEGATRON_RESUME_DEFECTS,
                  *MIXTRAL_DEFECTS, "mixtral_aux_loss_doubled", "megatron_expert3_grad_scaled",
@@ -346,6 +348,17 @@ def _broken_load(name: str, load):
 
 def _broken_megatron_load(name: str, load):
     def broken(plan, chunks, optimizer, scheduler, layout, zero):
+        if name == "megatron_resume_rank0_only":
+            params = [p for c in chunks for p in c.parameters()]
+            built = [p.detach().clone() for p in params]
+            shift = load(plan, chunks, optimizer, scheduler, layout, zero)  # collective: every rank takes part
+            if layout.dp_rank != 0:
+                with torch.no_grad():
+                    for p, b in zip(params, built):
+                        p.copy_(b)
+                for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
+                    sub.optimizer.state.clear()
+            return shift
         shift = load(plan, chunks, optimizer, scheduler, layout, zero)
         if name == "megatron_resume_data_restarted":
             return -plan.step  # the loop's step N reads step 0's window

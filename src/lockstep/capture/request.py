@@ -47,12 +47,20 @@ class CaptureRequest:
     # format; its data window is step N+1's, and the update its optimizer applies is recorded too.
     start_step: int = 0
     start_state: str | None = None
+    # Step 1 too (diagnose asks for it): the capture lets the optimizer step and records the update
+    # it applied (`applied/`), so that an update differing while the gradients agree is located.
+    applied: bool = False
 
     def __post_init__(self):
         if not self.whole_grads and (self.adam_eps is None or not self.full):
             raise ValueError("a capture without whole gradients keeps their Adam update whole: it needs full and adam_eps")
         if self.start_step < 0 or (self.start_step > 0) != (self.start_state is not None):
             raise ValueError("a capture after step N > 0 needs the state it starts from, and only then")
+
+    @property
+    def records_applied(self) -> bool:
+        """Whether the capture steps the optimizer and records its update: always from a saved state."""
+        return self.applied or self.start_state is not None
 
     @property
     def step(self) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lockstep.capture.request import CAPTURE_ROWS, CaptureRequest, make_sketch
 from lockstep.certify.certificate import close_call
-from lockstep.cases.spec import CaseSpec
+from lockstep.cases.spec import CaseSpec, CheckpointSpec
 from lockstep.compare.pairing import DIAGNOSE_DIR
 from lockstep.diagnose.at_step import ReferenceState, check_at_step, make_reference_state, remove_state
 from lockstep.diagnose.verdict import DriftRun, DriftStep, Verdict, diagnose_captures
@@ -208,6 +208,11 @@ def step1_and_drift(plan: DiagnosePlan, fw: str, request: CaptureRequest, drift:
             break
         todo.append((lr, drift_case))
     step1 = plan.case.with_overrides(steps=1, name=f"{plan.case.name}_step1")
+    if request.start_state is not None:
+        # A runner that captures as it trains (megatron's workers) resumes from the state: the case
+        # it runs is a resume at the state's step that trains the one step after it.
+        step1 = dataclasses.replace(plan.case, steps=request.step, name=f"{plan.case.name}_step{request.step}",
+                                    checkpoint=CheckpointSpec(resume_from=request.start_step))
     key = runner.worker_group_key(step1, plan.inputs)
     together = (key is not None and runner.skip_reason(step1, plan.inputs) is None
                 and all(runner.worker_group_key(c, plan.inputs) == key for _, c in todo))
@@ -326,7 +331,7 @@ def _run_diagnose(plan: DiagnosePlan, drift: bool, drift_steps: int, say) -> tup
                                  adam_eps=adam_eps, rows=CAPTURE_ROWS,
                                  reference=(str(plan.out_dir / f"{ref}_{plan.case.name}_step{step}.npz")
                                             if fw != ref else None),
-                                 whole_grads=not (fw == base and signs_only),
+                                 whole_grads=not (fw == base and signs_only), applied=True,
                                  start_step=plan.at_step, start_state=str(state.folder) if state else None)
         parts: dict[str, float] = {}
         captures[fw], losses[fw], notes[fw] = step1_and_drift(plan, fw, request, drift and fw in plan.frameworks,

@@ -31,7 +31,7 @@ from lockstep.capture.request import (MAX_MICRO_BATCHES, CaptureBuilder, Capture
                                       micro_name)
 from lockstep.capture.routing import ROUTER, add_routing, ranked_experts
 from lockstep.capture.sketch import sketch_torch
-from lockstep.formats.step_capture import Sketch
+from lockstep.formats.step_capture import APPLIED, Sketch
 
 # Outputs whose last dimension is split over TP ranks.
 TP_SPLIT_OUTPUTS = ("attn", "logits")
@@ -222,26 +222,44 @@ class StepRecorder:
             aux = moe_utils.switch_load_balancing_loss_func(scores, aux_map.sum(dim=0), flat.shape[0], k, E, 1.0)
             add_routing(builder, layer, experts, probs.gather(-1, experts), aux)
 
-    def finish(self, results: list) -> None:
-        """Gradients and losses read, shares sent to rank 0, the capture written there."""
+    def gather_tp(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Every TP rank's piece of `t` (a collective of this rank's TP group)."""
         from megatron.core import parallel_state
 
+        if self.layout.tp == 1:
+            return [t]
+        pieces = [torch.empty_like(t) for _ in range(self.layout.tp)]
+        dist.all_gather(pieces, t.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
+        return pieces
+
+    def canonical(self, of) -> dict[str, torch.Tensor]:
+        """`of(parameter)` of every parameter of this rank's chunks under canonical names, TP pieces
+        gathered (a collective), as the first copies this rank sends (`weights.first_copies`)."""
         from lockstep.runners.megatron import model as mmodel
         from lockstep.runners.megatron import weights as mweights
 
+        layout, out = self.layout, {}
+        for chunk in self.chunks:
+            module = _unwrap(chunk)
+            shard = mweights.ChunkShard(rank=layout.rank, tp_rank=layout.tp_rank, tp_size=layout.tp,
+                                        pre_process=module.pre_process, post_process=module.post_process,
+                                        layers=mmodel.chunk_layers(module), vocab_rows=self.vocab_rows,
+                                        ep_rank=layout.ep_rank, ep_size=layout.ep)
+            got = mweights.canonical_from_chunk({n: of(p) for n, p in module.named_parameters()}, self.model, shard,
+                                                self.adapter, self.gather_tp)
+            out.update(mweights.first_copies(got, layout, self.adapter))
+        return out
+
+    def finish(self, results: list, write: bool = True) -> None:
+        """Gradients and losses read, shares sent to rank 0, the capture written there (unless
+        `write` is False: `finish_applied` adds the optimizer's update after its step and writes it;
+        `keep_weights` must then be called before that step)."""
         for h in self.handles:
             h.remove()
         for router in self.routers:
             del router.gating  # the class's method again
         layout = self.layout
-        tp_group = parallel_state.get_tensor_model_parallel_group()
-
-        def gather_tp(t: torch.Tensor) -> list[torch.Tensor]:
-            if layout.tp == 1:
-                return [t]
-            pieces = [torch.empty_like(t) for _ in range(layout.tp)]
-            dist.all_gather(pieces, t.contiguous(), group=tp_group)
-            return pieces
+        gather_tp = self.gather_tp
 
         whole: dict[str, np.ndarray] = {}
         for name, t in sorted(self.whole.items()):  # the same order on every TP rank: gathers pair up
@@ -256,23 +274,16 @@ class StepRecorder:
 
         builder = CaptureBuilder(self.request, "megatron")
         mine_grads: dict[str, object] = {}
-        for chunk in self.chunks:
-            module = _unwrap(chunk)
-            shard = mweights.ChunkShard(rank=layout.rank, tp_rank=layout.tp_rank, tp_size=layout.tp,
-                                        pre_process=module.pre_process, post_process=module.post_process,
-                                        layers=mmodel.chunk_layers(module), vocab_rows=self.vocab_rows,
-                                        ep_rank=layout.ep_rank, ep_size=layout.ep)
-            params = {n: (p.main_grad if getattr(p, "main_grad", None) is not None else torch.zeros_like(p)).detach().float()
-                      for n, p in module.named_parameters()}
-            got = mweights.canonical_from_chunk(params, self.model, shard, self.adapter, gather_tp)
-            for name, g in mweights.first_copies(got, layout, self.adapter).items():
-                if self.request.full:
-                    mine_grads[f"grad/{name}"] = g.cpu().numpy()
-                else:
-                    mine_grads[f"sk/grad/{name}"] = make_sketch(g)
-                if self.request.adam_eps is not None:
-                    mine_grads[f"sk/update/{name}"] = make_sketch(adam_first_update(g, self.request.adam_eps))
-            del got
+        grads = self.canonical(lambda p: (p.main_grad if getattr(p, "main_grad", None) is not None
+                                          else torch.zeros_like(p)).detach().float())
+        for name, g in grads.items():
+            if self.request.full:
+                mine_grads[f"grad/{name}"] = g.cpu().numpy()
+            else:
+                mine_grads[f"sk/grad/{name}"] = make_sketch(g)
+            if self.request.adam_eps is not None:
+                mine_grads[f"sk/update/{name}"] = make_sketch(adam_first_update(g, self.request.adam_eps))
+        del grads
 
         self._routing_decisions(builder, gather_tp)
 
@@ -330,4 +341,41 @@ class StepRecorder:
         cap.forward_order = sorted(names, key=forward_rank)
         cap.loss = float(step_loss.item())
         cap.meta = {"case": self.case.to_dict(), "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp}
-        builder.finish()
+        self.builder = builder
+        if write:
+            builder.finish()
+
+    # ---------------------------------------------------------------- the optimizer's update
+
+    def keep_weights(self) -> None:
+        """The weights before the optimizer's step (in FP64, as this rank sends them)."""
+        self.before = {n: w.double() for n, w in self.canonical(lambda p: p.detach().float()).items()}
+
+    def finish_applied(self, lr: float, step: int) -> None:
+        """After the optimizer's step: the update it applied, (w_before - w_after)/lr per canonical
+        tensor, sketched as `applied/NAME` with the bound on its relative error that w_after's FP32
+        rounding allows (2^-24·||w_after||/lr over ||update||, as the reference's capture bounds its
+        own), sent to rank 0, which writes the capture (a collective)."""
+        mine, precision = {}, {}
+        for name, after in self.canonical(lambda p: p.detach().float()).items():
+            after = after.double()
+            moved = (self.before.pop(name) - after) / lr
+            mine[f"{APPLIED}/{name}"] = make_sketch(moved)
+            norm = float(torch.linalg.vector_norm(moved))
+            bound = 2.0 ** -24 * float(torch.linalg.vector_norm(after)) / lr
+            precision[name] = bound / norm if norm > 0 else 0.0
+        everyone = [(mine, precision)]
+        if self.layout.world > 1:
+            everyone = [None] * self.layout.world if self.layout.rank == 0 else None
+            dist.gather_object((mine, precision), everyone, dst=0)
+        if self.layout.rank != 0:
+            return
+        cap = self.builder.capture
+        bounds: dict[str, float] = {}
+        for sketches, part in everyone:
+            for key, sketch in sketches.items():
+                cap.sketches.setdefault(key, sketch)
+            for name, bound in part.items():
+                bounds.setdefault(name, bound)
+        cap.meta[APPLIED] = {"step": step, "lr": lr, "precision": bounds}
+        self.builder.finish()

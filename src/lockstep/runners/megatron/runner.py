@@ -19,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import importlib.util
+import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 from lockstep.capture.request import CaptureRequest
-from lockstep.cases.spec import NEEDS_CHECKPOINT, CaseSpec
+from lockstep.cases.spec import NEEDS_CHECKPOINT, CaseSpec, CheckpointSpec
 from lockstep.errors import RunError
 from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
@@ -102,18 +103,27 @@ class MegatronRunner(FrameworkRunner):
         return self.skip_reason(case, inputs)  # it records step 1 of any case it can train
 
     def at_step_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
-        return ("megatron cannot start a captured step from a saved training state yet (its capture records step 1 "
-                "of a run from the LLMC weights only)")
+        """The reference's state goes in through write_megatron_checkpoint, which seeds the moments
+        of megatron-core's FP32 optimizer parameter by parameter: neither the distributed optimizer's
+        flat shards (ZeRO-1) nor native bf16's FP32 main copies take them that way."""
+        if case.zero >= 1:
+            return ("megatron cannot start from the reference's state under its distributed optimizer (ZeRO-1): the "
+                    "state is written into its FP32 optimizer's per-parameter moments (write_megatron_checkpoint); "
+                    "diagnose the case with zero = 0")
+        if self.options.native_bf16 and case.is_bf16:
+            return ("megatron cannot start from the reference's state in native bf16 (its FP32 main parameters are "
+                    "not written by write_megatron_checkpoint): diagnose without native_bf16")
+        return self.capture_problem(case, inputs)  # then as its step 1: any case it can train here
 
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
         """A one-step run of the case that records its step 1 (the update after it changes nothing recorded)."""
         from lockstep.formats.step_capture import StepCapture
 
         work_dir = Path(work_dir)
-        # Step 1 from the initial weights: never a resume, and never a save that would replace the
-        # case's own step folders.
-        one_step = dataclasses.replace(case.with_overrides(steps=1), checkpoint=None)
-        log_path = work_dir / f"megatron_{case.name}_step1.log"
+        # Step 1 from the initial weights (or the step after the reference's state: execute resumes
+        # from it): never the case's own resume, and never a save that would replace its step folders.
+        one_step = dataclasses.replace(case.with_overrides(steps=request.step), checkpoint=None)
+        log_path = work_dir / f"megatron_{case.name}_step{request.step}.log"
         work_dir.mkdir(parents=True, exist_ok=True)
         self.execute(one_step, dataclasses.replace(inputs, capture=request, save_final_params=False), log_path, None)
         return StepCapture.load(request.path)
@@ -135,6 +145,41 @@ class MegatronRunner(FrameworkRunner):
         # Checked here too (cheap: header only) so an impossible case fails before torchrun starts.
         case.check(max_seq_len=inputs.model.max_seq_len,
                    available_tokens=len(read_token_stream(inputs.tokens, check_ids=False)))
+        written = None
+        if inputs.capture is not None and inputs.capture.start_state is not None:
+            case, inputs, written = self._from_reference_state(case, inputs, log_path, workers)
+        try:
+            return self._execute(case, inputs, log_path, on_step, workers)
+        finally:
+            if written is not None:
+                shutil.rmtree(written, ignore_errors=True)  # hundreds of MB for a 1B model's Adam
+
+    def _from_reference_state(self, case: CaseSpec, inputs: RunInputs, log_path: Path,
+                              workers: WorkerGroup | None) -> tuple[CaseSpec, RunInputs, Path]:
+        """diagnose --at-step N: the reference's saved state after step N (its DCP folder, read under
+        canonical names) written as this runner's own step folder for the case's layout, and the
+        case as a resume of it that trains step N+1 (the step the capture records)."""
+        from lockstep.runners.checkpoint_plan import CheckpointPlan, ResumePlan
+        from lockstep.runners.pytorch.canonical_state import read_canonical_state
+
+        request = inputs.capture
+        state = read_canonical_state(request.start_state, request.start_step, case, str(inputs.checkpoint))
+        adam = ({"exp_avg": state.exp_avg, "exp_avg_sq": state.exp_avg_sq}
+                if inputs.family.optimizer.kind == "adam" else None)
+        if adam is not None and state.adam_step != request.start_step:
+            raise RunError(f"{request.start_state}: Adam's step count is {state.adam_step}, not {request.start_step}: "
+                           f"not the state after step {request.start_step}")
+        root = log_path.parent / f"{case.name}.reference_state"
+        shutil.rmtree(root, ignore_errors=True)
+        folder = write_megatron_checkpoint(state.weights, adam, request.start_step, case, inputs, root,
+                                           workers=workers, options=self.options)
+        resumed = dataclasses.replace(case, steps=request.step,
+                                      checkpoint=CheckpointSpec(resume_from=request.start_step))
+        plan = CheckpointPlan(resume=ResumePlan(str(folder), request.start_step))
+        return resumed, dataclasses.replace(inputs, extra={**inputs.extra, "megatron_checkpoints": plan}), root
+
+    def _execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None,
+                 workers: WorkerGroup | None) -> ExecuteResult:
         # A plan of the caller's (a resume of a folder written by write_megatron_checkpoint), or the case's.
         checkpoints = inputs.extra.get("megatron_checkpoints") or plan_for(case, log_path)
         if checkpoints is not None:

@@ -281,6 +281,9 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
                      f"{first_step}): training steps {first_step + 1}..{case.steps}")
         phases.lap("weights")
     forward_backward = get_forward_backward_func()
+    # The update the optimizer applies in the captured step, as the weights before and after it:
+    # not under native bf16, whose module weights are BF16 copies of the optimizer's FP32 ones.
+    applied = job.capture is not None and job.capture.records_applied and not precision.native_bf16
     if layout.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(layout.device)
     times_ms: list[float] = []
@@ -291,9 +294,11 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
             for chunk in chunks:
                 chunk.zero_grad_buffer()
             optimizer.zero_grad()
-            # Step 1 is warm-up (not in tok/s): recording it from inside costs no measured time.
+            # The first step of the run (step 1, or the one after a resume: diagnose --at-step) is
+            # warm-up (not in tok/s): recording it from inside costs no measured time.
             recorder = (StepRecorder(request=job.capture, layout=layout, chunks=chunks, case=case, model=job.model,
-                                     adapter=adapter, vocab_rows=vocab_rows) if job.capture and step == 0 else None)
+                                     adapter=adapter, vocab_rows=vocab_rows)
+                        if job.capture and step == first_step else None)
             iterators = [StepData(batches, step, case.accum) for _ in chunks]
             results = forward_backward(
                 forward_step_func=forward_step,
@@ -307,10 +312,16 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
             )
             if recorder is not None:
                 began = time.perf_counter()
-                recorder.finish(results)  # the gradients after finalize_model_grads, before the update
+                recorder.finish(results, write=not applied)  # the gradients after finalize_model_grads, before the update
+                if applied:
+                    recorder.keep_weights()
                 info["step1_capture"] = job.capture.path
                 info["step1_capture_seconds"] = round(time.perf_counter() - began, 3)
             _update_ok, grad_norm = optimizer_step(optimizer)
+            if recorder is not None and applied:
+                began = time.perf_counter()
+                recorder.finish_applied(case.lr, step + 1)
+                info["step1_capture_seconds"] += round(time.perf_counter() - began, 3)
             scheduler.step(increment=1)
         elapsed_s = clock.seconds
 

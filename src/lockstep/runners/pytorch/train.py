@@ -272,7 +272,7 @@ def capture_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind:
     A request that starts from a saved state (`request.start_state`, diagnose --at-step) builds the
     optimizer too (`optimizer_for(spec, params, lr)`: the runner's own), loads both from that
     torch.distributed.checkpoint folder as a resume does, and captures the step after it with its
-    update."""
+    update. A request for the applied update at step 1 (`request.applied`) builds a fresh one."""
     ckpt = load_checkpoint(checkpoint)
     stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
     case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
@@ -285,9 +285,10 @@ def capture_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind:
     if float64:
         model = model.to(torch.float64)
     optimizer = None
-    if request.start_state is not None:
+    if request.records_applied:
         import_optimizer_machinery()
         optimizer = optimizer_for(family.optimizer, model.parameters(), case.lr)
+    if request.start_state is not None:
         with one_process_meant():
             shift = saved_state.load_training_state(saved_state.ResumePlan(request.start_state, request.start_step),
                                                     model, optimizer)

@@ -32,8 +32,13 @@ def test_pytorch_vs_megatron_from_the_command_line(inputs, tmp_path, capsys):
     assert rc == 0 and "no divergence" in out and "first diverging module: none" in out
     verdict = json.loads((tmp_path / "diagnose" / "gpt2_1_pytorch_vs_megatron.json").read_text())
     assert verdict["findings"] == [] and verdict["first_diverging_module"] is None
-    assert {r["kind"] for r in verdict["ranked"]} == {"forward", "gradient"}
-    assert max(r["rel_error"] for r in verdict["ranked"]) < 1e-6
+    assert {r["kind"] for r in verdict["ranked"]} == {"forward", "gradient", "optimizer update"}
+    assert max(r["rel_error"] for r in verdict["ranked"] if r["kind"] != "optimizer update") < 1e-6
+    # The update each optimizer applied in step 1, (w_before - w_after)/lr of all 28 tensors, agrees
+    # to within the FP32 rounding of the weights after it (over lr 1e-4).
+    updates = verdict["optimizer_updates"]
+    print("optimizer updates:", len(updates), max(r["rel_error"] for r in updates))
+    assert len(updates) == 28 and max(r["rel_error"] for r in updates) < 1e-3
     # issue 36, item 18: the captures kept ~210 MB of whole tensors for this 5M-parameter model;
     # once the verdict is written they hold only sketches (every tensor still named), ~1 MB.
     from lockstep.formats.step_capture import StepCapture
@@ -99,7 +104,9 @@ def test_the_reference_beside_the_other_framework_finds_a_planted_defect(inputs,
     capsys.readouterr()
     assert started == ["pytorch"] and rc == 1
     verdict = json.loads((tmp_path / "diagnose" / "gpt2_1_pytorch_vs_megatron.json").read_text())
-    beyond = {r["tensor"] for r in verdict["ranked"] if r["rel_error"] > 1e-5}
+    # (The optimizer-update rows are left out: each within its FP32-of-w_after allowance, the 5% Adam
+    # hides in step 1's update, g/(|g| + eps), and the gradient finding is the defect's.)
+    beyond = {r["tensor"] for r in verdict["ranked"] if r["rel_error"] > 1e-5 and r["kind"] != "optimizer update"}
     assert beyond == {"ln1b[0]", "ln1b[1]", "ln2b[0]", "ln2b[1]", "lnfb"}, beyond
     assert max(r["rel_error"] for r in verdict["ranked"] if r["tensor"] in beyond) == pytest.approx(0.05, rel=1e-3)
     # The reference's FP64 step 1 was made beside, in advance, for a close call; 5% is none: not kept.

@@ -31,8 +31,9 @@ A `StepCapture` holds, under canonical names (LLMC tensor names, per layer `qkvw
   records sketches only: a few MB whatever the model's size.
 - `applied/NAME` (sketches only): the update the framework's optimizer applied to each parameter
   in the captured step, (w_before - w_after)/lr, recorded by a capture that steps its optimizer
-  (`lockstep diagnose --at-step N`: step N+1 from a saved state, where Adam's moments and step
-  count shape the update); `meta["applied"]` holds the step, the lr and, per tensor, the bound on
+  (`lockstep diagnose`: at step 1, and with `--at-step N` step N+1 from a saved state, where
+  Adam's moments and step count shape the update; `CaptureRequest.records_applied`);
+  `meta["applied"]` holds the step, the lr and, per tensor, the bound on
   ||error|| / ||update|| that w_after's FP32 rounding allows.
 
 On disk: one .npz written tensor by tensor (never the whole capture in memory twice), entries

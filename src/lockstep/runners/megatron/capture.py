@@ -16,6 +16,13 @@ does; the gradients are read after `finalize_model_grads`, before the optimizer 
 - Losses: each micro batch's mean token loss from what the loss function reported, and step 1's
   per-token losses (one DP replica) for the logging emulation.
 
+- The optimizer's update (a request that `records_applied`: diagnose): the canonical weights
+  before the optimizer's step and after it, (w_before - w_after)/lr sketched as `applied/NAME`,
+  TP pieces gathered and PP stages sent as the gradients are.
+
+The step recorded is the run's first: step 1, or after a resume (diagnose --at-step N, from the
+reference's state written as megatron's own step folder) step N+1.
+
 Everything goes to rank 0 (gather_object), which writes the capture.
 """
 

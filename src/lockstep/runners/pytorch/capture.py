@@ -225,9 +225,10 @@ def capture_step(model: nn.Module, case: CaseSpec, tokens: np.ndarray, request: 
     """Step 1 of `model` under the contract without an optimizer update; the weights are step 0's.
     Every DP rank's micro batches run here one after the other, each loss divided by accum·DP.
 
-    With `optimizer` (the model and it loaded from the state after step `request.start_step`),
-    step start_step+1 on its own data window, and then the optimizer's step: its applied update
-    is recorded as well (`applied/`), and the model holds the weights after it."""
+    With `optimizer` (fresh at step 1, or the model and it loaded from the state after step
+    `request.start_step`), step start_step+1 on its own data window, and then the optimizer's
+    step: its applied update is recorded as well (`applied/`), and the model holds the weights
+    after it."""
     device = torch.device(device)
     model = model.to(device)
     model.zero_grad(set_to_none=True)

@@ -142,3 +142,39 @@ def test_the_optimizers_applied_updates_name_the_optimizer_only_where_the_gradie
     rel = v.ranked()[-1:]  # a tensor that agrees
     assert not close_call([Finding(OPTIMIZER, "optimizer", "losses part")], rel, 1e-5)
     assert close_call([Finding(OPTIMIZER, "optimizer", "updates differ", ("wte",))], rel, 1e-5)
+
+
+def test_step_1s_applied_adam_update_is_allowed_what_the_gradients_difference_moves_it_by():
+    """Adam's first update g/(|g| + eps) moves by up to 1/eps times a gradient's error where |g| is
+    near eps: two frameworks whose gradients agree to 1e-7 and whose optimizers apply exactly that
+    formula differ by more than w_after's rounding allows. At step 1 (both captures applied Adam's
+    first update, eps in their requests) that part, from the two whole gradients, is allowed on top;
+    an update 1% off the formula on the same gradients is still the optimizer's."""
+    from lockstep.capture.request import make_sketch
+    from lockstep.certify.tensors import compare_applied
+
+    rng = np.random.default_rng(3)
+    eps = 1e-8
+    # Half the elements large (|g| >> eps, their update saturated at ±1), half near eps; both sides'
+    # gradients apart by an absolute 1e-12 (a summation order's last bits): 1e-9 of the gradient.
+    g = np.concatenate([rng.standard_normal(2048) * 1e-3, rng.standard_normal(2048) * 1e-8]).astype(np.float32)
+    noisy = (g.astype(np.float64) + 1e-12 * rng.standard_normal(4096)).astype(np.float32)
+    ref, test = StepCapture(framework="pytorch"), StepCapture(framework="megatron")
+
+    def applied(cap, grad, scale=1.0, step=1):
+        u = grad.astype(np.float64) / (np.abs(grad.astype(np.float64)) + eps) * scale
+        cap.grads["w"] = grad
+        cap.sketches["applied/w"] = make_sketch(u)
+        cap.meta.update({"applied": {"step": step, "lr": 1e-4, "precision": {"w": 1e-7}},
+                         "request": {"adam_eps": eps}})
+
+    applied(ref, g)
+    applied(test, noisy)
+    [d] = compare_applied(ref, test)
+    assert d.rel > 10 * (2e-7) and d.rounding >= d.rel  # beyond w's rounding allowance, within the gradients' part
+    applied(test, noisy, scale=1.01)
+    [off] = compare_applied(ref, test)
+    assert off.rel > 5 * off.rounding
+    applied(ref, g, step=4)  # from a state (--at-step): Adam's moments, not its first update: no such part
+    applied(test, noisy, step=4)
+    assert compare_applied(ref, test)[0].rounding == 0.0

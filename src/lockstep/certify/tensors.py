@@ -5,6 +5,7 @@ no max |Δ|)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -30,7 +31,8 @@ class TensorDiff:
     precision: float = 0.0  # what the test side's own recovery allows (relative), 0 when exact
     sketched: bool = False
     # What FP32 arithmetic itself moves this tensor by: the reference's own relative distance from an
-    # FP64 run of the same step, times ROUNDING_FACTOR (0 when not measured).
+    # FP64 run of the same step, times ROUNDING_FACTOR (0 when not measured); for step 1's applied
+    # Adam update, what the two gradients' difference moves it by (first_adam_eps) plus w's rounding.
     rounding: float = 0.0
 
     def to_json(self) -> dict:
@@ -211,6 +213,7 @@ def compare_applied(ref: StepCapture, test: StepCapture) -> list[TensorDiff]:
     if not have:
         return []
     ref_precision, test_precision = ref.applied_precision, test.applied_precision
+    eps = first_adam_eps(ref, test)
     out = []
     for n in order:
         if n not in have:
@@ -219,8 +222,33 @@ def compare_applied(ref: StepCapture, test: StepCapture) -> list[TensorDiff]:
         if d is None:
             raise ValueError(f"{n}: the optimizer updates of {ref.framework} and {test.framework} cannot be compared "
                              "(different shapes)")
+        r_grad, t_grad = (_whole(ref, "grad", n), _whole(test, "grad", n)) if eps is not None else (None, None)
+        if r_grad is not None and t_grad is not None and np.shape(r_grad) == np.shape(t_grad):
+            from_grads = tensor_diff(n, APPLIED_UPDATE, exact_first_update(r_grad, eps), exact_first_update(t_grad, eps))
+            d = dataclasses.replace(d, rounding=max(d.rounding, from_grads.rel + RECOVERY_ALLOWANCE * d.precision))
         out.append(d)
     return out
+
+
+RECOVERY_ALLOWANCE = 10  # what classify allows of a recovery precision (its _limit), kept beside another part
+
+
+def first_adam_eps(ref: StepCapture, test: StepCapture) -> float | None:
+    """Adam's eps when both captures applied Adam's first update (step 1 from a fresh optimizer),
+    else None. That update is g/(|g| + eps) of each side's own gradient, so the gradients' FP32
+    difference alone moves it -- by up to 1/eps times a gradient's error where |g| is near eps,
+    far beyond w_after's rounding (small Llama, lr 1e-4: fcw[1] 1.01e-4 from gradients within
+    2e-7): `compare_applied` allows that part, computed exactly from both whole gradients, on top."""
+    applied = [(cap.meta.get(APPLIED) or {}) for cap in (ref, test)]
+    if any(a.get("step") != 1 for a in applied):
+        return None
+    eps = {(cap.meta.get("request") or {}).get("adam_eps") for cap in (ref, test)}
+    return eps.pop() if len(eps) == 1 and None not in eps else None
+
+
+def exact_first_update(grad: np.ndarray, eps: float) -> np.ndarray:
+    g = np.asarray(grad, dtype=np.float64)
+    return (g / (np.abs(g) + eps)).astype(np.float32)
 
 
 def tie_diff(ref: StepCapture, test: StepCapture, name: str) -> tuple[float, float]:

@@ -261,7 +261,7 @@ class StepRecorder:
             shard = mweights.ChunkShard(rank=layout.rank, tp_rank=layout.tp_rank, tp_size=layout.tp,
                                         pre_process=module.pre_process, post_process=module.post_process,
                                         layers=mmodel.chunk_layers(module), vocab_rows=self.vocab_rows,
-                                        ep_rank=layout.ep_rank, ep_size=layout.ep)
+                                        ep_rank=layout.ep_rank, ep_size=layout.ep, lora=self.case.lora)
             params = {n: (p.main_grad if getattr(p, "main_grad", None) is not None else torch.zeros_like(p)).detach().float()
                       for n, p in module.named_parameters()}
             got = mweights.canonical_from_chunk(params, self.model, shard, self.adapter, gather_tp)

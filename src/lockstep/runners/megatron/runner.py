@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from lockstep.capture.request import CaptureRequest
-from lockstep.cases.spec import NEEDS_CHECKPOINT, CaseSpec
+from lockstep.cases.spec import NEEDS_CHECKPOINT, NEEDS_LORA, CaseSpec
 from lockstep.errors import RunError
 from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
@@ -56,8 +56,9 @@ def megatron_core_version() -> str:
 
 class MegatronRunner(FrameworkRunner):
     name = "megatron"
-    # Save/resume through megatron-core's dist_checkpointing (checkpoint.py, docs/reference/checkpoints.md).
-    supports = frozenset({NEEDS_CHECKPOINT})
+    # Save/resume through megatron-core's dist_checkpointing (checkpoint.py, docs/reference/checkpoints.md);
+    # LoRA through lockstep's own adapter on the parallel linears (lora.py, docs/reference/lora.md).
+    supports = frozenset({NEEDS_CHECKPOINT, NEEDS_LORA})
 
     def __init__(self, native_bf16: bool = False):
         self.options = MegatronOptions(native_bf16=native_bf16)
@@ -93,6 +94,13 @@ class MegatronRunner(FrameworkRunner):
             # The local layer spec's LayerNorm is Apex's FusedLayerNorm when Apex is installed (CUDA
             # only), else torch's, which megatron-core refuses to use with sequence parallelism.
             return "sequence parallel with megatron-core's local layer spec needs NVIDIA Apex's FusedLayerNorm (CUDA)"
+        if case.lora is not None:
+            if case.sp:
+                return "lockstep's LoRA adapter on megatron-core does not implement sequence parallelism yet"
+            if self.options.native_bf16:
+                return "lockstep's LoRA adapter on megatron-core keeps A and B in FP32, which native bf16 (Float16Module) would cast"
+            if case.checkpoint is not None:
+                return "the megatron runner does not save and resume LoRA cases yet"
         problem = adapter.layout_problem(case, inputs.model)
         if problem:
             return f"megatron-core cannot lay this model out: {problem}"
@@ -149,7 +157,7 @@ class MegatronRunner(FrameworkRunner):
                               tokens_sha256=inputs.tokens_sha256, device=inputs.device, options=self.options,
                               error_path=str(error_path), capture=inputs.capture,
                               final_params_path=str(final_params_path(log_path)) if inputs.save_final_params else None,
-                              checkpoints=checkpoints)
+                              checkpoints=checkpoints, lora_seed=inputs.lora_seed)
             env = oversubscribed_env(case, inputs)
             try:
                 if workers is not None:

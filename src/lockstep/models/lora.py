@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import struct
 from dataclasses import dataclass
 
@@ -29,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lockstep.cases.lora_targets import target_matches
+from lockstep.cases.lora_targets import (BASE_WEIGHT, LORA_PARTS, canonical_lora_name, is_lora_name,  # noqa: F401
+                                          parse_lora_name, target_matches)
 from lockstep.cases.spec import LoraSpec
 from lockstep.errors import CaseError, FormatError
 from lockstep.fsutil import atomic_write, read_bytes
@@ -38,29 +38,6 @@ LORA_MAGIC = 0x4C4F5241  # lora_utils.cc, SaveLoRAWeights
 LORA_VERSION = 1
 # InfiniTrain's module paths are the reference's under `transformer.` (transformer.h.0.attn.c_attn).
 INFINITRAIN_PREFIX = "transformer."
-# The block linear a LoRA adapts -> the LLMC name of its weight (every family's reference names).
-BASE_WEIGHT = {"attn.c_attn": "qkvw", "attn.c_proj": "attprojw", "mlp.c_fc": "fcw", "mlp.c_fc2": "fcw2",
-               "mlp.c_proj": "fcprojw"}
-LORA_PARTS = ("lora_A", "lora_B")
-_CANONICAL_LORA = re.compile(r"^(lora_[AB])\.([a-z0-9]+)\[(\d+)\]$")
-
-
-def canonical_lora_name(part: str, module_path: str) -> str:
-    """`lora_A`, `h.3.attn.c_attn` -> `lora_A.qkvw[3]`."""
-    head, layer, rest = module_path.split(".", 2)
-    if head != "h" or rest not in BASE_WEIGHT:
-        raise ValueError(f"{module_path} is not a block linear LoRA can adapt")
-    return f"{part}.{BASE_WEIGHT[rest]}[{int(layer)}]"
-
-
-def is_lora_name(name: str) -> bool:
-    return name.startswith(LORA_PARTS)
-
-
-def parse_lora_name(name: str) -> tuple[str, str, int] | None:
-    """`lora_B.qkvw[3]` -> ("lora_B", "qkvw", 3); None for any other name."""
-    m = _CANONICAL_LORA.match(name)
-    return (m.group(1), m.group(2), int(m.group(3))) if m else None
 
 
 def infinitrain_lora_name(name: str) -> str:

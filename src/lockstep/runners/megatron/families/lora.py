@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from lockstep.cases.lora_targets import adapted_linears
+from lockstep.cases.lora_targets import BASE_WEIGHT, adapted_linears
 from lockstep.runners.megatron.families.base import ChunkShard, MegatronFamily, TensorMap, qkv_from_groups, qkv_per_group
 
 # InfiniTrain's block linear -> (the Megatron module under decoder.layers.i., its TP kind)
@@ -36,8 +36,6 @@ MEGATRON_MODULE = {"attn.c_attn": ("self_attention.linear_qkv", "column"),
                    "attn.c_proj": ("self_attention.linear_proj", "row"),
                    "mlp.c_fc": ("mlp.linear_fc1", "column"), "mlp.c_fc2": ("mlp.linear_fc1", "column"),
                    "mlp.c_proj": ("mlp.linear_fc2", "row")}
-BASE_WEIGHT = {"attn.c_attn": "qkvw", "attn.c_proj": "attprojw", "mlp.c_fc": "fcw", "mlp.c_fc2": "fcw2",
-               "mlp.c_proj": "fcprojw"}  # models/lora.py's, without importing torch
 
 
 @dataclass(frozen=True)

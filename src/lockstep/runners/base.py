@@ -405,6 +405,8 @@ def base_meta(runner: FrameworkRunner, case: CaseSpec, inputs: RunInputs) -> dic
         "logged_loss": runner.logged_loss,
         "started_at": now_iso(),
         "command": shlex.join(sys.argv),
+        # the seed of the case's one LoRA init (diagnose makes the same adapters again from it)
+        **({"lora_seed": inputs.lora_seed} if case.lora is not None else {}),
     }
 
 

@@ -27,14 +27,12 @@ def test_every_runner_says_what_it_lacks_of_lora_and_resume(framework):
     lora = None if framework in LORA_RUNNERS else f"LoRA cases are not supported by {framework} yet"
     assert unsupported_needs(LORA, runner) == lora
     both = dataclasses.replace(LORA, steps=50, checkpoint=RESUME.checkpoint)
-    if framework == "pytorch":  # it saves and resumes through torch.distributed.checkpoint
+    if framework in LORA_RUNNERS:  # both also save and resume (torch.distributed.checkpoint; dist_checkpointing)
         assert unsupported_needs(RESUME, runner) is None
-        assert unsupported_needs(both, runner) is None
-        assert case_skip_reason(runner, both, inputs=None) == \
-            "the pytorch reference trainer does not save and resume LoRA cases yet"
-    elif framework == "megatron":
-        assert unsupported_needs(RESUME, runner) == "checkpoint (save/resume) cases are not supported by megatron yet"
-        assert unsupported_needs(both, runner) == "checkpoint (save/resume) cases are not supported by megatron yet"
+        assert unsupported_needs(both, runner) is None  # LoRA with save/resume: each runner's own reason
+        if framework == "pytorch":
+            assert case_skip_reason(runner, both, inputs=None) == \
+                "the pytorch reference trainer does not save and resume LoRA cases yet"
     else:
         assert unsupported_needs(RESUME, runner) == \
             f"checkpoint (save/resume) cases are not supported by {framework} yet"

@@ -50,6 +50,8 @@ def test_a_run_judges_its_resume_and_a_broken_one_fails_the_run(tmp_path, capsys
     assert (entry["framework"], entry["case"], entry["resume_case"]) == ("pytorch", "resumed", "saving")
     assert entry["verdict"] == "resume exact" and entry["passed"] and entry["max_abs_diff"] == 0.0
     assert not (out / "evidence" / "resume").exists()  # an exact resume needs no alternatives
+    # said on the terminal too, not only in summary.json
+    assert "resume pytorch/resumed (from saving): resume exact: every loss after step" in text
 
     defects.inject("resume_data_restarted", monkeypatch)
     rc, text, summary, out = run(tmp_path, capsys, tiny_checkpoint, training_tokens, "broken")

@@ -309,6 +309,10 @@ def add_resume_verdicts(plan: RunPlan, result: RunResult, say=lambda text: None)
             entries.append(resume_entry(o.framework, o.case.name, spec.resume_case, verdict))
         except LockstepError as e:
             entries.append(resume_entry(o.framework, o.case.name, spec.resume_case, error=str(e)))
+        # A resume that passes is said here (it is what a checkpoint case is run for); one that does
+        # not is said once, in the run's verdict (run_verdict.py).
+        if entries[-1]["passed"]:
+            say(f"resume {o.framework}/{o.case.name} (from {spec.resume_case}): {entries[-1]['sentence']}")
     if entries and result.comparison is not None:
         result.comparison.summary = add_to_summary(plan.out_dir / SUMMARY_NAME, entries)
     return entries

@@ -370,7 +370,8 @@ def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes:
             checkpoint=m.checkpoint if m.checkpoint is not None else Path("-"), tokens=path, model=m.config,
             device=device, model_name=m.name,
             checkpoint_sha256=checkpoint_digest(m.checkpoint, cache) if m.checkpoint is not None else "",
-            tokens_sha256=sha, corpus=corpus, timeout_s=req.timeout_s, oversubscribe=oversubscribe, nodes=nodes)
+            tokens_sha256=sha, corpus=corpus, timeout_s=req.timeout_s, oversubscribe=oversubscribe, nodes=nodes,
+            lora_seed=req.seed)
 
     # Every pair that will not run here, with the reason (the runners judge the real inputs).
     skips = pair_skips(cases, runners, inputs, unrunnable)

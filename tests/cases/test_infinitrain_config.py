@@ -297,7 +297,7 @@ def test_infinitrains_own_file_maps_as_the_built_one(tmp_path, family):
     assert real.cases == built.cases
 
 
-def test_run_of_the_file_trains_basic_cases_and_skips_lora_and_resume_saying_why(capsys, tmp_path, tiny_checkpoint,
+def test_run_of_the_file_trains_basic_and_lora_cases_and_skips_a_lone_resume_saying_why(capsys, tmp_path, tiny_checkpoint,
                                                                                   training_tokens):
     path = tmp_path / "test_config.json"
     path.write_text(json.dumps(test_config_like_b24d92f(), indent=4))
@@ -312,7 +312,6 @@ def test_run_of_the_file_trains_basic_cases_and_skips_lora_and_resume_saying_why
     assert "variables.GPT2_LLMC_FILEPATH = /nowhere/gpt2/gpt2_124M.bin does not exist here" in " ".join(out.split())
     manifest = json.loads((out_dir / "run.json").read_text())
     assert {(s["case"], s["reason"]) for s in manifest["skipped"]} == {
-        ("gpt2_1_lora", "LoRA cases are not supported by pytorch yet"),
         # pytorch resumes (runners/pytorch/checkpoint.py), but not without the case that saves
         ("gpt2_ckpt_resume", "resumes from gpt2_ckpt_no_resume's step-30 checkpoint, which this run does not train "
                              "(select gpt2_ckpt_no_resume too)")}
@@ -322,3 +321,5 @@ def test_run_of_the_file_trains_basic_cases_and_skips_lora_and_resume_saying_why
 
     rec = read_run_record(out_dir / "pytorch" / "gpt2_1.jsonl")
     assert rec.ok and len(rec.steps) == 10 and rec.meta["case_spec"]["group"] == "basic"
+    lora = read_run_record(out_dir / "pytorch" / "gpt2_1_lora.jsonl")  # the reference trains LoRA (models/lora.py)
+    assert lora.ok and lora.meta["case_spec"]["lora"]["rank"] == 8 and lora.losses() != rec.losses()

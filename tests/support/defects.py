@@ -43,6 +43,16 @@ each of the reference through the family seam (FAMILIES["mixtral"]) unless named
   still has EP): expert parameters stay `allreduce=True`, so at EP=2 each rank's local expert j is
   summed with the other rank's, as the runner's first EP attempt did (the loss alone misses it).
 
+LoRA defects, the certificate's LoRA negative controls (tests/certify/test_lora_findings.py,
+tests/runners/test_lora_training.py), each in the pytorch reference unless named megatron_:
+- lora_scale_alpha: the adapters' branch scaled by alpha instead of alpha / rank;
+- lora_b_not_zero: the LoRA init's B drawn N(0, 0.01²) instead of zeros (A as the init has it);
+- lora_wrong_module: a target `attn.c_proj` adapts mlp.c_fc instead (the other targets as given);
+- lora_layernorm_trains: the reference's LoRA leaves every ln_1 weight trainable, and its optimizer
+  takes them beside the adapters;
+- megatron_lora_layernorm_trains: megatron's LoRA leaves every input LayerNorm weight trainable
+  (so its optimizer updates a frozen parameter).
+
 Broken resumes of the pytorch reference (the resume judge's negative controls, compare/resume.py):
 each loads the checkpoint as the trainer does, then damages what it loaded:
 - resume_data_restarted: the data stream starts again at batch 0 after the load;
@@ -63,6 +73,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -177,7 +188,9 @@ REFERENCE_DEFECTS = {"exact_gelu": ExactGeluGPT2, "frozen_layernorm": FrozenLaye
                      "transposed_bias_grad": TransposedBiasGradGPT2, "broken_tie": BrokenTieGPT2}
 RESUME_DEFECTS = ("resume_data_restarted", "resume_moments_zeroed", "resume_step_reset", "resume_rank0_only")
 MEGATRON_RESUME_DEFECTS = ("megatron_resume_data_restarted", "megatron_resume_step_reset", "megatron_resume_rank0_only")
-OTHER_DEFECTS = ("data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
+LORA_DEFECTS = ("lora_scale_alpha", "lora_b_not_zero", "lora_wrong_module", "lora_layernorm_trains",
+                "megatron_lora_layernorm_trains")
+OTHER_DEFECTS = (*LORA_DEFECTS, "data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
                  "megatron_layernorm_bias_grad_5pct", "megatron_batched_p2p", *RESUME_DEFECTS, *MEGATRON_RESUME_DEFECTS,
                  *MIXTRAL_DEFECTS, "mixtral_aux_loss_doubled", "megatron_expert3_grad_scaled",
                  "megatron_ep_not_in_config")
@@ -244,6 +257,8 @@ def inject(name: str, patch) -> None:
         right = fast.build_fast_optimizer
         patch.setattr(fast, "build_fast_optimizer",
                       lambda *args, **kwargs: bias_corrected_as_step1(right(*args, **kwargs)))
+    elif name in LORA_DEFECTS:
+        _inject_lora(name, patch)
     elif name == "data_order_off_by_one":
         from lockstep.data import loader
 
@@ -315,6 +330,63 @@ def bias_corrected_as_step1(optimizer: torch.optim.Optimizer) -> torch.optim.Opt
 
     optimizer.step = step_as_if_first
     return optimizer
+
+
+def _inject_lora(name: str, patch) -> None:
+    if name == "megatron_lora_layernorm_trains":
+        from lockstep.runners.megatron import lora as megatron_lora
+
+        right = megatron_lora.apply_lora
+
+        def leaves_layernorm_trainable(chunk, *args, **kwargs):
+            count = right(chunk, *args, **kwargs)
+            for layer in chunk.decoder.layers:
+                layer.input_layernorm.weight.requires_grad_(True)
+            return count
+
+        patch.setattr(megatron_lora, "apply_lora", leaves_layernorm_trainable)
+        return
+    from lockstep.runners.pytorch import train
+
+    right_apply, right_init = train.apply_lora, train.lora_init_tensors
+    if name == "lora_scale_alpha":
+        def apply_scaled_by_alpha(model, spec):
+            adapters = right_apply(model, spec)
+            for layer in adapters.layers.values():
+                layer.scale = layer.alpha
+            return adapters
+
+        patch.setattr(train, "apply_lora", apply_scaled_by_alpha)
+    elif name == "lora_layernorm_trains":
+        from lockstep.models.lora import LoraAdapters
+
+        class WithLayerNorms(LoraAdapters):
+            def parameters(self):
+                return super().parameters() + self.extra
+
+        def apply_leaving_layernorms(model, spec):
+            adapters = right_apply(model, spec)
+            extra = [blk.ln_1.weight.requires_grad_(True) for blk in model.h]
+            out = WithLayerNorms(adapters.layers)
+            object.__setattr__(out, "extra", extra)
+            return out
+
+        patch.setattr(train, "apply_lora", apply_leaving_layernorms)
+    elif name == "lora_b_not_zero":
+        def init_with_b(family, config, spec, seed):
+            rng = np.random.default_rng(seed)
+            return {n: (rng.normal(0.0, 0.01, v.shape).astype(np.float32) if n.startswith("lora_B") else v)
+                    for n, v in right_init(family, config, spec, seed).items()}
+
+        patch.setattr(train, "lora_init_tensors", init_with_b)
+    elif name == "lora_wrong_module":
+        def moved(spec):
+            return dataclasses.replace(spec, target_modules=tuple("mlp.c_fc" if t == "attn.c_proj" else t
+                                                                  for t in spec.target_modules))
+
+        patch.setattr(train, "apply_lora", lambda model, spec: right_apply(model, moved(spec)))
+        patch.setattr(train, "lora_init_tensors", lambda family, config, spec, seed: right_init(family, config,
+                                                                                               moved(spec), seed))
 
 
 def _broken_load(name: str, load):

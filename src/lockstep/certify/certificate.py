@@ -23,6 +23,7 @@ from lockstep.certify.classify import (ADAM_SIGN_SHARE, BACKWARD_INPUT, DOWNSTRE
                                        MICRO_BATCH, OPTIMIZER, TENSOR_TOLERANCE, TIE, Finding, LossCheck,
                                        add_applied_findings, add_micro_batch_findings, add_output_grad_findings,
                                        classify, differs, loss_check)
+from lockstep.certify.lora import LORA_KINDS, add_lora_findings
 from lockstep.certify.routing import (ROUTING_KINDS, LayerRouting, add_routing_findings, compare_routing,
                                      group_expert_findings)
 from lockstep.certify.tensors import (ADAM_UPDATE, TensorDiff, compare_applied, compare_forward,
@@ -33,7 +34,8 @@ from lockstep.fsutil import atomic_write, read_text
 
 CERTIFICATE_SUFFIX = ".certificate.json"
 # Findings that say the two frameworks compute differently; the others (logging precision) do not.
-DEFECT_KINDS = (FORWARD, TIE, BACKWARD_INPUT, GRADIENT_ONLY, DOWNSTREAM, MICRO_BATCH, OPTIMIZER, *ROUTING_KINDS)
+DEFECT_KINDS = (FORWARD, TIE, BACKWARD_INPUT, GRADIENT_ONLY, DOWNSTREAM, MICRO_BATCH, OPTIMIZER, *ROUTING_KINDS,
+                *LORA_KINDS)
 
 
 @dataclass
@@ -104,6 +106,7 @@ def evaluate_step1(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps
         findings = classify(ref, test, forward, grads, tol, loss)
         findings = add_output_grad_findings(findings, forward, output_grads, tol, test.grad_kind)
     findings = group_expert_findings(findings, grads, tol)
+    findings = add_lora_findings(findings, ref, test, case, grads, tol)  # a LoRA case's own, first
     # MoE routers (from the captures themselves: a few KB, never part of reused diffs)
     routing = compare_routing(ref, test)
     if routing:

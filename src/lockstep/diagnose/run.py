@@ -122,11 +122,13 @@ def _plan_from_run_dir(req: DiagnoseRequest) -> DiagnosePlan:
         if not p.is_file():
             raise LockstepError(f"{manifest_path}: the run's {what} {p} no longer exists")
     fam, layout = read_checkpoint_layout(checkpoint)
+    frameworks = req.frameworks or _failed_pair(run_dir, manifest, case.name)
+    # A LoRA case's adapters start from the run's seed, as its records say (models/lora.py).
+    seeds = [m["lora_seed"] for fw in frameworks if (m := _recorded_meta(run_dir, fw, case.name)) and "lora_seed" in m]
     inputs = RunInputs(checkpoint=checkpoint, tokens=tokens, model=layout.config, device=manifest.get("device", "cpu"),
                        model_name=model.get("name", ""), checkpoint_sha256=model.get("checkpoint_sha256", ""),
                        tokens_sha256=model.get("data_sha256", ""), corpus=model.get("corpus", ""),
-                       timeout_s=req.timeout_s)
-    frameworks = req.frameworks or _failed_pair(run_dir, manifest, case.name)
+                       timeout_s=req.timeout_s, **({"lora_seed": seeds[0]} if seeds else {}))
     _check_pair(frameworks)
     options = dict(req.framework_options)
     for fw in frameworks:

@@ -6,9 +6,14 @@ and bias parameters (so the model's LLMC names and state dict are unchanged) and
 `[rank, in]` and `lora_B` `[out, rank]`: y = W x + b + (alpha / rank) · B (A x), not merged, no
 dropout. Everything but the adapters is frozen.
 
-`lora_init` is the one initialisation every framework starts from: A Kaiming-uniform (bound
-1/√in, InfiniTrain's and peft's rule) from a `torch.Generator` seeded with the run's seed, B
-zeros; `write_lora_file` writes it in InfiniTrain's `--lora_load_path` format.
+`lora_init_tensors` is the one initialisation every framework starts from, a pure function of
+(family, model config, LoraSpec, seed): A Kaiming-uniform (bound 1/√in, InfiniTrain's and peft's
+rule) from one `torch.Generator` seeded with the run's seed, drawn in module order, B zeros;
+every runner calls it and loads the same tensors (`lora_init` draws the same for adapters already
+applied). `write_lora_file` writes it in InfiniTrain's `--lora_load_path` format.
+
+Canonical names (captures, final parameters, the certificate): `lora_A.qkvw[3]` / `lora_B.qkvw[3]`
+are the adapter of the linear layer whose weight is LLMC `qkvw[3]` (layer 3's attn.c_attn).
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lockstep.cases.lora_targets import target_matches
+from lockstep.cases.lora_targets import (BASE_WEIGHT, LORA_PARTS, canonical_lora_name, is_lora_name,  # noqa: F401
+                                          parse_lora_name, target_matches)
 from lockstep.cases.spec import LoraSpec
 from lockstep.errors import CaseError, FormatError
 from lockstep.fsutil import atomic_write, read_bytes
@@ -32,6 +38,13 @@ LORA_MAGIC = 0x4C4F5241  # lora_utils.cc, SaveLoRAWeights
 LORA_VERSION = 1
 # InfiniTrain's module paths are the reference's under `transformer.` (transformer.h.0.attn.c_attn).
 INFINITRAIN_PREFIX = "transformer."
+
+
+def infinitrain_lora_name(name: str) -> str:
+    """`lora_A.qkvw[3]` -> `transformer.h.3.attn.c_attn.lora_A` (InfiniTrain's state-dict name)."""
+    part, base, layer = parse_lora_name(name)
+    module = next(m for m, w in BASE_WEIGHT.items() if w == base)
+    return f"{INFINITRAIN_PREFIX}h.{layer}.{module}.{part}"
 
 
 class LoRALinear(nn.Linear):
@@ -72,6 +85,15 @@ class LoraAdapters:
             out[f"{INFINITRAIN_PREFIX}{path}.lora_B"] = layer.lora_B
         return out
 
+    def canonical(self) -> dict[str, nn.Parameter]:
+        """Every adapter tensor under its canonical name (lora_A.qkvw[0]), A then B per layer."""
+        return {canonical_lora_name(part, path): getattr(layer, part)
+                for path, layer in self.layers.items() for part in LORA_PARTS}
+
+    def load_canonical(self, tensors: dict[str, np.ndarray], source: str) -> None:
+        """`load` from tensors under canonical names (`lora_init_tensors`)."""
+        self.load({infinitrain_lora_name(n): v for n, v in tensors.items()}, source)
+
     def load(self, tensors: dict[str, np.ndarray], source: str) -> None:
         """Copy A and B in from `tensors` (InfiniTrain names); every adapter must be there with its shape."""
         for name, param in self.state().items():
@@ -87,12 +109,17 @@ class LoraAdapters:
             raise FormatError(source, f"holds {extra[0]}, which no adapter of the case has")
 
 
+def lora_targets(model: nn.Module, spec: LoraSpec) -> list[tuple[str, nn.Linear]]:
+    """The model's linear layers the spec's targets name, by module path, in module order."""
+    return [(name, module) for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) and not isinstance(module, LoRALinear)
+            and any(target_matches(t, name) for t in spec.target_modules)]
+
+
 def apply_lora(model: nn.Module, spec: LoraSpec) -> LoraAdapters:
     """Adapt the model's targeted linear layers in place and freeze everything else. CaseError
     when a target names no linear layer (InfiniTrain would silently adapt nothing)."""
-    targets = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, nn.Linear) and not isinstance(module, LoRALinear)
-               and any(target_matches(t, name) for t in spec.target_modules)]
+    targets = lora_targets(model, spec)
     unmatched = [t for t in spec.target_modules if not any(target_matches(t, name) for name, _ in targets)]
     if unmatched:
         raise CaseError(f"LoRA target(s) {', '.join(unmatched)} name no linear layer of the model")
@@ -108,19 +135,62 @@ def apply_lora(model: nn.Module, spec: LoraSpec) -> LoraAdapters:
     return LoraAdapters(layers)
 
 
-def lora_init(adapters: LoraAdapters, seed: int) -> dict[str, np.ndarray]:
-    """The LoRA init every framework starts from, by InfiniTrain name: each A in module order
-    uniform in ±1/√in from one generator seeded with `seed`, each B zeros; also copied into the
-    adapters."""
+def _draw(layers: list[tuple[str, int, int]], rank: int, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(path, in, out) in module order -> (A, B): each A uniform in ±1/√in from one generator
+    seeded with `seed`, in that order; each B zeros."""
     gen = torch.Generator().manual_seed(seed)
     out = {}
-    for path, layer in adapters.layers.items():
-        bound = 1.0 / math.sqrt(layer.in_features)
-        a = (torch.rand(layer.lora_A.shape, generator=gen, dtype=torch.float32) * 2 - 1) * bound
-        out[f"{INFINITRAIN_PREFIX}{path}.lora_A"] = a.numpy()
-        out[f"{INFINITRAIN_PREFIX}{path}.lora_B"] = np.zeros(tuple(layer.lora_B.shape), dtype=np.float32)
+    for path, fan_in, fan_out in layers:
+        bound = 1.0 / math.sqrt(fan_in)
+        a = (torch.rand((rank, fan_in), generator=gen, dtype=torch.float32) * 2 - 1) * bound
+        out[path] = (a.numpy(), np.zeros((fan_out, rank), dtype=np.float32))
+    return out
+
+
+def lora_init(adapters: LoraAdapters, seed: int) -> dict[str, np.ndarray]:
+    """The LoRA init every framework starts from, by InfiniTrain name (the same draws as
+    `lora_init_tensors`), also copied into the adapters."""
+    layers = [(path, layer.in_features, layer.out_features) for path, layer in adapters.layers.items()]
+    rank = next(iter(adapters.layers.values())).rank if adapters.layers else 1
+    out = {}
+    for path, (a, b) in _draw(layers, rank, seed).items():
+        out[f"{INFINITRAIN_PREFIX}{path}.lora_A"] = a
+        out[f"{INFINITRAIN_PREFIX}{path}.lora_B"] = b
     adapters.load(out, f"lora_init(seed={seed})")
     return out
+
+
+def lora_init_tensors(family: str, config, spec: LoraSpec, seed: int) -> dict[str, np.ndarray]:
+    """The one LoRA init of a case, under canonical names (lora_A.qkvw[0], lora_B.qkvw[0], ...):
+    a pure function of the model's family and config, the spec and the seed, so that every runner
+    (and every rank) makes the same tensors without reading anything. The shapes come from the
+    family's reference module built on the meta device (no memory, no values)."""
+    from lockstep.models import family as model_family
+
+    with torch.device("meta"):
+        model = model_family(family).reference_class()(config)
+    targets = lora_targets(model, spec)
+    unmatched = [t for t in spec.target_modules if not any(target_matches(t, name) for name, _ in targets)]
+    if unmatched:
+        raise CaseError(f"LoRA target(s) {', '.join(unmatched)} name no linear layer of the model")
+    drawn = _draw([(name, m.in_features, m.out_features) for name, m in targets], spec.rank, seed)
+    out = {}
+    for path, (a, b) in drawn.items():
+        out[canonical_lora_name("lora_A", path)] = a
+        out[canonical_lora_name("lora_B", path)] = b
+    return out
+
+
+def lora_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The adapters applied to a reference model, under canonical names, A then B per layer in
+    module order (empty when the model has none)."""
+    return {canonical_lora_name(part, path): getattr(m, part)
+            for path, m in model.named_modules() if isinstance(m, LoRALinear) for part in LORA_PARTS}
+
+
+def canonical_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Every parameter of a reference model under its canonical name: LLMC's, then the adapters'."""
+    return model.llmc_parameters() | lora_parameters(model)
 
 
 def lora_file_bytes(tensors: dict[str, np.ndarray]) -> bytes:

@@ -68,6 +68,9 @@ class RunInputs:
     # Record step 1 from inside as this asks (`lockstep run`'s certificate): the capture's path
     # lands in the record's meta as `step1_capture` (or `step1_capture_error` saying why not).
     capture: CaptureRequest | None = None
+    # The seed of a LoRA case's one adapter init (models/lora.py `lora_init_tensors`): the run's
+    # seed (--seed), the same for every framework.
+    lora_seed: int = 42
 
     @property
     def family(self) -> ModelFamily:
@@ -402,6 +405,8 @@ def base_meta(runner: FrameworkRunner, case: CaseSpec, inputs: RunInputs) -> dic
         "logged_loss": runner.logged_loss,
         "started_at": now_iso(),
         "command": shlex.join(sys.argv),
+        # the seed of the case's one LoRA init (diagnose makes the same adapters again from it)
+        **({"lora_seed": inputs.lora_seed} if case.lora is not None else {}),
     }
 
 

@@ -251,7 +251,7 @@ class StepRecorder:
             shard = mweights.ChunkShard(rank=layout.rank, tp_rank=layout.tp_rank, tp_size=layout.tp,
                                         pre_process=module.pre_process, post_process=module.post_process,
                                         layers=mmodel.chunk_layers(module), vocab_rows=self.vocab_rows,
-                                        ep_rank=layout.ep_rank, ep_size=layout.ep)
+                                        ep_rank=layout.ep_rank, ep_size=layout.ep, lora=self.case.lora)
             got = mweights.canonical_from_chunk({n: of(p) for n, p in module.named_parameters()}, self.model, shard,
                                                 self.adapter, self.gather_tp)
             out.update(mweights.first_copies(got, layout, self.adapter))

@@ -71,6 +71,7 @@ class MegatronJob:
     # Instead of training: write the model (built from `checkpoint`, canonical weights) and this
     # canonical Adam state as a step folder (checkpoint.write_state; diagnose --at-step).
     write_state: dict | None = None
+    lora_seed: int = 42  # a LoRA case's init seed (RunInputs.lora_seed)
 
     def to_dict(self) -> dict:
         return {"case": self.case.to_dict(), "model": self.model.to_dict(), "checkpoint": self.checkpoint, "tokens": self.tokens,
@@ -79,7 +80,7 @@ class MegatronJob:
                 "capture": self.capture.to_dict() if self.capture else None,
                 "final_params_path": self.final_params_path,
                 "checkpoints": self.checkpoints.to_dict() if self.checkpoints else None,
-                "write_state": self.write_state}
+                "write_state": self.write_state, "lora_seed": self.lora_seed}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MegatronJob":
@@ -88,4 +89,5 @@ class MegatronJob:
                    options=MegatronOptions(**d.get("options", {})), error_path=d.get("error_path"),
                    results_path=d.get("results_path"), capture=CaptureRequest.from_dict(d.get("capture")),
                    final_params_path=d.get("final_params_path"),
-                   checkpoints=CheckpointPlan.from_dict(d.get("checkpoints")), write_state=d.get("write_state"))
+                   checkpoints=CheckpointPlan.from_dict(d.get("checkpoints")), write_state=d.get("write_state"),
+                   lora_seed=d.get("lora_seed", 42))

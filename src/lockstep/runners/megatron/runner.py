@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from lockstep.capture.request import CaptureRequest
-from lockstep.cases.spec import NEEDS_CHECKPOINT, CaseSpec, CheckpointSpec
+from lockstep.cases.spec import NEEDS_CHECKPOINT, NEEDS_LORA, CaseSpec, CheckpointSpec
 from lockstep.errors import RunError
 from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
@@ -57,8 +57,9 @@ def megatron_core_version() -> str:
 
 class MegatronRunner(FrameworkRunner):
     name = "megatron"
-    # Save/resume through megatron-core's dist_checkpointing (checkpoint.py, docs/reference/checkpoints.md).
-    supports = frozenset({NEEDS_CHECKPOINT})
+    # Save/resume through megatron-core's dist_checkpointing (checkpoint.py, docs/reference/checkpoints.md);
+    # LoRA through lockstep's own adapter on the parallel linears (lora.py, docs/reference/lora.md).
+    supports = frozenset({NEEDS_CHECKPOINT, NEEDS_LORA})
 
     def __init__(self, native_bf16: bool = False):
         self.options = MegatronOptions(native_bf16=native_bf16)
@@ -94,6 +95,13 @@ class MegatronRunner(FrameworkRunner):
             # The local layer spec's LayerNorm is Apex's FusedLayerNorm when Apex is installed (CUDA
             # only), else torch's, which megatron-core refuses to use with sequence parallelism.
             return "sequence parallel with megatron-core's local layer spec needs NVIDIA Apex's FusedLayerNorm (CUDA)"
+        if case.lora is not None:
+            if case.sp:
+                return "lockstep's LoRA adapter on megatron-core does not implement sequence parallelism yet"
+            if self.options.native_bf16:
+                return "lockstep's LoRA adapter on megatron-core keeps A and B in FP32, which native bf16 (Float16Module) would cast"
+            if case.checkpoint is not None:
+                return "the megatron runner does not save and resume LoRA cases yet"
         problem = adapter.layout_problem(case, inputs.model)
         if problem:
             return f"megatron-core cannot lay this model out: {problem}"
@@ -110,6 +118,9 @@ class MegatronRunner(FrameworkRunner):
             return ("megatron cannot start from the reference's state under its distributed optimizer (ZeRO-1): the "
                     "state is written into its FP32 optimizer's per-parameter moments (write_megatron_checkpoint); "
                     "diagnose the case with zero = 0")
+        if case.lora is not None:
+            return ("megatron cannot start a LoRA case from the reference's state: the canonical state and "
+                    "write_megatron_checkpoint hold the base weights and their Adam moments, not the adapters")
         if self.options.native_bf16 and case.is_bf16:
             return ("megatron cannot start from the reference's state in native bf16 (its FP32 main parameters are "
                     "not written by write_megatron_checkpoint): diagnose without native_bf16")
@@ -194,7 +205,7 @@ class MegatronRunner(FrameworkRunner):
                               tokens_sha256=inputs.tokens_sha256, device=inputs.device, options=self.options,
                               error_path=str(error_path), capture=inputs.capture,
                               final_params_path=str(final_params_path(log_path)) if inputs.save_final_params else None,
-                              checkpoints=checkpoints)
+                              checkpoints=checkpoints, lora_seed=inputs.lora_seed)
             env = oversubscribed_env(case, inputs)
             try:
                 if workers is not None:

@@ -18,7 +18,14 @@ import numpy as np
 import torch
 
 from lockstep.errors import LockstepError
-from lockstep.runners.megatron.families.base import ChunkShard, MegatronFamily, concat, identity, stack
+from lockstep.runners.megatron.families.base import ChunkShard, MegatronFamily, TensorMap, concat, identity, stack
+
+def chunk_maps(adapter: MegatronFamily, model, shard: ChunkShard) -> list[TensorMap]:
+    """Every parameter of the chunk: the family's, then a LoRA case's adapters (families/lora.py)."""
+    from lockstep.runners.megatron.families.lora import lora_maps
+
+    return adapter.weight_maps(model, shard) + lora_maps(adapter, model, shard)
+
 
 _ROW_OF = re.compile(r"^(.*\])\[(\d+)\]$")  # "qknormw[3][1]" -> ("qknormw[3]", 1)
 
@@ -60,7 +67,7 @@ def chunk_tensors(canonical: dict[str, np.ndarray], model, shard: ChunkShard,
                   adapter: MegatronFamily) -> dict[str, MappedTensor]:
     """The value (canonical layout -> Megatron layout, TP-sharded) of every parameter of the chunk."""
     out: dict[str, MappedTensor] = {}
-    for m in adapter.weight_maps(model, shard):
+    for m in chunk_maps(adapter, model, shard):
         names = m.canonical if isinstance(m.canonical, tuple) else (m.canonical,)
         for name in names:
             layer = _layer_of(name)
@@ -92,7 +99,7 @@ def canonical_from_chunk(params: dict, model, shard: ChunkShard, adapter: Megatr
     """
     out: dict[str, np.ndarray] = {}
     rows: dict[str, dict[int, np.ndarray]] = {}
-    for m in adapter.weight_maps(model, shard):
+    for m in chunk_maps(adapter, model, shard):
         if m.copy:
             continue
         pieces = gather_tp(params[m.megatron])

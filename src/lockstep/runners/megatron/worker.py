@@ -207,12 +207,17 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     phases.lap("start-up")  # the parallel state, megatron's config
     ckpt = load_checkpoint(job.checkpoint)
     canonical = split_canonical(ckpt.tensors, ckpt.config)
+    if case.lora is not None:
+        from lockstep.models.lora import lora_init_tensors
+
+        # The case's one LoRA init (the tensors every framework loads), mapped like any weight.
+        canonical |= lora_init_tensors(ckpt.family, ckpt.config, case.lora, job.lora_seed)
     # Never let GPTDataset wrap into a second epoch: the contract reads each token window once.
     case.check(max_seq_len=job.model.max_seq_len,
                available_tokens=len(read_token_stream(job.tokens, check_ids=False)))
     config = mmodel.transformer_config(case, job.model, adapter, precision, on_cpu)
     chunks = mmodel.build_model_chunks(config, job.model, adapter, layout, vocab_rows)
-    loaded = 0
+    loaded = adapted = 0
     shards = []
     for chunk in chunks:
         if not on_cpu:
@@ -222,8 +227,12 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
         shard = mweights.ChunkShard(rank=layout.rank, tp_rank=layout.tp_rank, tp_size=layout.tp,
                                     pre_process=chunk.pre_process, post_process=chunk.post_process,
                                     layers=mmodel.chunk_layers(chunk), vocab_rows=vocab_rows,
-                                    ep_rank=layout.ep_rank, ep_size=layout.ep)
+                                    ep_rank=layout.ep_rank, ep_size=layout.ep, lora=case.lora)
         shards.append(shard)
+        if case.lora is not None:
+            from lockstep.runners.megatron import lora as mlora
+
+            adapted += mlora.apply_lora(chunk, adapter, job.model, case.lora, layout.tp)
         loaded += mweights.load_chunk(chunk, mweights.chunk_tensors(canonical, ckpt.config, shard, adapter),
                                       layout.rank)
     # What no tensor shape reveals (the head count; V when TP>1 loads Vp rows) must agree too.
@@ -240,6 +249,10 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     config.grad_scale_func = optimizer.scale_loss
     _say(layout, f"loaded {job.checkpoint} (LLMC v{ckpt.version}) into {len(chunks)} model chunk(s) per rank "
                  f"({loaded:,} values on rank 0)")
+    if case.lora is not None:
+        _say(layout, f"lora: {case.lora.label}, scale {case.lora.scale:g}, init seed {job.lora_seed}; "
+                     f"{adapted} linear(s) adapted on this rank, every other parameter frozen; the optimizer "
+                     "trains the adapters only")
     if job.write_state is not None:  # a step folder from canonical state, no training (checkpoint.write_state)
         written = mcheckpoint.write_state(job.write_state, chunks, shards, optimizer, scheduler, layout, case,
                                           job.model, adapter)

@@ -4,7 +4,8 @@ uses it on its SDPA model).
 The reference modules (models/<family>/model.py) share their attribute names: `h[i].ln_1`,
 `h[i].attn.c_proj`, `h[i].ln_2`, `h[i].mlp`, `ln_f`, and the embedding feeds `h[0]`. Forward
 hooks on those give the canonical module outputs; `llmc_parameters()` gives every gradient
-under its LLMC name. `StepRecorder` rides along step 1 of a real training step (in-run capture:
+under its LLMC name (a LoRA case's adapters too, as `lora_A.qkvw[0]`: models/lora.py; a frozen
+base parameter's gradient is zeros). `StepRecorder` rides along step 1 of a real training step (in-run capture:
 the gradients are read before the optimizer step, nothing else changes); `capture_step` runs
 step 1 on its own without an update, every DP rank's micro batches one after the other in this
 process (divided by DP as DDP's average would), for diagnose and for runs the recorder cannot
@@ -35,6 +36,7 @@ from lockstep.capture.routing import ROUTER, add_routing
 from lockstep.cases.spec import CaseSpec
 from lockstep.data.loader import TokenBatches
 from lockstep.formats.step_capture import APPLIED, StepCapture
+from lockstep.models.lora import canonical_parameters
 from lockstep.runners.pytorch import step as reference_step
 from lockstep.runners.pytorch.step import MicroBatch
 from lockstep.step_contract import fp32_matmul_precision, logged_step_loss
@@ -60,7 +62,7 @@ def forward_hooks(model: nn.Module, record) -> list:
 def parameter_structure(model: nn.Module, run_forward) -> tuple[list[str], dict[str, str]]:
     """Canonical parameter names in the order the forward pass first uses their modules, and the
     type of the module owning each (LayerNorm, Linear, ...)."""
-    canonical_of = {id(p): name for name, p in model.llmc_parameters().items()}
+    canonical_of = {id(p): name for name, p in canonical_parameters(model).items()}
     order: list[str] = []
     kind: dict[str, str] = {}
 
@@ -93,7 +95,7 @@ class StepRecorder:
         self.model, self.case = model, case
         self.builder = CaptureBuilder(request, framework)
         self.scale = output_grad_scale
-        self.params = model.llmc_parameters()
+        self.params = canonical_parameters(model)  # LLMC's, and a LoRA case's adapters (lora_A.qkvw[0], ...)
         self.current: int | None = None  # micro batch being recorded, None: not recording
         self.order: list[str] = []
         self.token_losses: list[np.ndarray] = []

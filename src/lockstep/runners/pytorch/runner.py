@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lockstep.capture.request import CaptureRequest
-from lockstep.cases.spec import NEEDS_CHECKPOINT, CaseSpec
+from lockstep.cases.spec import NEEDS_CHECKPOINT, NEEDS_LORA, CaseSpec
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import RunRecord
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, base_meta,
@@ -20,8 +20,9 @@ TRAIN_MODULE = "lockstep.runners.pytorch.train"
 
 class PyTorchRunner(FrameworkRunner):
     name = "pytorch"
-    # Save/resume through torch.distributed.checkpoint (checkpoint.py, docs/reference/checkpoints.md).
-    supports = frozenset({NEEDS_CHECKPOINT})
+    # Save/resume through torch.distributed.checkpoint (checkpoint.py, docs/reference/checkpoints.md);
+    # LoRA through the reference models' adapter (models/lora.py, docs/reference/lora.md).
+    supports = frozenset({NEEDS_CHECKPOINT, NEEDS_LORA})
 
     def version(self) -> str:
         import torch
@@ -31,6 +32,8 @@ class PyTorchRunner(FrameworkRunner):
     def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
         if case.tp > 1 or case.pp > 1:
             return "the pytorch reference trainer is data parallel only (TP/PP cases run on megatron)"
+        if case.checkpoint is not None and case.lora is not None:
+            return "the pytorch reference trainer does not save and resume LoRA cases yet"
         if case.checkpoint is not None and case.zero:
             return "the pytorch reference trainer saves and resumes without ZeRO only (its sharded optimizers not yet)"
         return super().skip_reason(case, inputs)
@@ -46,7 +49,8 @@ class PyTorchRunner(FrameworkRunner):
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
         from lockstep.runners.pytorch.train import capture_case
 
-        return capture_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, request)
+        return capture_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, request,
+                            lora_seed=inputs.lora_seed)
 
     def fp64_step1(self, case: CaseSpec, inputs: RunInputs, path: Path):
         """Step 1 of the case in FP64, sketched (first sequences' outputs, as certificates keep them):
@@ -55,7 +59,8 @@ class PyTorchRunner(FrameworkRunner):
         from lockstep.runners.pytorch.train import capture_case
 
         return capture_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device,
-                            CaptureRequest(path=str(path), rows=CAPTURE_ROWS), framework="pytorch-fp64", float64=True)
+                            CaptureRequest(path=str(path), rows=CAPTURE_ROWS), framework="pytorch-fp64", float64=True,
+                            lora_seed=inputs.lora_seed)
 
     def train_fp64(self, case: CaseSpec, inputs: RunInputs, record_path: Path) -> RunRecord:
         """The case in FP64 (the policy's evidence of Adam amplification), as a record at `record_path`."""
@@ -67,7 +72,8 @@ class PyTorchRunner(FrameworkRunner):
                            source=str(record_path))
         record.meta["precision"] = "fp64 (evidence run: what exact arithmetic gives)"
         try:
-            record.steps = train_fp64(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device)
+            record.steps = train_fp64(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device,
+                                      lora_seed=inputs.lora_seed)
         except (LockstepError, torch.cuda.OutOfMemoryError) as e:
             record.status, record.error = "failed", str(e)
         Path(record_path).parent.mkdir(parents=True, exist_ok=True)
@@ -99,10 +105,11 @@ class PyTorchRunner(FrameworkRunner):
             # One process: step 1 is recorded as it trains (several ranks capture after the run).
             return run_in_process(log_path, on_step, lambda emit, log: train_case(
                 case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, ProcessGroupInfo(), emit, log,
-                final_params_path=params_path, capture=inputs.capture, checkpoints=checkpoints))
+                final_params_path=params_path, capture=inputs.capture, checkpoints=checkpoints,
+                lora_seed=inputs.lora_seed))
         job = {"case": case.to_dict(), "checkpoint": str(inputs.checkpoint), "tokens": str(inputs.tokens),
                "device": inputs.device, "final_params_path": params_path,
-               "checkpoints": checkpoints.to_dict() if checkpoints else None}
+               "checkpoints": checkpoints.to_dict() if checkpoints else None, "lora_seed": inputs.lora_seed}
         env = oversubscribed_env(case, inputs)
         if workers is not None:
             steps, info = workers.run_job(job, log_path, timeout_s=inputs.timeout_s, on_step=on_step)

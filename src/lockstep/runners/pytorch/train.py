@@ -38,7 +38,7 @@ from lockstep.runners.pytorch import checkpoint as saved_state
 from lockstep.runners.pytorch.checkpoint import CheckpointPlan, ShiftedBatches, gather_rank_losses
 from lockstep.runners.pytorch.step import MicroBatch
 from lockstep.runners.memory import peak_memory_info
-from lockstep.models.reference import llmc_state
+from lockstep.models.lora import LoraAdapters, apply_lora, canonical_parameters, lora_init_tensors
 from lockstep.runners.base import write_final_params
 from lockstep.step_contract import (Phases, StepClock, after_warmup, fp32_matmul_precision, fp32_sequential_of_tensors,
                                     slowest_rank, step_loss_fp64)
@@ -114,6 +114,31 @@ def wrap_data_parallel(model: torch.nn.Module, case: CaseSpec, device: torch.dev
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
+DEFAULT_LORA_SEED = 42  # the plan's default seed (plan.RunRequest.seed): what a job without one uses
+
+
+def build_reference(ckpt, case: CaseSpec, device: torch.device, lora_seed: int = DEFAULT_LORA_SEED
+                    ) -> tuple[torch.nn.Module, LoraAdapters | None]:
+    """The family's reference module with the checkpoint's weights on `device`; for a LoRA case
+    with its adapters applied (everything else frozen) and loaded from the case's one init
+    (models/lora.py `lora_init_tensors`, the same tensors every runner loads)."""
+    # Built on the device: its random init (replaced by the checkpoint's weights at once) costs
+    # milliseconds there and seconds on the host for a 124M model.
+    with torch.device(device):
+        model = model_family(ckpt.family).reference_class().from_llmc(ckpt.tensors, ckpt.config)
+    if case.lora is None:
+        return model, None
+    adapters = apply_lora(model, case.lora)
+    adapters.load_canonical(lora_init_tensors(ckpt.family, ckpt.config, case.lora, lora_seed),
+                            f"the LoRA init of case {case.name} (seed {lora_seed})")
+    return model, adapters
+
+
+def final_state(model: torch.nn.Module) -> dict:
+    """Every parameter (the adapters' too) under its canonical name, FP32 numpy copies."""
+    return {name: p.detach().float().cpu().numpy().copy() for name, p in canonical_parameters(model).items()}
+
+
 @contextlib.contextmanager
 def no_sync(wrapped: torch.nn.Module, case: CaseSpec):
     """No gradient reduction on a micro step before the last (DDP's no_sync; FSDP2's switch)."""
@@ -130,7 +155,8 @@ def no_sync(wrapped: torch.nn.Module, case: CaseSpec):
 
 def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, pg: ProcessGroupInfo,
                emit: Callable[[StepRecord], None], log: TextIO, final_params_path: str | None = None,
-               capture: CaptureRequest | None = None, checkpoints: CheckpointPlan | None = None) -> dict:
+               capture: CaptureRequest | None = None, checkpoints: CheckpointPlan | None = None,
+               lora_seed: int = DEFAULT_LORA_SEED) -> dict:
     """Train `case.steps` steps; rank 0 calls `emit` per step and writes llm.c-style log lines.
 
     With `final_params_path`, rank 0 writes every parameter after the last step there, under
@@ -138,7 +164,8 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     `capture` (one process only), step 1 is recorded from inside as it trains (runners/pytorch/
     capture.py): its gradients are read before the optimizer step, nothing else changes. With
     `checkpoints` (runners/pytorch/checkpoint.py), it first loads the resume's step folder and
-    trains the steps after it, and saves a step folder after every save-interval step."""
+    trains the steps after it, and saves a step folder after every save-interval step. A LoRA
+    case trains its adapters only (A then B per layer, module order), from the init of `lora_seed`."""
     import_optimizer_machinery()  # before the device: see there why
     if device_kind == "cuda":
         device = torch.device("cuda", pg.local_rank)
@@ -154,20 +181,21 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
         case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
         batches = TokenBatches(stream.tokens, case, dp_rank=pg.rank)
     with phases("weights"):
-        # Built on the device: its random init (replaced by the checkpoint's weights at once) costs
-        # milliseconds there and seconds on the host for a 124M model.
-        with torch.device(device):
-            model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config)
+        model, adapters = build_reference(ckpt, case, device, lora_seed)
         ddp = None
         if pg.world > 1:
             ddp = wrap_data_parallel(model, case, device)
         train_model = ddp or model
         zero = case.zero if pg.world > 1 else 0
-        optimizer = build_sharded_optimizer(family.optimizer, train_model.parameters(), case.lr, zero)
+        # LoRA: the optimizer sees only the adapters (InfiniTrain's GetLoRAParameters), frozen base.
+        trained = adapters.parameters() if adapters is not None else train_model.parameters()
+        optimizer = build_sharded_optimizer(family.optimizer, trained, case.lr, zero)
     if pg.reports:
         print(f"lockstep pytorch runner | case {case.name} | {case.parallel_label} | dtype {case.dtype} | "
               f"B={case.micro_batch} T={case.seq_len} tokens/step={case.total_batch} accum={case.accum} | "
-              f"{family.title} {ckpt.config.describe()} | {family.optimizer.label} lr {case.lr:g} | "
+              f"{family.title} {ckpt.config.describe()} | "
+              + (f"{case.lora.label} (seed {lora_seed}), base frozen | " if case.lora else "")
+              + f"{family.optimizer.label} lr {case.lr:g} | "
               f"device {device} | torch {torch.__version__}", file=log, flush=True)
     if capture is not None and pg.world > 1:
         raise ValueError("in-run capture is for one process; several ranks capture with capture_step")
@@ -248,7 +276,7 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
             tps.append(tokens_per_s)
     with phases("teardown"):
         if final_params_path and pg.reports:
-            write_final_params(final_params_path, llmc_state(model))
+            write_final_params(final_params_path, final_state(model))
     measured = after_warmup(times_ms)
     if pg.reports:
         print(perf_summary_line(len(measured), sum(measured) / len(measured), sum(after_warmup(tps)) / len(measured)),
@@ -263,7 +291,7 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
 
 def capture_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, request: CaptureRequest,
                  framework: str = "pytorch", prepare_model=None, float64: bool = False,
-                 optimizer_for=build_optimizer) -> StepCapture:
+                 optimizer_for=build_optimizer, lora_seed: int = DEFAULT_LORA_SEED) -> StepCapture:
     """Step 1 of the case without an optimizer update, every DP rank's micro batches in this one
     process, recorded as `request` asks (diagnose, and certificates of runs of several ranks).
     `prepare_model` may swap kernels first (pytorch-fast: SDPA attention); `float64` runs it in
@@ -278,8 +306,7 @@ def capture_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind:
     case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
     device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
     family = model_family(ckpt.family)
-    with torch.device(device):
-        model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config)
+    model, adapters = build_reference(ckpt, case, device, lora_seed)
     if prepare_model is not None:
         prepare_model(model)
     if float64:
@@ -287,7 +314,8 @@ def capture_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind:
     optimizer = None
     if request.records_applied:
         import_optimizer_machinery()
-        optimizer = optimizer_for(family.optimizer, model.parameters(), case.lr)
+        trained = adapters.parameters() if adapters is not None else model.parameters()
+        optimizer = optimizer_for(family.optimizer, trained, case.lr)
     if request.start_state is not None:
         with one_process_meant():
             shift = saved_state.load_training_state(saved_state.ResumePlan(request.start_state, request.start_step),
@@ -326,7 +354,8 @@ class PersistentTraining:
             raise RunError(f"case {case.name} needs {case.world_size} ranks, this worker group has {pg.world}")
         return train_case(case, job["checkpoint"], job["tokens"], job["device"], pg, writer.step, sys.stdout,
                           final_params_path=job.get("final_params_path"),
-                          checkpoints=CheckpointPlan.from_dict(job.get("checkpoints")))
+                          checkpoints=CheckpointPlan.from_dict(job.get("checkpoints")),
+                          lora_seed=job.get("lora_seed", DEFAULT_LORA_SEED))
 
     def release(self, all_ranks_ok: bool) -> None:
         pass  # train_case's model and optimizer are its locals: gone once it returns
@@ -355,7 +384,8 @@ def main(argv: list[str]) -> int:
         writer = ResultsWriter(job["results_path"] if pg.reports else None)
         info = train_case(case, job["checkpoint"], job["tokens"], job["device"], pg, writer.step, sys.stdout,
                           final_params_path=job.get("final_params_path"),
-                          checkpoints=CheckpointPlan.from_dict(job.get("checkpoints")))
+                          checkpoints=CheckpointPlan.from_dict(job.get("checkpoints")),
+                          lora_seed=job.get("lora_seed", DEFAULT_LORA_SEED))
         writer.info(**info)
     finally:
         dist.destroy_process_group()
@@ -366,7 +396,8 @@ if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
 
 
-def train_fp64(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str) -> list[StepRecord]:
+def train_fp64(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str,
+               lora_seed: int = DEFAULT_LORA_SEED) -> list[StepRecord]:
     """The case trained in FP64 in this one process (every DP rank's micro batches in turn, each
     loss divided by accum·DP): what exact arithmetic gives, the yardstick the policy measures an
     FP32 run's drift against when Adam may be amplifying last-bit differences."""
@@ -375,9 +406,9 @@ def train_fp64(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     stream = read_token_stream(tokens_path, vocab_size=ckpt.config.vocab_size)
     case.check(max_seq_len=ckpt.config.max_seq_len, available_tokens=len(stream))
     device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
-    with torch.device(device):
-        model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config).to(dtype=torch.float64)
-    optimizer = build_optimizer(family.optimizer, model.parameters(), case.lr)
+    model, adapters = build_reference(ckpt, case, device, lora_seed)
+    model = model.to(dtype=torch.float64)
+    optimizer = build_optimizer(family.optimizer, adapters.parameters() if adapters else model.parameters(), case.lr)
     batches = [TokenBatches(stream.tokens, case, dp_rank=r) for r in range(case.dp)]
     divisor = case.accum * case.dp
 

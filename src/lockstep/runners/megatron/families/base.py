@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from lockstep.cases.spec import CaseSpec
+from lockstep.cases.spec import CaseSpec, LoraSpec
 
 
 def identity(a: np.ndarray) -> np.ndarray:
@@ -69,6 +69,7 @@ class ChunkShard:
     vocab_rows: int  # Megatron's vocabulary over all TP ranks (Vm)
     ep_rank: int = 0  # expert-parallel rank: which experts a MoE layer holds
     ep_size: int = 1
+    lora: LoraSpec | None = None  # a LoRA case's adapters are parameters of the chunk too (families/lora.py)
 
 
 def fit_rows(a: np.ndarray, rows: int) -> np.ndarray:

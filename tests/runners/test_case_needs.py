@@ -17,7 +17,7 @@ RESUME = dataclasses.replace(PLAIN, steps=50, checkpoint=CheckpointSpec(save_int
                                                                          resume_case="c0"))
 
 
-LORA_RUNNERS = {"pytorch", "megatron"}  # models/lora.py; runners/megatron/lora.py
+LORA_RUNNERS = {"pytorch", "megatron", "infinitrain"}  # models/lora.py; runners/megatron/lora.py; its --lora_*
 
 
 # The command runner is a template: its trainers exist once a --command-runner file names them.
@@ -27,7 +27,7 @@ def test_every_runner_says_what_it_lacks_of_lora_and_resume(framework):
     lora = None if framework in LORA_RUNNERS else f"LoRA cases are not supported by {framework} yet"
     assert unsupported_needs(LORA, runner) == lora
     both = dataclasses.replace(LORA, steps=50, checkpoint=RESUME.checkpoint)
-    if framework in LORA_RUNNERS:  # both also save and resume (torch.distributed.checkpoint; dist_checkpointing)
+    if framework in LORA_RUNNERS:  # all also save and resume (DCP; dist_checkpointing; InfiniTrain's --save/--load)
         assert unsupported_needs(RESUME, runner) is None
         assert unsupported_needs(both, runner) is None  # LoRA with save/resume: each runner's own reason
         if framework == "pytorch":
@@ -42,10 +42,10 @@ def test_every_runner_says_what_it_lacks_of_lora_and_resume(framework):
 
 
 def test_the_need_comes_before_the_runners_own_reasons():
-    # A TP LoRA case on InfiniTrain (no LoRA yet): the need is said before anything of its own.
+    # A TP LoRA case on pytorch-fast (no LoRA): the need is said before anything of its own.
     tp_lora = dataclasses.replace(LORA, tp=2)
-    assert case_skip_reason(get_runner("infinitrain"), tp_lora, inputs=None) == \
-        "LoRA cases are not supported by infinitrain yet"
+    assert case_skip_reason(get_runner("pytorch-fast"), tp_lora, inputs=None) == \
+        "LoRA cases are not supported by pytorch-fast yet"
     # The reference trains LoRA: its own reason is what it says of a TP case.
     assert "data parallel only" in case_skip_reason(get_runner("pytorch"), tp_lora, inputs=None)
 

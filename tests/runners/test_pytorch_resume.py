@@ -62,13 +62,15 @@ def llama_runs(llama_inputs, tmp_path_factory):
     return out, full, resumed, alternatives
 
 
-def test_the_reference_and_megatron_declare_save_resume_and_nobody_else(llama_inputs):
+def test_the_reference_megatron_and_infinitrain_declare_save_resume_and_nobody_else(llama_inputs):
     from lockstep.runners import RUNNERS, get_runner
 
     case = resumed_case("gpt2-tiny")
     assert case_skip_reason(PyTorchRunner(), case, llama_inputs) is None
-    for name in sorted(set(RUNNERS) - {"pytorch", "megatron", "command"}):  # command: a template, no trainer without its file
+    # command: a template, no trainer without its file; infinitrain: its own --save/--load (test_infinitrain_checkpoints.py)
+    for name in sorted(set(RUNNERS) - {"pytorch", "megatron", "infinitrain", "command"}):
         assert get_runner(name).supports.isdisjoint(case.needs), name
+    assert case.needs <= get_runner("infinitrain").supports
     zero = dataclasses.replace(case, dp=2, zero=1, total_batch=128)
     assert "without ZeRO" in case_skip_reason(PyTorchRunner(), zero, dataclasses.replace(llama_inputs, oversubscribe=True))
 

@@ -110,15 +110,15 @@ def log_tail(text: str, n: int = TAIL_LINES) -> str:
 
 
 def check_finished(run: LoggedRun, log_path: Path, steps_planned: int, what: str, timeout_s: float | None = None,
-                   writes_records: bool = True) -> None:
-    """A run that timed out, exited non-zero, or exited normally short of its steps, as a RunError
-    naming the log, with the log's last lines."""
+                   writes_records: bool = True, first: int = 1) -> None:
+    """A run that timed out, exited non-zero, or exited normally short of its steps `first`..
+    `steps_planned` (first > 1: a resumed run), as a RunError naming the log, with the log's last lines."""
     if run.timed_out:
         raise RunError(f"{log_path}: {what} timed out after {timeout_s or 0:.0f} s at step {len(run.steps)} of "
                        f"{steps_planned}" + log_tail(run.text))
     if run.returncode != 0:
         raise RunError(f"{log_path}: {what} {describe_exit(run.returncode)} after {len(run.steps)} of {steps_planned} "
                        "step(s)" + log_tail(run.text))
-    if writes_records and [s.step for s in run.steps] != list(range(1, steps_planned + 1)):
-        raise RunError(f"{log_path}: {what} exited normally but logged {len(run.steps)} of {steps_planned} step(s)"
-                       + log_tail(run.text))
+    if writes_records and [s.step for s in run.steps] != list(range(first, steps_planned + 1)):
+        raise RunError(f"{log_path}: {what} exited normally but logged {len(run.steps)} of "
+                       f"{steps_planned - first + 1} step(s)" + log_tail(run.text))

@@ -109,6 +109,8 @@ def launch_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Capture
     from lockstep.runners.infinitrain.precision_check import UNSUPPORTED_MARK, read_module_outputs
 
     work_dir = Path(work_dir)
+    # A saving case's step 1 is the plain case's: the capture's own launches save only for themselves.
+    case = dataclasses.replace(case, checkpoint=None)
     family = inputs.family
     ckpt = load_checkpoint(inputs.checkpoint)
     w0 = split_canonical(ckpt.tensors, ckpt.config)

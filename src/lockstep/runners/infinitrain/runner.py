@@ -33,17 +33,19 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from lockstep.cases.spec import CaseSpec
+from lockstep.cases.spec import NEEDS_CHECKPOINT, NEEDS_LORA, CaseSpec
 from lockstep.errors import CaseError, LockstepError, RunError
 from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint
 from lockstep.formats.logs import parse_infinitrain_log
 from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
-                                   write_final_params)
+                                   first_step, write_final_params)
 from lockstep.runners.infinitrain.options import BUILD_ENV_VAR, COMMIT_FILE
 from lockstep.runners.infinitrain.capture import KEEP_SAVE, PRECISION_CHECK_DIR
+from lockstep.runners.infinitrain.checkpoints import checkpoint_save_seconds, checkpoints_for
 from lockstep.runners.infinitrain.families import adapter_for
+from lockstep.runners.infinitrain.lora import check_lora_loaded, lora_flags, write_lora_init
 from lockstep.runners.infinitrain.precision_check import precision_check_flag
 from lockstep.runners.infinitrain.probe import ExecutableFacts, executable_flags, llmc_version_read
 from lockstep.runners.launch import worker_env
@@ -62,6 +64,9 @@ class InfiniTrainRunner(FrameworkRunner):
     name = "infinitrain"
     # Its cross entropy adds the per-token losses one by one in FP32, and it prints 6 decimals.
     logged_loss = LOGGED_FP32_SEQUENTIAL
+    # LoRA through its --lora_* flags with lockstep's init loaded (lora.py); save/resume through its
+    # own --save/--load checkpoints (checkpoints.py).
+    supports = frozenset({NEEDS_LORA, NEEDS_CHECKPOINT})
 
     def __init__(self, build_dir: str | os.PathLike | None = None):
         given = build_dir if build_dir else os.environ.get(BUILD_ENV_VAR)
@@ -125,6 +130,9 @@ class InfiniTrainRunner(FrameworkRunner):
         if adapter.optional and self.build_dir is not None and not (self.build_dir / adapter.executable).is_file():
             return (f"this InfiniTrain build has no {adapter.executable} executable ({adapter.missing_note})"
                     if adapter.missing_note else f"this InfiniTrain build has no {adapter.executable} executable")
+        if case.lora is not None and case.tp > 1:
+            return ("InfiniTrain reads one --lora_load_path file into every TP rank, so lockstep's LoRA init "
+                    "reaches it at TP=1 only (docs/reference/lora.md)")
         reason = adapter.skip_reason(case, inputs.model, inputs.checkpoint)
         facts = self.facts(inputs.model.family) if self.build_dir is not None else None
         if not reason and facts is not None:
@@ -145,6 +153,11 @@ class InfiniTrainRunner(FrameworkRunner):
         if case.world_size > 1:
             return ("InfiniTrain's step 1 is captured from one process's saved weights; its --save of a parallel "
                     "run is untested here")
+        if case.lora is not None:
+            return ("InfiniTrain's step 1 is captured from the weights it saves; recovering its LoRA adapters' "
+                    "gradients from them is not implemented")
+        if first_step(case) > 1:
+            return f"a case resumed after step {case.checkpoint.resume_from} does not train step 1"
         facts = self.facts(inputs.model.family) if self.build_dir is not None else None
         if facts is not None and not facts.has_flag("save"):
             return (f"this InfiniTrain build's {facts.path.name} has no --save, and its step 1 is captured from the "
@@ -176,14 +189,15 @@ class InfiniTrainRunner(FrameworkRunner):
 
     # ------------------------------------------------------------------ running
 
-    def command(self, case: CaseSpec, inputs: RunInputs) -> list[str]:
+    def command(self, case: CaseSpec, inputs: RunInputs, run_dir: Path | None = None) -> list[str]:
         """The executable and its gflags, as InfiniTrain's test script passes them (`--flag value`);
         over several nodes, under its launcher `infini_run` (and under `srun` with --launcher slurm).
+        `run_dir` is the log's directory, where a LoRA case's init and a checkpoint case's folders go.
 
         Paths are absolute: the executable runs in the log's directory, not the caller's.
         """
         nodes = inputs.nodes
-        args = self.training_command(case, inputs, threads=nodes.procs_per_node(case.world_size))
+        args = self.training_command(case, inputs, threads=nodes.procs_per_node(case.world_size), run_dir=run_dir)
         if not nodes.multi_node:
             return args
         launcher = str(_absolute(self.executable(inputs.model.family).parent / LAUNCHER_EXECUTABLE))
@@ -197,7 +211,8 @@ class InfiniTrainRunner(FrameworkRunner):
         script = " ".join(a if a.startswith("--node_rank=") else shlex.quote(a) for a in infini_run("$SLURM_NODEID"))
         return srun_per_node(nodes, "exec " + script)
 
-    def training_command(self, case: CaseSpec, inputs: RunInputs, threads: int) -> list[str]:
+    def training_command(self, case: CaseSpec, inputs: RunInputs, threads: int,
+                         run_dir: Path | None = None) -> list[str]:
         """One InfiniTrain process: `threads` of the world's ranks (all of them on one node)."""
         args = [
             str(_absolute(self.executable(inputs.model.family))),
@@ -229,6 +244,15 @@ class InfiniTrainRunner(FrameworkRunner):
                 args += ["--zero_stage", str(case.zero)]
             else:  # older builds: DistributedOptimizer on or off, which is ZeRO-1 (_flag_skip_reason)
                 args += ["--use_distributed_optimizer=true"]
+        if case.lora is not None or case.checkpoint is not None:
+            if run_dir is None:
+                raise ValueError(f"case {case.name}'s LoRA init and checkpoints go beside its log: give run_dir")
+            run_dir = _absolute(Path(run_dir))
+            if case.lora is not None:
+                args += lora_flags(case.lora, lora_init_path(case, run_dir))
+            checkpoints = checkpoints_for(case, run_dir)
+            if checkpoints is not None:
+                args += checkpoints.flags()
         return args
 
     def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
@@ -241,13 +265,24 @@ class InfiniTrainRunner(FrameworkRunner):
                                                                    inputs.model, Path(log_path).parent)
             if inputs.save_final_params and not facts.has_flag("save"):
                 raise LockstepError(f"{facts.path} has no --save, so lockstep cannot read its final weights")
-        cmd = self.command(case, dataclasses.replace(inputs, checkpoint=llmc) if llmc != inputs.checkpoint else inputs)
+        run_dir = Path(log_path).parent
+        cmd = self.command(case, dataclasses.replace(inputs, checkpoint=llmc) if llmc != inputs.checkpoint else inputs,
+                           run_dir=run_dir)
         check_dir = inputs.extra.get(PRECISION_CHECK_DIR)
         if check_dir:
             cmd.append(precision_check_flag(_absolute(Path(check_dir))))
-        save_dir = Path(log_path).with_name(f"{case.name}.save")
-        if inputs.save_final_params:
-            # Its own checkpoint after the last step (weights only), turned into LLMC names below.
+        lora_tensors = 0
+        if case.lora is not None:
+            lora_file, lora_tensors = write_lora_init(case, inputs.model.family, inputs.model, inputs.lora_seed,
+                                                        run_dir)
+        checkpoints = checkpoints_for(case, run_dir)
+        if checkpoints is not None:
+            checkpoints.prepare()
+        # The weights after the last step: the case's own last save where it saves (InfiniTrain always
+        # saves after the last step), else a save of lockstep's own, weights only, removed once read.
+        own_save = checkpoints is None or checkpoints.save_root is None
+        save_dir = Path(log_path).with_name(f"{case.name}.save") if own_save else checkpoints.save_root
+        if inputs.save_final_params and own_save:
             shutil.rmtree(save_dir, ignore_errors=True)
             cmd += ["--save", str(_absolute(save_dir)), "--save_interval", str(case.steps),
                     "--save_optimizer_state=false"]
@@ -261,15 +296,24 @@ class InfiniTrainRunner(FrameworkRunner):
         run = run_logged(cmd, log_path, _parse_steps, env=env, cwd=log_path.parent, timeout_s=timeout_s,
                          on_step=on_step, what="InfiniTrain")
         text, steps = run.text, run.steps
-        check_finished(run, log_path, case.steps, "InfiniTrain", timeout_s, writes_records=inputs.nodes.writes_records)
+        check_finished(run, log_path, case.steps, "InfiniTrain", timeout_s, writes_records=inputs.nodes.writes_records,
+                       first=first_step(case))
+        if case.lora is not None:
+            check_lora_loaded(text, log_path, lora_file, lora_tensors)
         saved = {}
         if inputs.save_final_params and inputs.nodes.writes_records:
             if inputs.extra.get(KEEP_SAVE):
                 saved = {"infinitrain_save": str(saved_checkpoint(save_dir, case))}
             else:
-                write_final_params_from_save(save_dir, case, inputs, final_params_path(log_path))
+                write_final_params_from_save(save_dir, case, inputs, final_params_path(log_path), remove=own_save)
+        save_s = checkpoint_save_seconds(text) if checkpoints is not None else None
         meta = {
             **saved,
+            **({"lora_init": str(lora_file), "lora_init_tensors": lora_tensors, "lora_seed": inputs.lora_seed}
+               if case.lora is not None else {}),
+            **({"checkpoint_save_s": save_s} if save_s is not None else {}),
+            **({"infinitrain_checkpoints": str(checkpoints.save_root)}
+               if checkpoints is not None and checkpoints.save_root is not None else {}),
             **log_phases(text),
             "worker_command": shlex.join(cmd),
             "infinitrain_build": str(self.build_dir),
@@ -287,6 +331,13 @@ class InfiniTrainRunner(FrameworkRunner):
 
 def _flag_skip_reason(case: CaseSpec, facts: ExecutableFacts) -> str | None:
     """A case the probed executable has no flag for."""
+    if case.lora is not None and not (facts.has_flag("lora_rank") and facts.has_flag("lora_load_path")):
+        return f"this InfiniTrain build's {facts.path.name} has no --lora_rank/--lora_load_path"
+    if case.checkpoint is not None:
+        lacking = [f"--{f}" for f in ("save", "load", "save_interval", "max_checkpoint_keep", "save_optimizer_state")
+                   if not facts.has_flag(f)]
+        if lacking:
+            return f"this InfiniTrain build's {facts.path.name} has no {', '.join(lacking)}"
     if case.zero and not facts.has_flag("zero_stage"):
         if not facts.has_flag("use_distributed_optimizer"):
             return f"this InfiniTrain build's {facts.path.name} has no ZeRO flag"
@@ -305,13 +356,21 @@ def saved_checkpoint(save_dir: Path, case: CaseSpec) -> Path:
     return ckpt
 
 
-def write_final_params_from_save(save_dir: Path, case: CaseSpec, inputs: RunInputs, out_path: Path) -> None:
+def write_final_params_from_save(save_dir: Path, case: CaseSpec, inputs: RunInputs, out_path: Path,
+                                 remove: bool = True) -> None:
     """InfiniTrain's checkpoint after the last step -> `<case>.final.npz` under LLMC names; the
-    checkpoint itself (a second copy of the model) is removed."""
+    checkpoint itself (a second copy of the model) is removed when it is lockstep's own save
+    (`remove`), kept when it is the case's (a resume reads it)."""
     ckpt = saved_checkpoint(save_dir, case)
-    state = adapter_for(inputs.model.family).canonical_state(read_infinitrain_checkpoint(ckpt), inputs.model)
+    saved = read_infinitrain_checkpoint(ckpt)
+    state = adapter_for(inputs.model.family).canonical_state(saved, inputs.model)
+    if case.lora is not None:  # the adapters too, by the names the other runners give them (lora_A.qkvw[0])
+        from lockstep.runners.infinitrain.lora import canonical_adapters
+
+        state |= canonical_adapters(saved)
     write_final_params(out_path, state)
-    shutil.rmtree(save_dir, ignore_errors=True)
+    if remove:
+        shutil.rmtree(save_dir, ignore_errors=True)
 
 
 
@@ -339,6 +398,12 @@ def log_phases(text: str) -> dict:
         return {}
     return {"phases": {"weights": round(start_training - stamps[0], 3), "training": round(last_step - start_training, 3)},
             "case_started_wall": stamps[0], "case_finished_wall": last_step}
+
+
+def lora_init_path(case: CaseSpec, run_dir: Path) -> Path:
+    from lockstep.runners.infinitrain.lora import LORA_INIT_SUFFIX
+
+    return Path(run_dir) / f"{case.name}{LORA_INIT_SUFFIX}"
 
 
 def _absolute(path: Path) -> Path:

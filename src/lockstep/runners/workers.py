@@ -347,6 +347,7 @@ def serve_jobs(queue_dir: Path, handler: JobHandler, startup: StartupTimeline | 
     for n in range(10**9):
         job = _wait_for_job(queue_dir / f"job-{n}.json")
         if job is None:  # lockstep is gone without stopping the group
+            end_multiprocessing_children()
             os._exit(1)
         if job.get("stop"):
             break
@@ -510,4 +511,23 @@ def _leave() -> int:
             dist.barrier()
         except Exception:
             pass
+    end_multiprocessing_children()
     os._exit(0)
+
+
+def end_multiprocessing_children(timeout_s: float = 5.0) -> list[int]:
+    """Stop the multiprocessing children this rank started (their pids), before an `os._exit` that
+    skips multiprocessing's own exit handlers. megatron-core's checkpoint saves start one: a spawned
+    Manager process serving the write-results queue (dist_checkpointing/strategies/filesystem_async.py),
+    kept for the life of the process and otherwise left running, orphaned, once the rank is gone."""
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(timeout_s)
+        if child.is_alive():
+            child.kill()
+            child.join(timeout_s)
+    return [c.pid for c in children]

@@ -14,33 +14,13 @@ import dataclasses
 import json
 import statistics
 
-import numpy as np
 import pytest
 
 from lockstep.certify.certificate import certify
 from lockstep.certify.classify import OPTIMIZER
-from lockstep.cli import main
 from lockstep.formats.step_capture import StepCapture
-from lockstep.formats.tokens import write_token_stream
-from lockstep.models import FAMILIES
-from lockstep.models.init import write_initial_checkpoint
-from lockstep.models.llama3.config import Llama3Config
-from support import defects
+from support import at_step, defects
 
-SMALL_LLAMA = Llama3Config(max_seq_len=64, vocab_size=2048, num_layers=2, num_heads=4, num_kv_heads=2, channels=64)
-MATRIX = """
-[defaults]
-model = "llama3"
-dtype = "float32"
-micro_batch = 2
-seq_len = 32
-total_batch = 64
-steps = 6
-lr = 1e-4
-
-[[case]]
-name = "adam"
-"""
 # Adam (llama3: beta1 0.9, beta2 0.999) bias-corrected as step 1 at step 6 scales each update by
 # (1 - 0.9^6)/(1 - 0.9) * sqrt((1 - 0.999)/(1 - 0.999^6)) = 1.915 where |m̂| >> eps·sqrt(v̂).
 STEP6_DEFECT_REL = 0.915
@@ -48,18 +28,11 @@ STEP6_DEFECT_REL = 0.915
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("at_step")
-    ckpt, tokens, matrix = d / "llama_small.bin", d / "tokens.bin", d / "adam.toml"
-    write_initial_checkpoint(ckpt, FAMILIES["llama3"], SMALL_LLAMA, seed=42)
-    write_token_stream(tokens, np.random.default_rng(0).integers(0, SMALL_LLAMA.vocab_size, size=4000))
-    matrix.write_text(MATRIX)
-    return ckpt, tokens, matrix
+    return at_step.write_inputs(tmp_path_factory.mktemp("at_step"))
 
 
 def diagnose(inputs, out, *extra, frameworks="pytorch,pytorch-fast"):
-    ckpt, tokens, matrix = inputs
-    return main(["diagnose", "--case", "adam", "--matrix", str(matrix), "--frameworks", frameworks, "--llmc", str(ckpt),
-                 "--data", str(tokens), "--device", "cpu", "--out", str(out), "--no-drift", *extra])
+    return at_step.diagnose(inputs, out, frameworks, *extra)
 
 
 def test_a_defect_after_step_1_passes_step_1_and_at_step_5_is_named_the_optimizer_update(inputs, tmp_path, capsys,
@@ -147,7 +120,7 @@ def test_infinitrain_says_why_it_cannot_start_from_the_state_yet(inputs):
     ckpt, tokens, _ = inputs
     case = CaseSpec(name="adam", model="llama3", dtype="float32", micro_batch=2, seq_len=32, total_batch=64, steps=6,
                     lr=1e-4)
-    problem = get_runner("infinitrain").at_step_problem(case, RunInputs(ckpt, tokens, SMALL_LLAMA, "cpu"))
+    problem = get_runner("infinitrain").at_step_problem(case, RunInputs(ckpt, tokens, at_step.SMALL_LLAMA, "cpu"))
     assert problem.startswith("InfiniTrain cannot start from the reference's state yet")
 
 
@@ -157,7 +130,7 @@ def _uninterrupted_losses(inputs, out, steps: int) -> dict[int, float]:
 
     ckpt, tokens, _ = inputs
     case = dataclasses.replace(_case({"case": "adam", "dtype": "float32"}), steps=steps)
-    record = PyTorchRunner().run(case, RunInputs(ckpt, tokens, SMALL_LLAMA, "cpu"), out)
+    record = PyTorchRunner().run(case, RunInputs(ckpt, tokens, at_step.SMALL_LLAMA, "cpu"), out)
     assert record.ok, record.error
     return {s.step: s.loss for s in record.steps}
 

@@ -15,34 +15,14 @@ from __future__ import annotations
 import json
 import statistics
 
-import numpy as np
 import pytest
 
 from lockstep.certify.classify import OPTIMIZER
-from lockstep.cli import main
-from lockstep.formats.tokens import write_token_stream
-from lockstep.models import FAMILIES
-from lockstep.models.init import write_initial_checkpoint
-from lockstep.models.llama3.config import Llama3Config
 from lockstep.runners.megatron.runner import megatron_core_installed
-from support import defects
+from support import at_step, defects
 
 pytestmark = pytest.mark.skipif(not megatron_core_installed(), reason="megatron-core is not installed")
 
-SMALL_LLAMA = Llama3Config(max_seq_len=64, vocab_size=2048, num_layers=2, num_heads=4, num_kv_heads=2, channels=64)
-MATRIX = """
-[defaults]
-model = "llama3"
-dtype = "float32"
-micro_batch = 2
-seq_len = 32
-total_batch = 64
-steps = 6
-lr = 1e-4
-
-[[case]]
-name = "adam"
-"""
 PAIR = "pytorch,megatron"
 # Adam (llama3: beta1 0.9, beta2 0.999) whose step count restarts at the load of step 3's state
 # bias-corrects step 4 as step 1: each update scaled by (1 - 0.9^4)/(1 - 0.9) * sqrt((1 - 0.999)/(1 - 0.999^4))
@@ -53,18 +33,11 @@ VERDICT = "adam_pytorch_vs_megatron"
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("at_step_megatron")
-    ckpt, tokens, matrix = d / "llama_small.bin", d / "tokens.bin", d / "adam.toml"
-    write_initial_checkpoint(ckpt, FAMILIES["llama3"], SMALL_LLAMA, seed=42)
-    write_token_stream(tokens, np.random.default_rng(0).integers(0, SMALL_LLAMA.vocab_size, size=4000))
-    matrix.write_text(MATRIX)
-    return ckpt, tokens, matrix
+    return at_step.write_inputs(tmp_path_factory.mktemp("at_step_megatron"))
 
 
 def diagnose(inputs, out, *extra):
-    ckpt, tokens, matrix = inputs
-    return main(["diagnose", "--case", "adam", "--matrix", str(matrix), "--frameworks", PAIR, "--llmc", str(ckpt),
-                 "--data", str(tokens), "--device", "cpu", "--out", str(out), "--no-drift", *extra])
+    return at_step.diagnose(inputs, out, PAIR, *extra)
 
 
 def verdict(out, at_step: int = 0) -> dict:
@@ -137,5 +110,5 @@ def test_megatron_says_where_it_cannot_start_from_the_references_state(inputs, l
     fields = {"dtype": "float32", **layout}
     case = CaseSpec(name="adam", model="llama3", micro_batch=2, seq_len=32, total_batch=64, steps=6, lr=1e-4, **fields)
     runner = get_runner("megatron", native_bf16=True) if native_bf16 else get_runner("megatron")
-    problem = runner.at_step_problem(case, RunInputs(ckpt, tokens, SMALL_LLAMA, device))
+    problem = runner.at_step_problem(case, RunInputs(ckpt, tokens, at_step.SMALL_LLAMA, device))
     assert problem == reason if reason is None else problem.startswith(reason), problem

@@ -260,14 +260,19 @@ def _fill_from_perf(steps: list[StepRecord], perf: dict[int, _PerfStep]) -> None
                 s.tokens_per_s = p.tokens_per_s
 
 
-def parse_infinitrain_log(text: str, source: str) -> RunRecord:
+def parse_infinitrain_log(text: str, source: str, glog: bool = True) -> RunRecord:
     """InfiniTrain's stderr (glog-prefixed step lines among any other lines) -> RunRecord.
 
+    `glog=False`: an example that prints its step lines to stdout with std::cout, without glog's
+    prefix (tiny_mixtral of branch feat/support_moe: `step    1/10 | train loss 11.771182 | norm
+    -1.0000 | lr 1.00e-04 | (14567.44 ms | 18 tok/s)`); its glog lines (a failed CHECK) are ignored.
     `source` names the log in messages and gives the case name (its stem).
     Raises FormatError when the text holds no InfiniTrain step line.
     """
-    return _parse_step_lines(text, source, glog=True, framework="infinitrain", origin=ORIGIN_INFINITRAIN,
-                             expected="InfiniTrain step lines (glog-prefixed `step N/M | train loss ...`)")
+    expected = ("InfiniTrain step lines (glog-prefixed `step N/M | train loss ...`)" if glog
+                else "InfiniTrain step lines (`step N/M | train loss ...` on stdout)")
+    return _parse_step_lines(text, source, glog=glog, framework="infinitrain", origin=ORIGIN_INFINITRAIN,
+                             expected=expected)
 
 
 def parse_llmc_log(text: str, source: str) -> RunRecord:

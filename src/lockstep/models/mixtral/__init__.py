@@ -37,10 +37,6 @@ FAMILY = ModelFamily(
     hf=hf.ADAPTER,
     reference="lockstep.models.mixtral.model:Mixtral",
     cpu_shape="mixtral-tiny",
-    # Until its adapter lands (issue 34), the plan lists these pairs as skipped with the reason.
-    unsupported_runners={
-        "infinitrain": "lockstep does not drive InfiniTrain's tiny_mixtral (feat/support_moe) yet",
-    },
 )
 
 # tiny_mixtral's binary accepts its own shape only (its CheckLLMCConfig compares every header

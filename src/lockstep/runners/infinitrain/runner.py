@@ -1,4 +1,5 @@
-"""`infinitrain` runner: an external InfiniTrain build's `gpt2` / `llama3` / `qwen3` executable as a subprocess.
+"""`infinitrain` runner: an external InfiniTrain build's `gpt2` / `llama3` / `qwen3` / `tiny_mixtral` executable
+as a subprocess.
 
 The user points lockstep at a build directory (`--infinitrain-build DIR`, or the environment
 variable `LOCKSTEP_INFINITRAIN_BUILD`). The executable gets the case as gflags, the same way
@@ -81,7 +82,8 @@ class InfiniTrainRunner(FrameworkRunner):
             return None
         exe = self.executable(family)
         if exe not in self._facts:
-            self._facts[exe] = ExecutableFacts(exe, executable_flags(exe), llmc_version_read(exe, adapter.probe_magic))
+            facts = ExecutableFacts(exe, executable_flags(exe), llmc_version_read(exe, adapter.probe_magic))
+            self._facts[exe] = adapter.probe(facts)
         return self._facts[exe]
 
     # ------------------------------------------------------------------ checks before running
@@ -121,12 +123,15 @@ class InfiniTrainRunner(FrameworkRunner):
         unsupported = self.unsupported_family(inputs)
         if unsupported:
             return unsupported
+        adapter = adapter_for(inputs.model.family)
+        if adapter.one_device_only and (case.world_size > 1 or case.ep > 1 or case.zero):
+            return (f"InfiniTrain's {adapter.executable} trains on one device only, not {case.parallel_label}: "
+                    f"{adapter.one_device_only}")
         if inputs.device == "cpu" and case.is_bf16:
             return "InfiniTrain --dtype bfloat16 crashes on CPU (segfault; docs/reference/infinitrain.md)"
         if inputs.device == "cpu" and case.world_size > 1:
             return (f"InfiniTrain runs every thread of a parallel run ({case.parallel_label}) on a CUDA device, "
                     "so parallel cases need --device cuda")
-        adapter = adapter_for(inputs.model.family)
         if adapter.optional and self.build_dir is not None and not (self.build_dir / adapter.executable).is_file():
             return (f"this InfiniTrain build has no {adapter.executable} executable ({adapter.missing_note})"
                     if adapter.missing_note else f"this InfiniTrain build has no {adapter.executable} executable")
@@ -220,13 +225,12 @@ class InfiniTrainRunner(FrameworkRunner):
             "--llmc_filepath", str(_absolute(inputs.checkpoint)),
             "--device", inputs.device,
             "--dtype", case.dtype,
-            "--batch_size", str(case.micro_batch),
             "--sequence_length", str(case.seq_len),
-            "--total_batch_size", str(case.total_batch),
             "--num_iteration", str(case.steps),
             "--learning_rate", repr(float(case.lr)),
-            # This process's ranks; InfiniTrain's world is (processes x threads) and DP = world / (TP * PP).
-            "--nthread_per_process", str(threads),
+            # B, the step's batch and this process's ranks; InfiniTrain's world is (processes x threads)
+            # and DP = world / (TP * PP).
+            *adapter_for(inputs.model.family).batch_flags(case, threads),
             *adapter_for(inputs.model.family).flags,
         ]
         if case.tp > 1:
@@ -293,7 +297,8 @@ class InfiniTrainRunner(FrameworkRunner):
         log_path = Path(log_path)
         # cwd = the log's directory: anything the executable drops in its working directory
         # (profiles, checkpoints) stays with the run, not in the user's cwd.
-        run = run_logged(cmd, log_path, _parse_steps, env=env, cwd=log_path.parent, timeout_s=timeout_s,
+        parse = _parse_steps if adapter_for(inputs.model.family).glog_step_lines else _parse_plain_steps
+        run = run_logged(cmd, log_path, parse, env=env, cwd=log_path.parent, timeout_s=timeout_s,
                          on_step=on_step, what="InfiniTrain")
         text, steps = run.text, run.steps
         check_finished(run, log_path, case.steps, "InfiniTrain", timeout_s, writes_records=inputs.nodes.writes_records,
@@ -484,3 +489,8 @@ def _git_commit(directory: Path) -> str | None:
 
 def _parse_steps(text: str, source: str) -> list[StepRecord]:
     return parse_infinitrain_log(text, source).steps
+
+
+def _parse_plain_steps(text: str, source: str) -> list[StepRecord]:
+    """An executable that prints its step lines to stdout, without glog's prefix (tiny_mixtral)."""
+    return parse_infinitrain_log(text, source, glog=False).steps

@@ -31,6 +31,22 @@ class InfiniTrainFamily:
     # Set: the runner asks the executable (probe.py) which LLMC version of this magic it reads,
     # and which flags it has, before a case runs; None: the executable is b24d92f's, as documented.
     probe_magic: int | None = None
+    # False: its step lines go to stdout without glog's prefix (tiny_mixtral prints them with std::cout).
+    glog_step_lines: bool = True
+    # Set: the executable trains on one device only, and this says why (a DP, TP, PP, EP or ZeRO case
+    # is skipped with it, on any device).
+    one_device_only: str = ""
+
+    def batch_flags(self, case: CaseSpec, threads: int) -> list[str]:
+        """The batch and world flags (gpt2/llama3/qwen3's main.cc): B and the tokens per step, and this
+        process's threads, which are the world's ranks (DP = world / (TP * PP))."""
+        return ["--batch_size", str(case.micro_batch), "--total_batch_size", str(case.total_batch),
+                "--nthread_per_process", str(threads)]
+
+    def probe(self, facts):
+        """The family's own questions to its executable, after its flags and LLMC version (probe.py):
+        `facts` as they are, or completed (e.g. `compiled_model`)."""
+        return facts
 
     def preflight(self, model, checkpoint: Path, optimizer: OptimizerSpec) -> None:
         """Raise LockstepError when the executable can never train this model."""

@@ -1,7 +1,7 @@
 """InfiniTrain's `tiny_mixtral` example (branch feat/support_moe, b7e0760) for the Mixtral family.
 
 Facts of its example/tiny_mixtral/ (main.cc, config.h, checkpoint_loader.cc) this adapter follows
-(docs/reference/infinitrain.md#mixtral):
+(docs/reference/infinitrain.md#mixtral-tiny_mixtral):
 - its flags are its own: `--micro_batch_size` (B) and `--global_batch_size` in *sequences*
   (accumulation = global / micro), `--log_interval`, no `--batch_size`, `--total_batch_size` nor
   `--nthread_per_process` (gflags stops at an unknown flag);

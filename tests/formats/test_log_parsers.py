@@ -83,6 +83,25 @@ def test_infinitrain_nan_loss_is_kept_for_the_finiteness_check():
     assert math.isnan(rec.steps[0].loss)
 
 
+# Branch feat/support_moe's tiny_mixtral (b7e0760 main.cc:141-143): std::cout, no glog prefix.
+TINY_MIXTRAL_LINE = "step    1/10 | train loss 11.771182 | norm -1.0000 | lr 1.00e-04 | (14567.44 ms | 18 tok/s)"
+
+
+def test_infinitrain_stdout_step_lines_without_glog_prefix():
+    text = ("[COMMAND] /b/tiny_mixtral --input_bin t.bin\nF20261203 10:51:58.344971 1 x.cc:1] step 9/10 | train loss "
+            "1.0 | lr 1.00e-04 | (1.00 ms | 1 tok/s)\n" + TINY_MIXTRAL_LINE + "\nfinal 9 iters avg: 14012.345ms\n")
+    rec = parse_infinitrain_log(text, "runs/mixtral_1.log", glog=False)
+    assert rec.framework == "infinitrain" and rec.origin == "infinitrain-log" and rec.case == "mixtral_1"
+    # Only the stdout line: a glog-prefixed line is not this executable's step line.
+    assert [(s.step, s.loss, s.lr, s.step_ms, s.tokens_per_s) for s in rec.steps] == [(1, 11.771182, 1e-4, 14567.44,
+                                                                                       18.0)]
+    assert rec.meta["command"] == "/b/tiny_mixtral --input_bin t.bin"
+    with pytest.raises(FormatError, match=r"holds no InfiniTrain step lines \(`step N/M \| train loss ...` on stdout\)"):
+        parse_infinitrain_log(INFINITRAIN_LINE, "x.log", glog=False)
+    # The glog reading (gpt2/llama3) finds none of the stdout lines.
+    assert [s.step for s in parse_infinitrain_log(text, "runs/mixtral_1.log").steps] == [9]
+
+
 def test_infinitrain_writer_round_trip():
     prefix = "E20251021 14:16:23.511394 140590029197312 main.cc:262] "
     assert infinitrain_step_line(prefix, 1, 10, 5.356193, 1e-4, 2506.24, 102) == INFINITRAIN_LINE

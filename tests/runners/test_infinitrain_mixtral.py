@@ -178,6 +178,9 @@ def test_the_probe_reads_main_cc_s_flags_and_loader_version_2(tmp_path):
     assert executable_flags(exe) == frozenset(MAIN_CC_FLAGS)
     assert llmc_version_read(exe, 20260513) == 2  # from `... == kTinyMixtralLLMCVersion (0 vs. 2)`
     assert calls(tmp_path / "b")[-1] == "header " + " ".join(["0"] * 15)
+    # Negative control: a refused magic names no version (magic 0 here: `... == kTinyMixtralLLMCMagic`).
+    with pytest.raises(LockstepError, match="did not refuse it with a `Check failed: version"):
+        llmc_version_read(exe, 0)
 
 
 def test_a_b7e0760_build_states_its_shape_in_one_refusal(tmp_path):
@@ -337,6 +340,9 @@ def test_a_run_of_the_fake_trains_reads_its_steps_and_records_the_command(tmp_pa
     log = tmp_path / "out" / "infinitrain" / "mixtral_accum2.log"
     assert log.read_text().startswith(f"[COMMAND] {tmp_path / 'b' / 'tiny_mixtral'} --input_bin ")
     assert "--micro_batch_size 4 --global_batch_size 8 --log_interval 1" in rec.meta["worker_command"]
+    # MFU's FLOPs from the record's model: the active parameters (2 of 4 experts here).
+    assert throughput_of(rec).flops_per_token == SMALL.flops_per_token(64) == 6 * SMALL.matmul_parameters() + 12 * 2 * 64 * 32
+    assert SMALL.matmul_parameters() == SMALL.num_parameters() - 96 * 32 - 2 * 2 * 3 * 32 * 40
     # `lockstep compare` of the native log alone reads it as llm.c step lines (no glog prefix).
     assert [s.loss for s in parse_log_file(log).steps] == [4.5, 4.375, 4.25]
 

@@ -33,7 +33,7 @@ def _from_record(options: InfiniTrainOptions, meta: dict) -> InfiniTrainOptions:
 RUNNER = RunnerSpec(
     name="infinitrain",
     runner="lockstep.runners.infinitrain.runner:InfiniTrainRunner",
-    summary="an InfiniTrain build's example executables (gpt2, llama3), as subprocesses",
+    summary="an InfiniTrain build's example executables (gpt2, llama3, qwen3, tiny_mixtral), as subprocesses",
     # Step 1 from one process's saved weights and module dumps, after the run (capture.py); parallel
     # runs put every thread on a CUDA device.
     capabilities=Capabilities(step1_capture=CAPTURE_AFTER_RUN, parallel=("dp", "tp", "sp", "pp", "vpp", "zero"),

@@ -235,6 +235,9 @@ def test_only_the_compiled_shape_runs_and_another_is_skipped_naming_it(tmp_path)
     theta = MixtralConfig(rope_theta=500000.0)
     assert runner.skip_reason(mixtral_case(), mixtral_inputs(tmp_path, model=theta)).endswith(
         "this model differs in rope_theta 500000 (build: 1e+06)")
+    wide = MixtralConfig(vocab_size=1_234_567)  # counts in full, not as %g's 1.23457e+06
+    assert runner.skip_reason(mixtral_case(), mixtral_inputs(tmp_path, model=wide)).endswith(
+        "this model differs in vocab_size 1234567 (build: 128256)")
     # Asked once per runner: --helpfull, the version-0 header, one shape header.
     assert len([c for c in calls(tmp_path / "b") if not c.startswith("header ")]) == 3
 

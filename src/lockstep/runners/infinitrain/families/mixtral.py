@@ -83,9 +83,13 @@ def shape_label(config: MixtralConfig) -> str:
     return f"{names[0]} ({described})" if names else described
 
 
+def _value(v: int | float) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)  # float32 header values as the loader prints them
+
+
 def shape_differences(model: MixtralConfig, compiled: MixtralConfig) -> list[str]:
     """`num_layers 2 (build: 32)` for every field in which the case's model and the build's differ."""
-    return [f"{f.name} {getattr(model, f.name):g} (build: {getattr(compiled, f.name):g})"
+    return [f"{f.name} {_value(getattr(model, f.name))} (build: {_value(getattr(compiled, f.name))})"
             for f in dataclasses.fields(MixtralConfig) if getattr(model, f.name) != getattr(compiled, f.name)]
 
 

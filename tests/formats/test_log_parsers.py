@@ -96,7 +96,8 @@ def test_infinitrain_stdout_step_lines_without_glog_prefix():
     assert [(s.step, s.loss, s.lr, s.step_ms, s.tokens_per_s) for s in rec.steps] == [(1, 11.771182, 1e-4, 14567.44,
                                                                                        18.0)]
     assert rec.meta["command"] == "/b/tiny_mixtral --input_bin t.bin"
-    with pytest.raises(FormatError, match=r"holds no InfiniTrain step lines \(`step N/M \| train loss ...` on stdout\)"):
+    stdout_lines = r"holds no InfiniTrain step lines \(`step N/M \| train loss ...` on stdout\)"
+    with pytest.raises(FormatError, match=stdout_lines):
         parse_infinitrain_log(INFINITRAIN_LINE, "x.log", glog=False)
     # The glog reading (gpt2/llama3) finds none of the stdout lines.
     assert [s.step for s in parse_infinitrain_log(text, "runs/mixtral_1.log").steps] == [9]

@@ -344,7 +344,8 @@ def test_a_run_of_the_fake_trains_reads_its_steps_and_records_the_command(tmp_pa
     assert log.read_text().startswith(f"[COMMAND] {tmp_path / 'b' / 'tiny_mixtral'} --input_bin ")
     assert "--micro_batch_size 4 --global_batch_size 8 --log_interval 1" in rec.meta["worker_command"]
     # MFU's FLOPs from the record's model: the active parameters (2 of 4 experts here).
-    assert throughput_of(rec).flops_per_token == SMALL.flops_per_token(64) == 6 * SMALL.matmul_parameters() + 12 * 2 * 64 * 32
+    flops = throughput_of(rec).flops_per_token
+    assert flops == SMALL.flops_per_token(64) == 6 * SMALL.matmul_parameters() + 12 * 2 * 64 * 32
     assert SMALL.matmul_parameters() == SMALL.num_parameters() - 96 * 32 - 2 * 2 * 3 * 32 * 40
     # `lockstep compare` of the native log alone reads it as llm.c step lines (no glog prefix).
     assert [s.loss for s in parse_log_file(log).steps] == [4.5, 4.375, 4.25]

@@ -98,7 +98,8 @@ class MixtralFamily(InfiniTrainFamily):
     def batch_flags(self, case: CaseSpec, threads: int) -> list[str]:
         # Its global batch counts sequences (tokens per step = global_batch_size * T, main.cc:109), and
         # --log_interval 1 prints every step (its default, said so that a changed default cannot hide steps).
-        return ["--micro_batch_size", str(case.micro_batch), "--global_batch_size", str(case.total_batch // case.seq_len),
+        sequences = case.total_batch // case.seq_len
+        return ["--micro_batch_size", str(case.micro_batch), "--global_batch_size", str(sequences),
                 "--log_interval", "1"]
 
     def preflight(self, model, checkpoint: Path, optimizer: OptimizerSpec) -> None:

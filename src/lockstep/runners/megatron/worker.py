@@ -458,13 +458,18 @@ def _write_error(job: MegatronJob, text: str) -> None:
 
 
 def import_megatron() -> None:
-    """Everything `train` imports from megatron-core (seconds of imports), loaded now."""
-    import megatron.core.dist_checkpointing  # noqa: F401
-    import megatron.core.distributed  # noqa: F401
-    import megatron.core.models.gpt.gpt_model  # noqa: F401
-    import megatron.core.optimizer  # noqa: F401
-    import megatron.core.pipeline_parallel  # noqa: F401
-    import megatron.core.tensor_parallel  # noqa: F401
+    """Everything `train` imports from megatron-core (seconds of imports), loaded now, with its
+    `torch.compile` decorators deferred to first call (compile_on_call.py: the runner calls none of
+    them, and decorating alone imports torch's compiler)."""
+    from lockstep.runners.megatron.compile_on_call import compile_on_first_call
+
+    with compile_on_first_call():
+        import megatron.core.dist_checkpointing  # noqa: F401
+        import megatron.core.distributed  # noqa: F401
+        import megatron.core.models.gpt.gpt_model  # noqa: F401
+        import megatron.core.optimizer  # noqa: F401
+        import megatron.core.pipeline_parallel  # noqa: F401
+        import megatron.core.tensor_parallel  # noqa: F401
 
     from lockstep.runners.megatron import checkpoint, dataset, model, weights  # noqa: F401
     from lockstep.runners.megatron.families import adapter_for  # noqa: F401
@@ -499,7 +504,10 @@ def main(argv: list[str]) -> int:
     from lockstep.runners.mkl_vml import settle_mkl_vml_dispatch
     from lockstep.runners.workers import StartupTimeline, serve_arguments, serve_jobs
 
-    apply_test_plugins()
+    from lockstep.runners.megatron.compile_on_call import compile_on_first_call
+
+    with compile_on_first_call():  # a plugin that patches megatron imports it: see import_megatron
+        apply_test_plugins()
     settle_mkl_vml_dispatch()  # before any parallel torch op: see mkl_vml.py (megatron's CE hit it)
     serving = serve_arguments(argv)
     if serving is not None:
@@ -515,6 +523,7 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ.get("RANK", 0))
     writer = ResultsWriter(job.results_path if reports_results() else None)
     try:
+        import_megatron()
         info = train(job, writer)
         writer.info(**info)
     except LockstepError as e:

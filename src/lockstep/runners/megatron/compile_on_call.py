@@ -1,0 +1,60 @@
+"""`torch.compile` deferred to a function's first call while megatron-core is imported.
+
+megatron-core decorates its fused kernels (bias+GELU, bias+SwiGLU, bias+dropout+add, ...) with
+`megatron.core.jit.jit_fuser`, which is `torch.compile`; 0.19 also decorates a router function with
+`torch.compile` itself. Decorating already imports torch._dynamo and torch._inductor: ~1.3 s of CPU
+in every rank's start-up (measured on the 2-core CI machine), although the runner turns every fusion
+off (model.py) and never calls those functions. Inside `compile_on_first_call()`, `torch.compile(fn)`
+of a plain function returns a stand-in that calls the real `torch.compile(fn)` the first time it is
+called and the compiled function from then on: a function that is called is compiled and runs as
+before, so no arithmetic changes; one that is not costs nothing. megatron's `jit_fuser` is bound to
+the stand-in when megatron.core.jit is imported inside the block, so modules imported later (the
+MoE layers of a mixtral case) are deferred too. Modules (`torch.compile(module)`) compile as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+
+
+def deferred_compile(real_compile: Callable) -> Callable:
+    """A `torch.compile` with the same signature whose plain-function results compile on first call."""
+
+    def compile_later(model=None, **options):
+        if model is None:  # used as @torch.compile(mode=...)
+            return lambda fn: compile_later(fn, **options)
+        if not inspect.isfunction(model):
+            return real_compile(model, **options)
+        compiled: Callable | None = None
+
+        @functools.wraps(model)
+        def call(*args, **kwargs):
+            nonlocal compiled
+            if compiled is None:
+                compiled = real_compile(model, **options)
+            return compiled(*args, **kwargs)
+
+        call.compiles_on_first_call = True
+        return call
+
+    compile_later.defers = real_compile
+    return compile_later
+
+
+@contextmanager
+def compile_on_first_call() -> Iterator[None]:
+    """While inside, `torch.compile` of a function defers compiling to the function's first call."""
+    real = torch.compile
+    if getattr(real, "defers", None) is not None:  # already inside one
+        yield
+        return
+    torch.compile = deferred_compile(real)
+    try:
+        yield
+    finally:
+        torch.compile = real

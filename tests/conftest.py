@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.runners.host_memory import glibc
+from lockstep.runners.host_memory import glibc, release_freed_memory
 
 # The suite runs two pytest workers and their torch processes (worker ranks, lockstep runs) on as few as
 # two cores: idle OpenMP threads sleep instead of spinning for the core another process waits for. No
@@ -48,6 +48,18 @@ def _keep_large_allocations_in_the_heap() -> bool:
 
 _keep_large_allocations_in_the_heap()
 
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a test file's last test (its module fixtures gone), this pytest worker gives back the
+    memory it freed (host_memory.py), so that what one worker held at its peak is not still held
+    while the other worker reaches its own."""
+    yield
+    if nextitem is None or nextitem.path != item.path:
+        import gc
+
+        gc.collect()
+        release_freed_memory()
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

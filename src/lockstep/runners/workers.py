@@ -42,6 +42,7 @@ from typing import Callable
 from lockstep.errors import LockstepError, RunError
 from lockstep.formats.run_record import StepRecord
 from lockstep.fsutil import open_for_streaming
+from lockstep.runners.host_memory import release_freed_memory
 from lockstep.runners.launch import (ResultsWriter, _drain, _tail, kill_process_group, one_rank_env,
                                      rendezvous_id, torchrun_command, worker_env)
 from lockstep.runners.nodes import NODE_RANK_ENV, NodeLayout, reports_results
@@ -375,6 +376,7 @@ def serve_jobs(queue_dir: Path, handler: JobHandler, startup: StartupTimeline | 
             gc.collect()
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.empty_cache()
+            release_freed_memory()  # an idle rank holds no more than it needs to wait (host_memory.py)
             released_s = round(time.perf_counter() - releasing, 3)
         if agreed is None:
             # Another rank never finished this job: it is stuck in a collective this rank's failure

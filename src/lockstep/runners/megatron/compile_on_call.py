@@ -2,9 +2,10 @@
 
 megatron-core decorates its fused kernels (bias+GELU, bias+SwiGLU, bias+dropout+add, ...) with
 `megatron.core.jit.jit_fuser`, which is `torch.compile`; 0.19 also decorates a router function with
-`torch.compile` itself. Decorating already imports torch._dynamo and torch._inductor: ~1.3 s of CPU
-in every rank's start-up (measured on the 2-core CI machine), although the runner turns every fusion
-off (model.py) and never calls those functions. Inside `compile_on_first_call()`, `torch.compile(fn)`
+`torch.compile` itself. Decorating already imports torch._dynamo and torch._inductor's compiler,
+although the runner turns every fusion off (model.py) and never calls those functions: 0.75 s of CPU
+in every rank's start-up on the 2-core CI machine (megatron's imports and the first optimizer: 1.9 s
+-> 1.15 s; torch's optimizers import torch._dynamo themselves, its compiler they do not). Inside `compile_on_first_call()`, `torch.compile(fn)`
 of a plain function returns a stand-in that calls the real `torch.compile(fn)` the first time it is
 called and the compiled function from then on: a function that is called is compiled and runs as
 before, so no arithmetic changes; one that is not costs nothing. megatron's `jit_fuser` is bound to

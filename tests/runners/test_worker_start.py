@@ -112,7 +112,8 @@ import_megatron()
 import megatron.core.jit
 from megatron.core.fusions.fused_bias_gelu import bias_gelu
 print("after the worker's imports:", "torch._dynamo" in sys.modules, torch.compile is real_compile,
-      getattr(bias_gelu, "compiles_on_first_call", False), getattr(megatron.core.jit.jit_fuser, "defers", None) is real_compile)
+      getattr(bias_gelu, "compiles_on_first_call", False),
+      getattr(megatron.core.jit.jit_fuser, "defers", None) is real_compile)
 torch.compile(lambda x: x)
 print("after one torch.compile:", "torch._dynamo" in sys.modules)
 """

@@ -5,12 +5,13 @@ megatron-core decorates its fused kernels (bias+GELU, bias+SwiGLU, bias+dropout+
 `torch.compile` itself. Decorating already imports torch._dynamo and torch._inductor's compiler,
 although the runner turns every fusion off (model.py) and never calls those functions: 0.75 s of CPU
 in every rank's start-up on the 2-core CI machine (megatron's imports and the first optimizer: 1.9 s
--> 1.15 s; torch's optimizers import torch._dynamo themselves, its compiler they do not). Inside `compile_on_first_call()`, `torch.compile(fn)`
-of a plain function returns a stand-in that calls the real `torch.compile(fn)` the first time it is
-called and the compiled function from then on: a function that is called is compiled and runs as
-before, so no arithmetic changes; one that is not costs nothing. megatron's `jit_fuser` is bound to
-the stand-in when megatron.core.jit is imported inside the block, so modules imported later (the
-MoE layers of a mixtral case) are deferred too. Modules (`torch.compile(module)`) compile as before.
+-> 1.15 s; torch's optimizers import torch._dynamo themselves, its compiler they do not).
+Inside `compile_on_first_call()`, `torch.compile(fn)` of a plain function returns a stand-in that
+calls the real `torch.compile(fn)` the first time it is called and the compiled function from then
+on: a function that is called is compiled and runs as before, so no arithmetic changes; one that is
+not costs nothing. megatron's `jit_fuser` is bound to the stand-in when megatron.core.jit is imported
+inside the block, so modules imported later (the MoE layers of a mixtral case) are deferred too.
+Modules (`torch.compile(module)`) compile as before.
 """
 
 from __future__ import annotations

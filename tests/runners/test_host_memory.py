@@ -22,8 +22,9 @@ def test_freed_heap_memory_is_held_until_released():
         pytest.skip("the C library is not glibc: nothing to release")
     libc = glibc()
     M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1
-    # The suite's policy (conftest.py), set again here so that the block lives in the heap.
-    assert libc.mallopt(M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+    # The suite's policy (conftest.py: 512 MiB, 1 GiB), set again here (a GLIBC_TUNABLES of the
+    # user's leaves it unset) so that the block lives in the heap.
+    assert libc.mallopt(M_MMAP_THRESHOLD, 512 * MB) and libc.mallopt(M_TRIM_THRESHOLD, 1024 * MB)
     release_freed_memory()
     before = resident_mb()
     block = np.ones(256 * MB // 8)  # 256 MB, every page written

@@ -86,3 +86,32 @@ def test_megatron_plans_the_resume_pair_beside_the_reference(tmp_path, tiny_chec
                                llmc=str(tiny_checkpoint), out=str(tmp_path / "o")), make_files=False)
     assert plan.skips == {}
     assert [c.name for c in plan.cases] == ["saving", "resumed"]
+
+
+@pytest.mark.slow
+def test_a_resumed_case_is_certified_at_its_first_step_after_the_resume_point(tmp_path, capsys, tiny_checkpoint,
+                                                                             training_tokens):
+    """The step a resumed run computes first (resume_from + 1 = 3 here), recorded by both frameworks
+    from the reference's state after step 2, is what its certificate certifies and names; the saving
+    case's certificate is of step 1 (the negative control: the step is read, not assumed)."""
+    pytest.importorskip("megatron.core")
+    from lockstep.certify.certificate import certificate_path, read_certificate
+    from lockstep.formats.step_capture import StepCapture
+
+    matrix = tmp_path / "resume.toml"
+    matrix.write_text(MATRIX.replace("lr = 0.1", "lr = 1e-3"))  # megatron trains it too: a stable lr
+    out = tmp_path / "o"
+    rc = main(["run", "--matrix", str(matrix), "--frameworks", "pytorch,megatron", "--device", "cpu", "--llmc",
+               str(tiny_checkpoint), "--data", str(training_tokens), "--out", str(out), "--no-report"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert rc == 0, text
+    resumed = read_certificate(certificate_path(out / "megatron", "resumed"))
+    saving = read_certificate(certificate_path(out / "megatron", "saving"))
+    assert resumed.available and resumed.holds, resumed.summary_line()
+    assert resumed.step == 3 and resumed.summary_line().startswith("step 3 agrees from inside")
+    assert "step-3 certificate megatron vs pytorch on resumed: step 3 agrees from inside" in text
+    assert saving.step == 1 and saving.summary_line().startswith("step 1 agrees from inside")
+    for framework in ("pytorch", "megatron"):
+        capture = StepCapture.load(out / "step1" / framework / "resumed.npz")
+        assert capture.meta["request"]["start_step"] == 2, framework  # from the state after step 2
+        assert capture.meta["request"]["start_state"].endswith("saving.checkpoints/step_000002")

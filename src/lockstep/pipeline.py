@@ -14,6 +14,7 @@ trains; the history gains the run only after run.json says it finished.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from lockstep.outdir import CASE_OUTPUT_SUFFIXES, STATUS_FINISHED, RunDir, check
 from lockstep.plan import RunPlan, RunRequest, plan_run
 from lockstep.run_verdict import RunVerdict, run_verdict
 from lockstep.runners import framework_names, get_runner, reference_framework
+from lockstep.runners.base import first_step
 from lockstep.step_contract import Stopwatch
 
 
@@ -359,13 +361,15 @@ def certify_outcomes(plan: RunPlan, outcomes: list[CaseOutcome], say=lambda text
         base = by_pair.get((case.name, baseline))
         if not plan.certifies(case) or base is None or base.record is None or not base.record.ok:
             continue
-        ref, ref_problem = _capture_of(base)
+        resumed = first_step(case) > 1
+        ref, ref_problem = resumed_capture(plan, case, plan.runners[0]) if resumed else _capture_of(base)
         for runner in plan.runners[1:]:
             test = by_pair.get((case.name, runner.name))
             if test is None or test.record is None or not test.record.ok:
                 continue
-            cert = Certificate(case=case.name, baseline=baseline, test=runner.name, dtype=case.dtype)
-            other, other_problem = _capture_of(test)
+            cert = Certificate(case=case.name, baseline=baseline, test=runner.name, dtype=case.dtype,
+                               step=first_step(case))
+            other, other_problem = resumed_capture(plan, case, runner) if resumed else _capture_of(test)
             if ref is None or other is None:
                 cert.problem = "; ".join(p for p in (ref_problem, other_problem) if p)
             else:
@@ -373,7 +377,8 @@ def certify_outcomes(plan: RunPlan, outcomes: list[CaseOutcome], say=lambda text
                 eps = optimizer.eps if optimizer.kind == "adam" else 1e-8
                 try:
                     cert = certify(StepCapture.load(ref), StepCapture.load(other), case, adam_eps=eps)
-                    if cert.close_call and baseline == reference_framework():
+                    # (the FP64 run is of step 1: a resumed case's certified step is a later one)
+                    if cert.close_call and baseline == reference_framework() and not resumed:
                         say(f"step-1 certificate {runner.name} vs {baseline} on {case.name}: a close call; measuring "
                             "what FP32 moves the reference itself (its step 1 in FP64)")
                         if case.name not in fp64s:
@@ -383,9 +388,36 @@ def certify_outcomes(plan: RunPlan, outcomes: list[CaseOutcome], say=lambda text
                 except (LockstepError, ValueError) as e:
                     cert.problem = f"the captures cannot be compared: {e}"
             write_certificate(certificate_path(plan.out_dir / runner.name, case.name), cert)
-            say(f"step-1 certificate {runner.name} vs {baseline} on {case.name}: {cert.summary_line()}")
+            say(f"step-{cert.step} certificate {runner.name} vs {baseline} on {case.name}: {cert.summary_line()}")
             made.append(cert)
     return made
+
+
+def resumed_capture(plan: RunPlan, case: CaseSpec, runner) -> tuple[str | None, str | None]:
+    """A resumed case's certified step, as `_capture_of` gives step 1: the first step it trains
+    (resume point + 1), recorded by `runner` from the reference's saved state after the resume point
+    (its saving case's step folder, as `lockstep diagnose --at-step` starts from it), so both sides
+    of the certificate start the step from the same state; each framework's own resume is judged
+    by the resume verdict. Made after every run, when the reference's folder is there."""
+    from lockstep.execute import capture_request
+    from lockstep.runners.checkpoint_plan import plan_for
+
+    reference = reference_framework()
+    if plan.runners[0].name != reference:
+        return None, (f"a resumed case is certified from the {reference} reference's saved state, and the "
+                      f"baseline is {plan.runners[0].name}")
+    inputs = plan.inputs[case.name]
+    problem = runner.at_step_problem(case, inputs)
+    if problem:
+        return None, f"{runner.name} cannot record step {first_step(case)} from the reference's saved state ({problem})"
+    resume = plan_for(case, plan.out_dir / reference / f"{case.name}.log").resume
+    request = dataclasses.replace(capture_request(plan, case, runner), start_step=resume.step,
+                                  start_state=resume.directory)
+    try:
+        runner.capture(case, dataclasses.replace(inputs, capture=request), Path(request.path).parent / "work", request)
+    except LockstepError as e:
+        return None, f"{runner.name} could not record step {request.step} from the reference's saved state ({e})"
+    return request.path, None
 
 
 def fp64_capture(plan: RunPlan, case: CaseSpec):

@@ -138,3 +138,25 @@ def test_the_certificates_sketches_name_what_whole_tensors_name(defect, gpt2_tin
         assert cert.worst["gradients"].rel == 0.0 and cert.worst["module outputs"].rel == 0.0
         assert cert.compared == {"module outputs": 3 + 6 * config.num_layers + 1, "later micro batches": 0,
                                  "output gradients": 3 + 6 * config.num_layers, "gradients": 28}
+
+
+def test_a_certificate_names_its_step_and_refuses_captures_of_two_steps(gpt2_tiny, token_ids, gpt2_case, tmp_path):
+    """A resumed case's certificate is of the step after its resume point: it says which step, and
+    two captures of different steps (a step-1 capture against a step-31 one) are no certificate."""
+    config, tensors = gpt2_tiny
+    case = gpt2_case()
+    ref = sketched(GPT2.from_llmc(tensors, config), case, token_ids, tmp_path, "pytorch")
+    test = sketched(GPT2.from_llmc(tensors, config), case, token_ids, tmp_path, "test")
+    assert certify(ref, test, case).summary_line().startswith("step 1 agrees from inside")
+    # The same tensors, said to be step 31 on both sides (start_step 30): the line says step 31.
+    for capture in (ref, test):
+        capture.meta["request"] = {**capture.meta["request"], "start_step": 30}
+    cert = certify(ref, test, case)
+    assert cert.holds and cert.step == 31 and cert.summary_line().startswith("step 31 agrees from inside")
+    from lockstep.certify.certificate import Certificate
+
+    assert Certificate.from_json(cert.to_json()).step == 31
+    # Planted negative control: the reference's capture of step 1 against the test's of step 31.
+    ref.meta["request"] = {**ref.meta["request"], "start_step": 0}
+    with pytest.raises(ValueError, match="the pytorch capture is of step 1, the test capture of step 31"):
+        certify(ref, test, case)

@@ -449,3 +449,15 @@ def test_sequence_parallel_fp32_cases_use_the_seeds_2e_2(tmp_path):
     verdicts = {c.case: (c.threshold, c.passed) for c in report.cases}
     assert verdicts["qwen3_tp8_sp_fp32"] == (2e-2, True)
     assert verdicts["qwen3_tp8_fp32"] == (1e-5, False)
+
+
+def test_a_reference_trained_at_its_dp_layout_is_said_in_the_notes(tmp_path):
+    layout = "DP2 (TP/SP/PP do not change the contract's arithmetic)"
+    put_record(tmp_path / "pytorch", "gpt2_4", BASE_LOSSES, reference_layout=layout)
+    put_record(tmp_path / "megatron", "gpt2_4", BASE_LOSSES)
+    v = compare_paths(tmp_path / "pytorch", tmp_path / "megatron").cases[0]
+    assert v.passed and f"baseline (pytorch) reference_layout: {layout}" in v.notes
+    # Negative control: a record trained at its own layout adds no such note.
+    put_record(tmp_path / "pytorch2", "gpt2_4", BASE_LOSSES, framework="pytorch")
+    v = compare_paths(tmp_path / "pytorch2", tmp_path / "megatron").cases[0]
+    assert v.passed and not any("reference_layout" in n for n in v.notes)

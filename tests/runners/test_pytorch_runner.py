@@ -7,6 +7,7 @@ the split run) that must make the same comparison fail.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -209,3 +210,27 @@ def test_diverging_run_is_marked_failed_naming_the_step(inputs, tmp_path):
     assert rec.status == "failed"
     assert re.search(r"boom\.log: step \d loss is (nan|inf|-inf) \(non-finite\)", rec.error), rec.error
     assert read_run_record(tmp_path / "pytorch" / "boom.jsonl").status == "failed"
+
+
+def test_a_tp_pp_case_is_trained_at_its_dp_layout_not_skipped(inputs, tmp_path):
+    # TP=2 x PP=2 (+SP) at DP=1: four ranks elsewhere, one here; the same batch split, so the same losses.
+    dp_only = PyTorchRunner().run(case("gpt2_1", steps=3, B=2), inputs, tmp_path)  # accum 2
+    tp_pp = dataclasses.replace(case("gpt2_4", steps=3, B=2), tp=2, pp=2, sp=True)
+    assert PyTorchRunner().skip_reason(tp_pp, inputs) is None
+    rec = PyTorchRunner().run(tp_pp, inputs, tmp_path)
+    assert dp_only.ok and rec.ok, rec.error
+    assert rec.losses() == dp_only.losses()  # bit for bit: TP/SP/PP do not enter the reference's arithmetic
+    assert rec.meta["reference_layout"] == "DP1 (TP/SP/PP do not change the contract's arithmetic)"
+    assert rec.meta["case_spec"]["tp"] == 2 and rec.meta["case_spec"]["pp"] == 2  # the case as asked
+    assert "reference_layout" not in dp_only.meta
+    back = read_run_record(tmp_path / "pytorch" / "gpt2_4.jsonl")
+    assert back.meta["reference_layout"] == rec.meta["reference_layout"]
+
+
+def test_a_tp_case_at_its_dp_layout_still_sees_a_shifted_data_order(inputs, tmp_path, monkeypatch):
+    # Negative control: the DP layout is trained for real, so a defect in it moves the TP case's losses.
+    dp_only = PyTorchRunner().run(case("gpt2_1", steps=3, B=2), inputs, tmp_path)
+    defects.inject("data_order_off_by_one", monkeypatch)
+    rec = PyTorchRunner().run(dataclasses.replace(case("gpt2_4", steps=3, B=2), tp=2), inputs, tmp_path)
+    assert rec.ok, rec.error
+    assert max(abs(a - b) for a, b in zip(rec.losses(), dp_only.losses())) > LOSS_LIMIT

@@ -141,6 +141,13 @@ class CaseSpec:
         """Tokens a run reads: every step's window plus the one target after the last."""
         return self.steps * self.total_batch + 1
 
+    def data_parallel_layout(self) -> "CaseSpec":
+        """The case with TP, SP and PP (and VPP, a pipeline layout) folded away: the same DP ranks,
+        micro batch, global batch and accumulation. TP/SP/PP split the same sums over more ranks;
+        they do not change the contract's arithmetic (docs/reference/training-contract.md), so a
+        trainer without them trains the case at this layout."""
+        return replace(self, tp=1, pp=1, vpp=1, sp=False, pp_layout=None)
+
     @property
     def is_bf16(self) -> bool:
         return self.dtype == "bfloat16"

@@ -168,6 +168,9 @@ class Certificate:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     problem: str | None = None  # why there is no certificate (a side could not be captured)
+    # The step certified: 1, or a resumed case's first step after its resume point (captured by
+    # both sides from the reference's saved state after the step before, as diagnose --at-step).
+    step: int = 1
 
     @property
     def available(self) -> bool:
@@ -204,7 +207,7 @@ class Certificate:
         worst = [f"{what} ≤ {d.rel:.1e}" for what, d in self.worst.items() if d is not None]
         adam = (f"; the gradients are the signs of Adam's first update, which may differ in "
                 f"{ADAM_SIGN_SHARE:.0e} of a tensor's elements" if self.grad_kind == GRAD_ADAM_UPDATE else "")
-        return (f"step 1 agrees from inside ({', '.join(parts)}; relative error {', '.join(worst)}, "
+        return (f"step {self.step} agrees from inside ({', '.join(parts)}; relative error {', '.join(worst)}, "
                 f"tolerance {self.tolerance:.0e}{adam})")
 
     def to_json(self) -> dict:
@@ -215,7 +218,7 @@ class Certificate:
                 "findings": [f.to_json() for f in self.findings],
                 "loss_step1": self.loss.to_json() if self.loss else None, "gradient_source": self.grad_kind,
                 "worst": {k: (d.to_json() if d else None) for k, d in self.worst.items()},
-                "compared": self.compared, "notes": self.notes, "seconds": self.seconds}
+                "compared": self.compared, "notes": self.notes, "seconds": self.seconds, "step": self.step}
 
     @classmethod
     def from_json(cls, d: dict) -> "Certificate":
@@ -229,16 +232,21 @@ class Certificate:
                    grad_kind=d.get("gradient_source", ""),
                    worst={k: (TensorDiff.from_json(v) if v else None) for k, v in d.get("worst", {}).items()},
                    compared=d.get("compared", {}), notes=d.get("notes", []), seconds=d.get("seconds", 0.0),
-                   problem=d.get("problem"))
+                   problem=d.get("problem"), step=int(d.get("step", 1)))
 
 
 def certify(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps: float = 1e-8,
             structure: StepCapture | None = None, fp64: StepCapture | None = None) -> Certificate:
     start = time.perf_counter()
+    if captured_step(ref) != captured_step(test):
+        # Tensors of two different steps part by training, not by a defect: no certificate.
+        raise ValueError(f"the {ref.framework} capture is of step {captured_step(ref)}, the {test.framework} "
+                         f"capture of step {captured_step(test)}")
     ev = evaluate_step1(ref, test, case, adam_eps, structure, fp64)
     micro = [d for ds in ev.micro_batches.values() for d in ds]
     cert = Certificate(
         case=case.name, baseline=ref.framework, test=test.framework, dtype=case.dtype, tolerance=ev.tolerance,
+        step=captured_step(test),
         findings=ev.findings, loss=ev.loss, grad_kind=test.grad_kind,
         worst={"module outputs": _worst(ev.forward), "later micro batches": _worst(micro),
                "output gradients": _worst(ev.output_grads), "gradients": _worst(ev.grads),

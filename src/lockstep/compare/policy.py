@@ -217,12 +217,12 @@ def judge_pair(diffs, threshold: float, certificate=None, bound: PrecisionBound 
                              f"{first_bad.step} on, and no step-1 certificate to say why ({why})")
     if bound is not None and all(d.abs_diff <= d.allowed + bound.per_step.get(d.step, float("inf")) for d in diffs):
         return PairJudgement(VerdictClass.PASS_WITHIN_PRECISION,
-                             f"step 1 agrees from inside, and |Δloss| {worst.abs_diff:.2e} (step {worst.step}) is within "
+                             f"step {certificate.step} agrees from inside, and |Δloss| {worst.abs_diff:.2e} (step {worst.step}) is within "
                              f"{threshold:.0e} + the {bound.side}'s logging precision (up to {bound.worst:.2e} per step: "
                              f"{bound.how})", bound=bound)
     if amplification is not None and amplification.holds:
         return PairJudgement(VerdictClass.FAIL,
-                             f"Adam amplifies last-bit differences (no defect found): step 1 agrees from inside and in "
+                             f"Adam amplifies last-bit differences (no defect found): step {certificate.step} agrees from inside and in "
                              f"its loss, then the losses part as a bounded random walk, |Δloss| up to "
                              f"{worst.abs_diff:.2e}; the test is {amplification.test_vs_fp64:.2e} from an FP64 run of "
                              f"the case, the FP32 reference itself {amplification.reference_vs_fp64:.2e}",
@@ -233,7 +233,7 @@ def judge_pair(diffs, threshold: float, certificate=None, bound: PrecisionBound 
     tried = [t for t in tried if t]
     unexplained = (f"not explained by {' nor by '.join(tried)}" if tried else "nothing measured explains it") + (
         "" if bound else " (no logging-precision bound applies)")
-    # summary_line() already reads "step 1 agrees from inside (...)"
+    # summary_line() already reads "step N agrees from inside (...)"
     return PairJudgement(VerdictClass.FAIL_UNEXPLAINED,
                          f"{certificate.summary_line()}, but |Δloss| reaches "
                          f"{worst.abs_diff:.2e} at step {worst.step} (> {threshold:.0e} from step {first_bad.step}); "

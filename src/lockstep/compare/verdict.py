@@ -263,6 +263,10 @@ def judge_case(case: str, baseline: LoadedSide, test: LoadedSide, options: Compa
             verdict.notes.append(f"{name}: Megatron-LM step-2 running mean corrected "
                                  f"(logged {rec.meta.get('megatron_step2_logged_loss'):.6f} -> "
                                  f"{next(s.loss for s in rec.steps if s.step == 2):.6f})")
+    for side, name in ((baseline, "baseline"), (test, "test")):
+        if layout := side.record.meta.get("reference_layout"):
+            # A trainer without TP/PP trained the case at its DP layout: said, never hidden.
+            verdict.notes.append(f"{name} ({side.record.framework}) reference_layout: {layout}")
     differs = input_differences(b, t)
     if differs:
         # Different inputs: the losses part because the inputs do (compare/inputs.py); no verdict.

@@ -18,6 +18,20 @@ from lockstep.runners.workers import WorkerGroup
 TRAIN_MODULE = "lockstep.runners.pytorch.train"
 
 
+def reference_layout(case: CaseSpec) -> CaseSpec:
+    """The layout the reference trains `case` at: its data-parallel layout (DP = world / (TP x PP),
+    the same global batch and accumulation). The contract's data order and sums depend on DP, B and
+    accum only (docs/reference/training-contract.md), so a TP/SP/PP case keeps its arithmetic."""
+    return case.data_parallel_layout()
+
+
+def reference_layout_note(case: CaseSpec) -> str | None:
+    """What the record says of a case trained at another layout than its own (None: its own)."""
+    if case.tp == 1 and case.pp == 1:
+        return None
+    return f"DP{case.dp} (TP/SP/PP do not change the contract's arithmetic)"
+
+
 class PyTorchRunner(FrameworkRunner):
     name = "pytorch"
     # Save/resume through torch.distributed.checkpoint (checkpoint.py, docs/reference/checkpoints.md);
@@ -30,13 +44,12 @@ class PyTorchRunner(FrameworkRunner):
         return f"torch {torch.__version__}"
 
     def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
-        if case.tp > 1 or case.pp > 1:
-            return "the pytorch reference trainer is data parallel only (TP/PP cases run on megatron)"
+        # A TP/SP/PP case is trained at its DP layout (reference_layout), not skipped.
         if case.checkpoint is not None and case.lora is not None:
             return "the pytorch reference trainer does not save and resume LoRA cases yet"
         if case.checkpoint is not None and case.zero:
             return "the pytorch reference trainer saves and resumes without ZeRO only (its sharded optimizers not yet)"
-        return super().skip_reason(case, inputs)
+        return super().skip_reason(reference_layout(case), inputs)
 
     def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
         return None  # any case: its DP ranks run one after the other in one process, TP/PP are the same math
@@ -49,7 +62,7 @@ class PyTorchRunner(FrameworkRunner):
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
         from lockstep.runners.pytorch.train import capture_case
 
-        return capture_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, request,
+        return capture_case(reference_layout(case), str(inputs.checkpoint), str(inputs.tokens), inputs.device, request,
                             lora_seed=inputs.lora_seed)
 
     def fp64_step1(self, case: CaseSpec, inputs: RunInputs, path: Path):
@@ -58,7 +71,7 @@ class PyTorchRunner(FrameworkRunner):
         from lockstep.capture.request import CAPTURE_ROWS
         from lockstep.runners.pytorch.train import capture_case
 
-        return capture_case(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device,
+        return capture_case(reference_layout(case), str(inputs.checkpoint), str(inputs.tokens), inputs.device,
                             CaptureRequest(path=str(path), rows=CAPTURE_ROWS), framework="pytorch-fp64", float64=True,
                             lora_seed=inputs.lora_seed)
 
@@ -71,8 +84,10 @@ class PyTorchRunner(FrameworkRunner):
         record = RunRecord(framework="pytorch-fp64", case=case.name, meta=base_meta(self, case, inputs),
                            source=str(record_path))
         record.meta["precision"] = "fp64 (evidence run: what exact arithmetic gives)"
+        if note := reference_layout_note(case):
+            record.meta["reference_layout"] = note
         try:
-            record.steps = train_fp64(case, str(inputs.checkpoint), str(inputs.tokens), inputs.device,
+            record.steps = train_fp64(reference_layout(case), str(inputs.checkpoint), str(inputs.tokens), inputs.device,
                                       lora_seed=inputs.lora_seed)
         except (LockstepError, torch.cuda.OutOfMemoryError) as e:
             record.status, record.error = "failed", str(e)
@@ -82,12 +97,14 @@ class PyTorchRunner(FrameworkRunner):
 
     def worker_group_key(self, case: CaseSpec, inputs: RunInputs):
         # One device trains in this process already; DP groups of one size share a torchrun.
+        case = reference_layout(case)
         if case.world_size == 1:
             return None
         return ("torchrun", case.world_size, inputs.device, inputs.nodes,
                 tuple(sorted(oversubscribed_env(case, inputs).items())))
 
     def open_workers(self, case: CaseSpec, inputs: RunInputs) -> WorkerGroup:
+        case = reference_layout(case)
         return WorkerGroup(TRAIN_MODULE, case.world_size, inputs.device, env=oversubscribed_env(case, inputs), nodes=inputs.nodes,
                            label=f"pytorch, {case.world_size} ranks")
 
@@ -97,16 +114,20 @@ class PyTorchRunner(FrameworkRunner):
 
         from lockstep.runners.pytorch.checkpoint import plan_for
 
+        note, case = reference_layout_note(case), reference_layout(case)
+        layout_meta = {"reference_layout": note} if note else {}
         params_path = str(final_params_path(log_path)) if inputs.save_final_params else None
         checkpoints = inputs.extra.get("pytorch_checkpoints") or plan_for(case, log_path)
         if checkpoints is not None:
             checkpoints.clear_earlier_saves()  # a resume after a failed save must not find an older run's
         if case.world_size == 1:
             # One process: step 1 is recorded as it trains (several ranks capture after the run).
-            return run_in_process(log_path, on_step, lambda emit, log: train_case(
+            result = run_in_process(log_path, on_step, lambda emit, log: train_case(
                 case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, ProcessGroupInfo(), emit, log,
                 final_params_path=params_path, capture=inputs.capture, checkpoints=checkpoints,
                 lora_seed=inputs.lora_seed))
+            result.meta.update(layout_meta)
+            return result
         job = {"case": case.to_dict(), "checkpoint": str(inputs.checkpoint), "tokens": str(inputs.tokens),
                "device": inputs.device, "final_params_path": params_path,
                "checkpoints": checkpoints.to_dict() if checkpoints else None, "lora_seed": inputs.lora_seed}
@@ -116,4 +137,4 @@ class PyTorchRunner(FrameworkRunner):
         else:
             steps, info = run_workers(TRAIN_MODULE, job, nproc=case.world_size, log_path=log_path,
                                       timeout_s=inputs.timeout_s, on_step=on_step, env=env, nodes=inputs.nodes)
-        return ExecuteResult(steps=steps, meta={**info, **launch_meta(case, inputs, env)})
+        return ExecuteResult(steps=steps, meta={**info, **launch_meta(case, inputs, env), **layout_meta})

@@ -161,15 +161,65 @@ def read_infinitrain_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray
     return {e.name: state.array(e) for e in state.entries if e.dtype_code == INFINITRAIN_FP32}
 
 
-def write_infinitrain_checkpoint(path: str | os.PathLike, tensors: dict[str, np.ndarray]) -> None:
-    """The same layout, for tests (InfiniTrain's own writer is the real source of these files)."""
+# numpy dtype -> InfiniTrain's DataType code, for the tensors a writer may hold (weights, moments, adam.t).
+WRITABLE_DTYPES = {np.dtype("<f4"): INFINITRAIN_FP32, np.dtype("<i8"): 8}
+
+
+def state_file_bytes(tensors: dict[str, np.ndarray]) -> bytes:
+    """A CKPT file as InfiniTrain's SaveStateDict lays it out (checkpoint.cc:112-140), in the dict's
+    order: FP32 and INT64 tensors (a 0-d INT64 is Adam's step count `adam.t`)."""
+    parts = [struct.pack("<III", CKPT_MAGIC, CKPT_VERSION, len(tensors))]
+    for name, a in tensors.items():
+        a = np.asarray(a)
+        kind = np.dtype(a.dtype).newbyteorder("<")
+        if kind not in WRITABLE_DTYPES:
+            raise ValueError(f"tensor {name}: dtype {a.dtype} is not written (FP32 or INT64 only)")
+        a = np.ascontiguousarray(a, dtype=kind)
+        raw = name.encode()
+        parts += [struct.pack("<I", len(raw)), raw, struct.pack("<bI", WRITABLE_DTYPES[kind], a.ndim),
+                  struct.pack(f"<{a.ndim}q", *a.shape), struct.pack("<Q", a.nbytes), a.tobytes()]
+    return b"".join(parts)
+
+
+def write_state_file(path: str | os.PathLike, tensors: dict[str, np.ndarray]) -> None:
+    """`state_file_bytes` written to `path`, tensor by tensor (a model's worth is not held twice)."""
     with open(path, "wb") as f:
         f.write(struct.pack("<III", CKPT_MAGIC, CKPT_VERSION, len(tensors)))
         for name, a in tensors.items():
-            a = np.ascontiguousarray(a, dtype="<f4")
-            raw = name.encode()
-            f.write(struct.pack("<I", len(raw)) + raw + struct.pack("<bI", INFINITRAIN_FP32, a.ndim))
-            f.write(struct.pack(f"<{a.ndim}q", *a.shape) + struct.pack("<Q", a.nbytes) + a.tobytes())
+            f.write(state_file_bytes({name: a})[12:])
+
+
+def write_infinitrain_checkpoint(path: str | os.PathLike, tensors: dict[str, np.ndarray]) -> None:
+    """A model.ckpt of FP32 tensors (tests; InfiniTrain's own writer is the real source of these files)."""
+    write_state_file(path, {n: np.asarray(a, dtype=np.float32) for n, a in tensors.items()})
+
+
+def trainer_state_text(values: dict[str, int | float]) -> str:
+    """trainer_state.json with every TRAINER_STATE_KEYS key, in InfiniTrain's order and one a line,
+    as valid JSON (b24d92f's own writer leaves out the comma after vocab_size; its reader, a key
+    extractor that reads up to `,`, newline or `}`, takes both). A key not given is an error: the
+    reader would silently take its fallback."""
+    missing = [k for k in TRAINER_STATE_KEYS if k not in values]
+    if missing:
+        raise ValueError(f"trainer state without {', '.join(missing)}")
+    def number(key):
+        v = values[key]
+        return repr(float(v)) if isinstance(TRAINER_STATE_KEYS[key], float) else str(int(v))
+
+    return "{\n" + ",\n".join(f'  "{k}": {number(k)}' for k in TRAINER_STATE_KEYS) + "\n}\n"
+
+
+def write_checkpoint_folder(root: str | os.PathLike, step: int, model: dict[str, np.ndarray],
+                            trainer_state: dict[str, int | float], optimizer: dict[str, np.ndarray] | None = None) -> Path:
+    """`root/checkpoint_step_NNNNNN/` of one rank as InfiniTrain's --load reads it: model.ckpt,
+    optimizer.ckpt (only when given: SGD has none) and trainer_state.json; its path."""
+    folder = Path(root) / f"checkpoint_step_{step:06d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    write_state_file(folder / MODEL_FILE, model)
+    if optimizer is not None:
+        write_state_file(folder / OPTIMIZER_FILE, optimizer)
+    (folder / TRAINER_STATE_FILE).write_text(trainer_state_text(trainer_state))
+    return folder
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,14 @@ from the case's weights w0 gives w1, and the update w0 - w1 says what the gradie
 
 The same step dumps every module's output and the gradient arriving at it (`--precision_check`,
 precision_check.py); step 1's forward is before the update, so the large lr does not touch it.
+
+A LoRA case starts from the case's weights and lockstep's LoRA init (its `--lora_load_path`,
+lora.py); InfiniTrain's model.ckpt holds both the base and the adapters, so the same recovery
+gives each adapter's gradient, and the base's, which is exactly zero where the base stayed frozen
+(certify/lora.py names any that moved). From the reference's state after step N (`lockstep
+diagnose --at-step N`, at_step.py) the launch resumes from that state written as its own step
+folder and trains step N+1 at the recovery lr; for SGD the recovered gradient is also the update
+it applied (`applied/`, per unit lr).
 """
 
 from __future__ import annotations
@@ -112,21 +120,60 @@ def launch_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Capture
     # A saving case's step 1 is the plain case's: the capture's own launches save only for themselves.
     case = dataclasses.replace(case, checkpoint=None)
     family = inputs.family
-    ckpt = load_checkpoint(inputs.checkpoint)
-    w0 = split_canonical(ckpt.tensors, ckpt.config)
+    start = request.start_step if request.start_state is not None else 0
+    w0 = initial_weights(case, inputs, request)
     sgd = family.optimizer.kind == "sgd"
     if sgd:
         lr = (sgd_recovery_lr({n: rms(w) for n, w in w0.items()}, reference_grad_rms(request.reference))
               if request.reference else DEFAULT_SGD_RECOVERY_LR)
     else:
         lr = ADAM_RECOVERY_LR
-    step_case = case.with_overrides(steps=1, lr=lr, name=f"{case.name}_recovery_lr{lr:g}")
+    at = f"_step{start + 1}" if start else ""
+    step_case = case.with_overrides(steps=1, lr=lr, name=f"{case.name}{at}_recovery_lr{lr:g}")
     rows = request.rows
     # The dumps come from the recovery step itself, or from one micro batch of `rows` sequences (the
     # same first sequences: a sequence's forward does not depend on the others in its batch).
     small = rows is not None and case.micro_batch > rows
     dump_case = (case.with_overrides(steps=1, micro_batch=rows, total_batch=rows * case.seq_len, dp=1,
-                                     name=f"{case.name}_first{rows}") if small else step_case)
+                                     name=f"{case.name}{at}_first{rows}") if small else step_case)
+    states = []  # the reference's state written for each launch (at_step.py), removed once launched
+    if start:
+        from lockstep.runners.infinitrain.at_step import resumed, write_reference_state
+
+        step_case = resumed(step_case, start)
+        dump_case = resumed(dump_case, start) if small else step_case
+        for launch in ([step_case, dump_case] if small else [step_case]):
+            states.append(write_reference_state(w0, start, launch, inputs, work_dir, case.total_batch).parent)
+    try:
+        finish = _launch(runner, case, inputs, work_dir, request, w0, lr, sgd, step_case, dump_case, small)
+    finally:
+        for folder in states:
+            shutil.rmtree(folder, ignore_errors=True)
+    return finish
+
+
+def initial_weights(case: CaseSpec, inputs, request: CaptureRequest) -> dict[str, np.ndarray]:
+    """The weights the recovery step starts from, canonical names: the case's init (and its LoRA
+    init, the one the launch loads: `lora_A.qkvw[0]`), or the reference's after step N."""
+    if request.start_state is not None:
+        from lockstep.runners.pytorch.canonical_state import read_canonical_state
+
+        return read_canonical_state(request.start_state, request.start_step, case, str(inputs.checkpoint)).weights
+    ckpt = load_checkpoint(inputs.checkpoint)
+    w0 = split_canonical(ckpt.tensors, ckpt.config)
+    if case.lora is not None:
+        from lockstep.models.lora import lora_init_tensors
+
+        w0 |= lora_init_tensors(inputs.model.family, inputs.model, case.lora, inputs.lora_seed)
+    return w0
+
+
+def _launch(runner, case: CaseSpec, inputs, work_dir: Path, request: CaptureRequest, w0: dict, lr: float, sgd: bool,
+            step_case: CaseSpec, dump_case: CaseSpec, small: bool):
+    from lockstep.runners.infinitrain.precision_check import UNSUPPORTED_MARK, read_module_outputs
+
+    family = inputs.family
+    rows = request.rows
     check_dir = (work_dir / f"infinitrain_{case.name}_module_outputs").resolve()
     shutil.rmtree(check_dir, ignore_errors=True)
     plain = dataclasses.replace(inputs, capture=None)
@@ -164,19 +211,33 @@ def launch_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Capture
     saved_path = Path(record.meta["infinitrain_save"])
     cap.loss = record.steps[0].loss
     cap.meta = {"recovery_lr": lr, "log": record.source, "case": case.to_dict()}
-    return lambda: _recover(builder, w0, saved_path, lr, sgd, family, inputs.model)
+    applied_step = request.step if request.start_state is not None and sgd else None
+    return lambda: _recover(builder, w0, saved_path, lr, sgd, family, inputs.model, applied_step)
 
 
-def _recover(builder: CaptureBuilder, w0: dict, saved_path: Path, lr: float, sgd: bool, family, model) -> StepCapture:
-    """The gradients (SGD) or Adam update signs recovered from InfiniTrain's saved weights, tensor by
-    tensor, and the capture written."""
+def saved_weights(saved_path: Path, family, model) -> dict[str, np.ndarray]:
+    """InfiniTrain's model.ckpt under canonical names: the base's LLMC names and a LoRA case's
+    adapters' (`lora_A.qkvw[0]`, lora.py)."""
     from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint
     from lockstep.runners.infinitrain.families import adapter_for
+    from lockstep.runners.infinitrain.lora import canonical_adapters
+
+    saved = read_infinitrain_checkpoint(saved_path)
+    return adapter_for(family.name).canonical_state(saved, model) | canonical_adapters(saved)
+
+
+def _recover(builder: CaptureBuilder, w0: dict, saved_path: Path, lr: float, sgd: bool, family, model,
+             applied_step: int | None = None) -> StepCapture:
+    """The gradients (SGD) or Adam update signs recovered from InfiniTrain's saved weights, tensor by
+    tensor, and the capture written; from a saved state (`applied_step`, SGD) the same gradients as
+    the update applied per unit lr."""
+    from lockstep.capture.request import make_sketch
+    from lockstep.formats.step_capture import APPLIED
 
     cap = builder.capture
     # Its own checkpoint, memory-mapped, its file removed at once: its space is freed as its last
     # tensor is let go, before the capture is written, so the disk never holds w1 twice.
-    w1 = adapter_for(family.name).canonical_state(read_infinitrain_checkpoint(saved_path), model)
+    w1 = saved_weights(saved_path, family, model)
     shutil.rmtree(saved_path.parent.parent, ignore_errors=True)  # <case>.save/ (lockstep's own)
     for name, before in w0.items():
         if name not in w1:
@@ -186,6 +247,10 @@ def _recover(builder: CaptureBuilder, w0: dict, saved_path: Path, lr: float, sgd
         else:
             g = recover_adam_update(before, w1.pop(name), lr)
         builder.add("grad", name, g)
+        if applied_step is not None:
+            cap.sketches[f"{APPLIED}/{name}"] = make_sketch(g)
+    if applied_step is not None:
+        cap.meta[APPLIED] = {"step": applied_step, "lr": lr, "precision": dict(cap.grad_precision)}
     if sgd:
         cap.grad_kind = GRAD_SGD_RECOVERED
         worst = max(cap.grad_precision.values(), default=0.0)

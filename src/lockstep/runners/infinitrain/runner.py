@@ -148,8 +148,11 @@ class InfiniTrainRunner(FrameworkRunner):
     # ------------------------------------------------------------------ step 1 from inside
 
     def at_step_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
-        return ("InfiniTrain cannot start from the reference's state yet: writing it as InfiniTrain's native "
-                "checkpoint folder for its --load is not built")
+        """The reference's state goes in as InfiniTrain's own step folder for its --load (at_step.py);
+        then step N+1 is captured as step 1 is."""
+        from lockstep.runners.infinitrain.at_step import at_step_problem
+
+        return at_step_problem(case, inputs) or self.capture_problem(case, inputs)
 
     def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
         reason = self.skip_reason(case, inputs)
@@ -158,9 +161,6 @@ class InfiniTrainRunner(FrameworkRunner):
         if case.world_size > 1:
             return ("InfiniTrain's step 1 is captured from one process's saved weights; its --save of a parallel "
                     "run is untested here")
-        if case.lora is not None:
-            return ("InfiniTrain's step 1 is captured from the weights it saves; recovering its LoRA adapters' "
-                    "gradients from them is not implemented")
         if first_step(case) > 1:
             return f"a case resumed after step {case.checkpoint.resume_from} does not train step 1"
         facts = self.facts(inputs.model.family) if self.build_dir is not None else None

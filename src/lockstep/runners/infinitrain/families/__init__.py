@@ -37,6 +37,11 @@ class InfiniTrainFamily:
     # is skipped with it, on any device).
     one_device_only: str = ""
 
+    # The shape (n_layer, n_head, n_kv_head, n_embd, vocab_size) its executable writes into a saved
+    # folder's trainer_state.json and checks a --load folder's against: its default config, not the
+    # model loaded with --llmc_filepath (docs/reference/checkpoints.md). Empty: not known here.
+    resume_shape: tuple[tuple[str, int], ...] = ()
+
     def batch_flags(self, case: CaseSpec, threads: int) -> list[str]:
         """The batch and world flags (gpt2/llama3/qwen3's main.cc): B and the tokens per step, and this
         process's threads, which are the world's ranks (DP = world / (TP * PP))."""
@@ -67,6 +72,11 @@ class InfiniTrainFamily:
         """InfiniTrain's saved tensors (its module names, TP=1, one stage) under LLMC names."""
         raise LockstepError(f"lockstep cannot map InfiniTrain's {self.family} checkpoint names to LLMC names")
 
+    def native_state(self, canonical: dict[str, np.ndarray], config) -> dict[str, np.ndarray]:
+        """`canonical_state`'s inverse: LLMC tensors (per layer, `qkvw[3]`) as the model state dict its
+        executable's --load needs (every name it has, buffers included: a missing one is fatal there)."""
+        raise LockstepError(f"lockstep cannot write InfiniTrain's {self.family} checkpoint from LLMC names yet")
+
 
 def rename(state: dict[str, np.ndarray], layer: dict[str, str], top: dict[str, str]) -> dict[str, np.ndarray]:
     out = {}
@@ -76,6 +86,21 @@ def rename(state: dict[str, np.ndarray], layer: dict[str, str], top: dict[str, s
             out[f"{layer[m.group(2)]}[{int(m.group(1))}]"] = a
         elif name in top:
             out[top[name]] = a
+    return out
+
+
+def unrename(canonical: dict[str, np.ndarray], layer: dict[str, str], top: dict[str, str]) -> dict[str, np.ndarray]:
+    """`rename`'s inverse; LockstepError for a canonical tensor neither table names."""
+    by_layer, by_top = {v: k for k, v in layer.items()}, {v: k for k, v in top.items()}
+    out = {}
+    for name, a in canonical.items():
+        m = re.match(r"^(\w+)\[(\d+)\]$", name)
+        if m and m.group(1) in by_layer:
+            out[f"transformer.h.{int(m.group(2))}.{by_layer[m.group(1)]}"] = a
+        elif name in by_top:
+            out[by_top[name]] = a
+        else:
+            raise LockstepError(f"canonical tensor {name} has no InfiniTrain name")
     return out
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.runners.infinitrain.families import InfiniTrainFamily, header_word, rename
+from lockstep.runners.infinitrain.families import InfiniTrainFamily, header_word, rename, unrename
 
 # Its GPT-2 LLMC loader never sets n_kv_head, which keeps the default 12, and then checks
 # n_kv_head == n_head; it CHECKs version 3 (FP32 tensors) and rejects bf16 files (version 5).
@@ -35,6 +35,21 @@ class GPT2Family(InfiniTrainFamily):
             out["wte"] = padded
         return out
 
+    def native_state(self, canonical: dict[str, np.ndarray], config) -> dict[str, np.ndarray]:
+        """wte's first V rows (its model has V, llm.c's file Vp), lm_head.weight the same values (its
+        "tie" is a copy at construction, transformer.cc:250-262, and the state dict names both), and
+        each layer's causal-mask buffer `attn.bias` (causal_self_attention.cc:46-50: ones on and
+        below the diagonal, 1x1xTxT for T = the model's block size)."""
+        out = unrename(canonical, _GPT2_LAYER, _GPT2_TOP)
+        wte = np.ascontiguousarray(out["transformer.wte.weight"][: config.vocab_size], dtype=np.float32)
+        out["transformer.wte.weight"] = wte
+        out["lm_head.weight"] = wte
+        T = config.max_seq_len
+        mask = np.tril(np.ones((T, T), dtype=np.float32)).reshape(1, 1, T, T)
+        for layer in range(config.num_layers):
+            out[f"transformer.h.{layer}.attn.bias"] = mask
+        return out
+
     def skip_reason(self, case: CaseSpec, model, checkpoint: Path) -> str | None:
         if model.num_heads != GPT2_LOADER_HEADS:
             return (f"InfiniTrain's GPT-2 LLMC loader accepts only {GPT2_LOADER_HEADS} heads, "
@@ -46,4 +61,6 @@ class GPT2Family(InfiniTrainFamily):
         return None
 
 
-ADAPTER = GPT2Family("gpt2", "gpt2")
+# example/gpt2/config.h GPT2Config(): GPT-2 124M, with llm.c's padded vocabulary.
+ADAPTER = GPT2Family("gpt2", "gpt2", resume_shape=(("n_layer", 12), ("n_head", 12), ("n_kv_head", 12),
+                                                   ("n_embd", 768), ("vocab_size", 50304)))

@@ -174,7 +174,7 @@ def state_file_bytes(tensors: dict[str, np.ndarray]) -> bytes:
         kind = np.dtype(a.dtype).newbyteorder("<")
         if kind not in WRITABLE_DTYPES:
             raise ValueError(f"tensor {name}: dtype {a.dtype} is not written (FP32 or INT64 only)")
-        a = np.ascontiguousarray(a, dtype=kind)
+        a = a.astype(kind, order="C", copy=False)  # not ascontiguousarray: it makes a 0-d adam.t 1-d
         raw = name.encode()
         parts += [struct.pack("<I", len(raw)), raw, struct.pack("<bI", WRITABLE_DTYPES[kind], a.ndim),
                   struct.pack(f"<{a.ndim}q", *a.shape), struct.pack("<Q", a.nbytes), a.tobytes()]

@@ -1,0 +1,104 @@
+"""diagnose --at-step N on InfiniTrain (runners/infinitrain/at_step.py): the reference's weights after
+step N written as its own step folder (every name of its gpt2 state dict, the trainer state its
+--load checks), the capture's launch a resume of it; which cases cannot start from a state, saying
+why. With a real build (LOCKSTEP_INFINITRAIN_BUILD): its own save of step N has the names, shapes
+and trainer state lockstep writes, and `lockstep diagnose --at-step` against pytorch finds nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lockstep.cases.spec import CaseSpec, LoraSpec
+from lockstep.errors import LockstepError, RunError
+from lockstep.formats.infinitrain_checkpoint import read_checkpoint_folder, read_infinitrain_checkpoint
+from lockstep.models import SHAPES, load_checkpoint
+from lockstep.models.family import split_canonical
+from lockstep.runners.base import RunInputs
+from lockstep.runners.infinitrain.at_step import at_step_problem, consumed_batches, resumed, write_reference_state
+from lockstep.runners.infinitrain.families import adapter_for
+from lockstep.runners.infinitrain.runner import InfiniTrainRunner
+
+GPT2 = SHAPES["gpt2-tiny"].config
+
+
+def gpt2_case(**kw) -> CaseSpec:
+    return CaseSpec(**{**dict(name="sgd", model="gpt2-tiny", dtype="float32", micro_batch=4, seq_len=64,
+                              total_batch=512, steps=6, lr=1e-4), **kw})
+
+
+def inputs_of(checkpoint, tokens=Path("tokens.bin"), config=GPT2) -> RunInputs:
+    return RunInputs(checkpoint=Path(checkpoint), tokens=Path(tokens), model=config, device="cpu")
+
+
+def test_gpt2_native_state_is_canonical_states_inverse_with_its_tie_copy_and_masks(tiny_checkpoint):
+    ckpt = load_checkpoint(tiny_checkpoint)
+    canonical = split_canonical(ckpt.tensors, ckpt.config)
+    adapter = adapter_for("gpt2")
+    native = adapter.native_state(canonical, GPT2)
+    V, T = GPT2.vocab_size, GPT2.max_seq_len
+    assert native["transformer.wte.weight"].shape == (V, GPT2.channels)
+    assert np.array_equal(native["lm_head.weight"], canonical["wte"][:V])
+    mask = native["transformer.h.1.attn.bias"]
+    assert mask.shape == (1, 1, T, T) and mask[0, 0, 0, 1] == 0 and mask[0, 0, 1, 0] == 1 and mask.sum() == T * (T + 1) / 2
+    assert len(native) == len(canonical) + 1 + GPT2.num_layers
+    back = adapter.canonical_state(native, GPT2)
+    assert sorted(back) == sorted(canonical)
+    for name, w in canonical.items():
+        rows = slice(0, V) if name == "wte" else slice(None)
+        assert np.array_equal(back[name][rows], w[rows]), name
+    # Negative control: a tensor InfiniTrain has no name for is refused, not dropped.
+    with pytest.raises(LockstepError, match="canonical tensor lora_A.qkvw\\[0\\] has no InfiniTrain name"):
+        adapter.native_state({**canonical, "lora_A.qkvw[0]": canonical["qkvw[0]"]}, GPT2)
+
+
+def test_the_state_folder_is_what_the_resumed_launch_loads(tiny_checkpoint, tmp_path):
+    ckpt = load_checkpoint(tiny_checkpoint)
+    weights = split_canonical(ckpt.tensors, ckpt.config)
+    launch = resumed(gpt2_case(name="sgd_step4_recovery_lr1024", lr=1024.0), 3)
+    assert (launch.steps, launch.checkpoint.resume_from) == (4, 3)
+    folder = write_reference_state(weights, 3, launch, inputs_of(tiny_checkpoint), tmp_path, tokens_per_step=512)
+    assert folder == (tmp_path / "sgd_step4_recovery_lr1024.checkpoints" / "checkpoint_step_000003").resolve()
+    read = read_checkpoint_folder(folder)
+    assert read.problems == [] and read.ranks[0].optimizer is None
+    assert read.trainer_state.values == dict(n_layer=12, n_head=12, n_kv_head=12, n_embd=768, vocab_size=50304,
+                                             global_step=3, consumed_batches=6, last_lr=1024.0, ddp_size=1, tp_size=1,
+                                             sp_size=1, pp_size=1)
+    saved = read_infinitrain_checkpoint(folder / "model.ckpt")
+    assert np.array_equal(saved["transformer.h.0.attn.c_attn.weight"], weights["qkvw[0]"])
+    cmd = InfiniTrainRunner(build_dir=tmp_path).command(launch, inputs_of(tiny_checkpoint), run_dir=tmp_path)
+    assert cmd[cmd.index("--load") + 1] == str(folder) and cmd[cmd.index("--num_iteration") + 1] == "4"
+
+
+def test_the_loader_position_is_counted_in_the_launchs_own_batches():
+    case = gpt2_case()  # 512 tokens a step: 2 micro batches of 4x64
+    assert consumed_batches(case, 3, 512) == 6
+    assert consumed_batches(case.with_overrides(micro_batch=2, total_batch=128), 3, 512) == 12  # a 2-row dump launch
+    with pytest.raises(RunError, match="no whole number"):
+        consumed_batches(case.with_overrides(micro_batch=3, total_batch=192), 1, 512)
+
+
+def test_which_cases_cannot_start_from_a_state(tiny_checkpoint, tmp_path):
+    from lockstep.models.llama3.config import Llama3Config
+
+    runner = InfiniTrainRunner(build_dir=None)
+    assert runner.at_step_problem(gpt2_case(), inputs_of(tiny_checkpoint)) is None
+    llama = inputs_of(tiny_checkpoint, config=Llama3Config(vocab_size=128256, num_layers=1, num_heads=2,
+                                                           num_kv_heads=1, channels=16, max_seq_len=64))
+    assert "only for an SGD family: from Adam's moments" in runner.at_step_problem(gpt2_case(model="llama3"), llama)
+    lora = gpt2_case(lora=LoraSpec(rank=8, alpha=16.0, target_modules=("c_attn",)))
+    assert "cannot start a LoRA case" in runner.at_step_problem(lora, inputs_of(tiny_checkpoint))
+    assert "parallel" in runner.at_step_problem(gpt2_case(dp=2), inputs_of(tiny_checkpoint))
+
+
+# ---------------------------------------------------------------------- with a real build
+
+def real_build_or_skip() -> Path:
+    build = os.environ.get("LOCKSTEP_INFINITRAIN_BUILD")
+    if not build or not (Path(build) / "gpt2").is_file():
+        pytest.skip("set LOCKSTEP_INFINITRAIN_BUILD to an InfiniTrain build with gpt2 to run this")
+    return Path(build)

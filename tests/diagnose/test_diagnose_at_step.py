@@ -111,7 +111,8 @@ def test_an_at_step_that_cannot_be_done_is_one_sentence_before_anything_trains(i
     assert "Traceback" not in captured.err and not (tmp_path / "diagnose" / "at_step_2").exists()
 
 
-def test_infinitrain_says_why_it_cannot_start_from_the_state_yet(inputs):
+def test_infinitrain_says_why_it_cannot_start_an_adam_case_from_the_state(inputs):
+    """It starts SGD families from the state (tests/runners/test_infinitrain_at_step.py), not Adam's."""
     from lockstep.runners import get_runner
 
     from lockstep.cases.spec import CaseSpec
@@ -121,7 +122,7 @@ def test_infinitrain_says_why_it_cannot_start_from_the_state_yet(inputs):
     case = CaseSpec(name="adam", model="llama3", dtype="float32", micro_batch=2, seq_len=32, total_batch=64, steps=6,
                     lr=1e-4)
     problem = get_runner("infinitrain").at_step_problem(case, RunInputs(ckpt, tokens, at_step.SMALL_LLAMA, "cpu"))
-    assert problem.startswith("InfiniTrain cannot start from the reference's state yet")
+    assert problem.startswith("InfiniTrain starts from the reference's state only for an SGD family")
 
 
 def _uninterrupted_losses(inputs, out, steps: int) -> dict[int, float]:

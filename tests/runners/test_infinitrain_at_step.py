@@ -102,3 +102,101 @@ def real_build_or_skip() -> Path:
     if not build or not (Path(build) / "gpt2").is_file():
         pytest.skip("set LOCKSTEP_INFINITRAIN_BUILD to an InfiniTrain build with gpt2 to run this")
     return Path(build)
+
+
+def test_real_infinitrain_saves_what_lockstep_writes_and_resumes_from_it_alike(tiny_checkpoint, tiny_shakespeare_train,
+                                                                              tmp_path, monkeypatch):
+    """Its own save after step 3 has the names, shapes, dtypes and trainer state lockstep writes; a
+    resume from lockstep's folder of those weights logs InfiniTrain's own resumed step 4; with the
+    loader position planted one batch on, it does not."""
+    from lockstep.cases.spec import CheckpointSpec
+    from lockstep.formats.infinitrain_checkpoint import read_state_file
+    from lockstep.runners.infinitrain import at_step
+
+    build = real_build_or_skip()
+    runner = InfiniTrainRunner(build_dir=build)
+    inputs = dataclasses.replace(inputs_of(tiny_checkpoint, tiny_shakespeare_train), timeout_s=600)
+    case = gpt2_case(name="own", steps=3, lr=0.1, checkpoint=CheckpointSpec(save_interval=3))
+    saved = runner.run(case, inputs, tmp_path)
+    assert saved.ok, saved.error
+    own = tmp_path / "infinitrain" / "own.checkpoints" / "checkpoint_step_000003"
+    weights = adapter_for("gpt2").canonical_state(read_infinitrain_checkpoint(own / "model.ckpt"), GPT2)
+
+    def layout(folder):
+        state = read_state_file(folder / "model.ckpt")
+        return sorted((e.name, e.shape, e.dtype) for e in state.entries)
+
+    def step4(name, plant=None):
+        launch = resumed(gpt2_case(name=name, lr=0.1), 3)
+        if plant:
+            monkeypatch.setattr(at_step, "consumed_batches", plant)
+        folder = write_reference_state(weights, 3, launch, inputs, tmp_path / "infinitrain", tokens_per_step=512)
+        monkeypatch.undo()
+        record = runner.run(launch, inputs, tmp_path)
+        assert record.ok, record.error
+        return folder, record
+
+    folder, mine = step4("mine")
+    assert layout(folder) == layout(own)
+    ours, theirs = read_checkpoint_folder(folder).trainer_state.values, read_checkpoint_folder(own).trainer_state.values
+    assert ours == theirs, (ours, theirs)
+    own_resume = runner.run(dataclasses.replace(resumed(gpt2_case(name="own_resume", lr=0.1), 3),
+                                                checkpoint=CheckpointSpec(resume_from=3, resume_case="own")),
+                            inputs, tmp_path)
+    assert own_resume.ok, own_resume.error
+    _, shifted = step4("shifted", plant=lambda case, steps, tokens: 2 * steps + 1)
+    print(f"step 4 from InfiniTrain's own folder {own_resume.losses()}, from lockstep's {mine.losses()}, "
+          f"from lockstep's one batch on {shifted.losses()}")
+    assert [s.step for s in mine.steps] == [4] and mine.losses() == own_resume.losses()
+    assert abs(shifted.losses()[0] - mine.losses()[0]) > 1e-4  # negative control: another batch, another loss
+
+
+SGD_MATRIX = """
+[defaults]
+model = "gpt2"
+dtype = "float32"
+micro_batch = 4
+seq_len = 64
+total_batch = 512
+steps = 5
+lr = 0.1
+
+[[case]]
+name = "sgd"
+"""
+
+
+def diagnose_at_step(tiny_checkpoint, tokens, out: Path, build: Path) -> tuple[int, dict]:
+    import json
+
+    from lockstep.cli import main
+
+    matrix = out / "sgd.toml"
+    out.mkdir(parents=True, exist_ok=True)
+    matrix.write_text(SGD_MATRIX)
+    rc = main(["diagnose", "--case", "sgd", "--matrix", str(matrix), "--frameworks", "pytorch,infinitrain",
+               "--llmc", str(tiny_checkpoint), "--data", str(tokens), "--device", "cpu", "--out", str(out),
+               "--no-drift", "--at-step", "3", "--infinitrain-build", str(build)])
+    return rc, json.loads((out / "diagnose" / "sgd_pytorch_vs_infinitrain.at_step3.json").read_text())
+
+
+def test_real_diagnose_at_step_3_finds_infinitrain_agreeing_from_the_references_state(
+        tiny_checkpoint, tiny_shakespeare_train, tmp_path, capsys, monkeypatch):
+    from lockstep.runners.infinitrain import at_step
+
+    build = real_build_or_skip()
+    rc, v = diagnose_at_step(tiny_checkpoint, tiny_shakespeare_train, tmp_path / "clean", build)
+    out = capsys.readouterr().out
+    worst = {k: max((r["rel_error"] for r in v[k]), default=None) for k in ("forward", "gradients", "optimizer_updates")}
+    print(f"at step 4: {worst}, loss {v['loss_step1']}, findings {[f['kind'] for f in v['findings']]}")
+    assert rc == 0, out
+    assert (v["at_step"], v["step"]) == (3, 4)
+    assert all(f["kind"] == "logging precision only" for f in v["findings"]), v["findings"]
+    assert worst["gradients"] < 1e-5 and len(v["gradients"]) == 12 * GPT2.num_layers + 4
+    assert not list((tmp_path / "clean" / "diagnose").rglob("checkpoint_step_000003"))  # the state folder goes
+    # Negative control: the loader position written one batch on: InfiniTrain's step 4 is another batch's.
+    monkeypatch.setattr(at_step, "consumed_batches", lambda case, steps, tokens: steps * tokens // (
+        case.micro_batch * case.seq_len) + 1)
+    rc, v = diagnose_at_step(tiny_checkpoint, tiny_shakespeare_train, tmp_path / "shifted", build)
+    print(f"loader one batch on: {[(f['kind'], f['where']) for f in v['findings']]}")
+    assert rc == 1 and v["findings"] and v["findings"][0]["kind"] != "logging precision only"

@@ -128,3 +128,54 @@ def test_a_base_tensor_that_moved_is_a_frozen_parameter_trained(reference, tiny_
     print(f"LoRA capture, ln1w moved: {cert.summary_line()}")
     assert (cert.cause.kind, cert.cause.where) == (FROZEN_TRAINED, "ln1w[0..1]")
     assert "frozen parameter trained: infinitrain's ln1w[0..1] receive a gradient at step 1" in cert.cause.line
+
+
+# ---------------------------------------------------------------------- with a real build
+
+def real_build_or_skip() -> Path:
+    import os
+
+    build = os.environ.get("LOCKSTEP_INFINITRAIN_BUILD")
+    if not build or not (Path(build) / "gpt2").is_file():
+        pytest.skip("set LOCKSTEP_INFINITRAIN_BUILD to an InfiniTrain build with gpt2 to run this")
+    return Path(build)
+
+
+def test_real_infinitrains_lora_step_1_agrees_and_a_rescaled_b_is_named(reference, tiny_checkpoint, training_tokens,
+                                                                         tmp_path, monkeypatch):
+    """Its own step at the recovery lr, saved, against the reference: the certificate holds over
+    the 8 adapters and the frozen base; the same save read with every lora_B x8 is the scale finding."""
+    from lockstep.runners.infinitrain import capture as infinitrain_capture_module
+
+    build = real_build_or_skip()
+    ref_path = tmp_path / "pytorch.npz"
+    reference.save(ref_path)
+    runner = InfiniTrainRunner(build_dir=build)
+    inputs = RunInputs(checkpoint=tiny_checkpoint, tokens=training_tokens, model=SHAPES["gpt2-tiny"].config,
+                       device="cpu", timeout_s=600)
+
+    def capture(name):
+        request = CaptureRequest(path=str(tmp_path / f"{name}.npz"), full=True, reference=str(ref_path), rows=4)
+        return capture_step(runner, lora_case(steps=10), inputs, tmp_path / name, request)
+
+    cap = capture("infinitrain")
+    cert = certify(reference, cap, lora_case())
+    adapters = [n for n in cap.names("grad") if is_lora_name(n)]
+    b_rel = max(np.linalg.norm(cap.grads[n].astype(np.float64) - reference.grads[n])
+                / np.linalg.norm(reference.grads[n].astype(np.float64)) for n in adapters if n.startswith("lora_B"))
+    print(f"real InfiniTrain LoRA step 1: {cert.summary_line()}; lora_B worst relative {b_rel:.2e}; "
+          f"recovery lr {cap.meta['recovery_lr']:g}; {len(cap.forward)} module outputs")
+    assert len(adapters) == 8
+    assert all(not np.any(cap.grads[n]) for n in cap.names("grad") if not n.startswith("lora_B")), "frozen base moved"
+    assert cert.holds, cert.summary_line()
+
+    real_saved = infinitrain_capture_module.saved_weights
+
+    def b_times_8(saved_path, family, model):
+        w1 = real_saved(saved_path, family, model)
+        return {n: a * np.float32(8.0) if n.startswith("lora_B") else a for n, a in w1.items()}
+
+    monkeypatch.setattr(infinitrain_capture_module, "saved_weights", b_times_8)
+    broken = certify(reference, capture("planted"), lora_case())
+    print(f"real InfiniTrain LoRA step 1, its saved B x8: {broken.summary_line()}")
+    assert (broken.cause.kind, broken.cause.where) == (LORA_SCALE, "lora_B.qkvw[0..1], lora_B.attprojw[0..1]")

@@ -143,7 +143,8 @@ def launch_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Capture
         step_case = resumed(step_case, start)
         dump_case = resumed(dump_case, start) if small else step_case
         for launch in ([step_case, dump_case] if small else [step_case]):
-            states.append(write_reference_state(w0, start, launch, inputs, work_dir, case.total_batch).parent)
+            # beside the launch's log (FrameworkRunner.run logs into <work_dir>/<runner>/), where its --load looks
+            states.append(write_reference_state(w0, start, launch, inputs, work_dir / runner.name, case.total_batch).parent)
     try:
         finish = _launch(runner, case, inputs, work_dir, request, w0, lr, sgd, step_case, dump_case, small)
     finally:

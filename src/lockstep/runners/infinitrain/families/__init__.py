@@ -36,7 +36,6 @@ class InfiniTrainFamily:
     # Set: the executable trains on one device only, and this says why (a DP, TP, PP, EP or ZeRO case
     # is skipped with it, on any device).
     one_device_only: str = ""
-
     # The shape (n_layer, n_head, n_kv_head, n_embd, vocab_size) its executable writes into a saved
     # folder's trainer_state.json and checks a --load folder's against: its default config, not the
     # model loaded with --llmc_filepath (docs/reference/checkpoints.md). Empty: not known here.

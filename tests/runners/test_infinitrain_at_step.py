@@ -93,6 +93,13 @@ def test_which_cases_cannot_start_from_a_state(tiny_checkpoint, tmp_path):
     lora = gpt2_case(lora=LoraSpec(rank=8, alpha=16.0, target_modules=("c_attn",)))
     assert "cannot start a LoRA case" in runner.at_step_problem(lora, inputs_of(tiny_checkpoint))
     assert "parallel" in runner.at_step_problem(gpt2_case(dp=2), inputs_of(tiny_checkpoint))
+    # A resumed case (`lockstep run` certifies its step N+1 from the reference's state) starts from it as its plain
+    # case does, though its own step 1 is not captured (it does not train step 1).
+    from lockstep.cases.spec import CheckpointSpec
+
+    resumed_case = gpt2_case(checkpoint=CheckpointSpec(resume_from=3))
+    assert runner.at_step_problem(resumed_case, inputs_of(tiny_checkpoint)) is None
+    assert "does not train step 1" in runner.capture_problem(resumed_case, inputs_of(tiny_checkpoint))
 
 
 # ---------------------------------------------------------------------- with a real build
@@ -200,3 +207,48 @@ def test_real_diagnose_at_step_3_finds_infinitrain_agreeing_from_the_references_
     rc, v = diagnose_at_step(tiny_checkpoint, tiny_shakespeare_train, tmp_path / "shifted", build)
     print(f"loader one batch on: {[(f['kind'], f['where']) for f in v['findings']]}")
     assert rc == 1 and v["findings"] and v["findings"][0]["kind"] != "logging precision only"
+
+
+RESUME_MATRIX = """
+[defaults]
+model = "gpt2"
+dtype = "float32"
+micro_batch = 4
+seq_len = 64
+total_batch = 256
+steps = 4
+lr = 0.1
+
+[[case]]
+name = "saving"
+checkpoint = { save_interval = 2 }
+
+[[case]]
+name = "resumed"
+checkpoint = { resume_from = 2, resume_case = "saving" }
+"""
+
+
+def test_real_run_certifies_infinitrains_resumed_case_from_the_references_state(tiny_checkpoint, training_tokens,
+                                                                                tmp_path, capsys):
+    """`lockstep run` certifies a resumed case at its first step (3) with each framework starting it from
+    the reference's saved state (pipeline.resumed_capture): InfiniTrain's now through its --load."""
+    import json
+
+    from lockstep.cli import main
+
+    build = real_build_or_skip()
+    matrix = tmp_path / "resume.toml"
+    matrix.write_text(RESUME_MATRIX)
+    out = tmp_path / "run"
+    rc = main(["run", "--matrix", str(matrix), "--frameworks", "pytorch,infinitrain", "--device", "cpu", "--llmc",
+               str(tiny_checkpoint), "--data", str(training_tokens), "--out", str(out), "--no-report",
+               "--infinitrain-build", str(build)])
+    text = " ".join(capsys.readouterr().out.split())
+    summary = json.loads((out / "summary.json").read_text())
+    cases = {c["case"]: c for comp in summary["comparisons"] for c in comp["cases"]}
+    cert = cases["resumed"]["certificate"]
+    print(f"resumed: {cases['resumed']['verdict']}; certificate: {cert['summary']}")
+    assert rc == 0, text
+    assert cert["available"] and cert["holds"], cert
+    assert "step-3 certificate infinitrain vs pytorch on resumed" in text

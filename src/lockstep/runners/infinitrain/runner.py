@@ -152,7 +152,9 @@ class InfiniTrainRunner(FrameworkRunner):
         then step N+1 is captured as step 1 is."""
         from lockstep.runners.infinitrain.at_step import at_step_problem
 
-        return at_step_problem(case, inputs) or self.capture_problem(case, inputs)
+        # A resumed case (`lockstep run` certifies its first step from the reference's state) is
+        # captured as its plain case: the capture's launch is its own resume of the written state.
+        return at_step_problem(case, inputs) or self.capture_problem(dataclasses.replace(case, checkpoint=None), inputs)
 
     def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
         reason = self.skip_reason(case, inputs)

@@ -70,3 +70,47 @@ def test_every_loop_and_capture_runs_the_one_reference_step(tiny_checkpoint, tra
     assert set(defective) == set(clean)
     for path, loss in defective.items():
         assert loss - clean[path] == pytest.approx(1.0, abs=1e-5), path
+
+
+def test_a_trainable_parameter_without_a_gradient_takes_the_step_with_zero():
+    """docs/reference/training-contract.md#every-parameter-takes-every-step: a trainable parameter
+    the forward never used gets g = 0 and Adam steps it (its step count, its moments decayed); a
+    frozen one (a LoRA base weight) stays without a gradient and untouched. Negative control: torch's
+    own skip, `zero_missing_gradients` off, leaves the unused parameter a step behind."""
+    import torch
+
+    def two_steps(fill: bool):
+        torch.manual_seed(0)
+        used, unused, frozen = (torch.nn.Linear(3, 3, bias=False) for _ in range(3))
+        frozen.weight.requires_grad_(False)
+        params = [used.weight, unused.weight]
+        optimizer = torch.optim.Adam(params, lr=0.1)
+        frozen_before = frozen.weight.detach().clone()
+        x = torch.ones(2, 3)
+        gradients = []
+
+        def losses(mb):
+            return (used(mb.x) + (unused(mb.x) if step == 0 else 0) + frozen(mb.x)).sum(dim=1)
+
+        for step in range(2):
+            if fill:
+                reference_step.contract_step([reference_step.MicroBatch(x, x)], losses, 1, optimizer)
+            else:
+                right = reference_step.zero_missing_gradients
+                reference_step.zero_missing_gradients = lambda opt: 0
+                try:
+                    reference_step.contract_step([reference_step.MicroBatch(x, x)], losses, 1, optimizer)
+                finally:
+                    reference_step.zero_missing_gradients = right
+            gradients.append(unused.weight.grad)
+        assert frozen.weight.grad is None and torch.equal(frozen.weight, frozen_before)
+        return [int(optimizer.state[p]["step"]) for p in params], gradients[1], optimizer.state[unused.weight]
+
+    counts, grad, state = two_steps(fill=True)
+    assert counts == [2, 2] and torch.equal(grad, torch.zeros(3, 3))
+    # g of step 1 is 1 everywhere (the mean over the two rows of x = 1): m = (1 - beta1) * 1 = 0.1; step 2
+    # with g = 0 decays it by beta1
+    assert torch.allclose(state["exp_avg"], torch.full((3, 3), 0.9 * 0.1))
+    counts, grad, state = two_steps(fill=False)
+    assert counts == [2, 1] and grad is None
+    assert torch.allclose(state["exp_avg"], torch.full((3, 3), 0.1))

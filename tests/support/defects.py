@@ -26,6 +26,12 @@ The defects are the ones issue 16's audit found hidden under the contract's lr 1
   on CUDA before issue 22 (with PP=2 and VPP, megatron-core then swaps activations and gradients
   in the interleaved schedule's two-way exchanges).
 
+The reference's step with torch's own treatment of a parameter without a gradient
+(tests/runners/test_mixtral_unrouted_experts.py's negative control):
+- reference_skips_unrouted_experts: no zero gradient for a trainable parameter the backward left
+  without one, so torch's Adam skips an expert no token was routed to (no moment decay, no update,
+  its own step count not incremented), as the reference did before the contract said otherwise.
+
 A defect that shows only after step 1 (`lockstep diagnose --at-step`'s negative control):
 - fast_adam_bias_correction_step1: pytorch-fast's Adam bias-corrects every update as if it were
   the first (1 - beta^1 instead of 1 - beta^t), its step count otherwise kept: step 1 is exactly
@@ -193,7 +199,7 @@ LORA_DEFECTS = ("lora_scale_alpha", "lora_b_not_zero", "lora_wrong_module", "lor
 OTHER_DEFECTS = (*LORA_DEFECTS, "data_order_off_by_one", "megatron_pp_tie_unsynced", "megatron_tp_input_grad_unreduced",
                  "megatron_layernorm_bias_grad_5pct", "megatron_batched_p2p", *RESUME_DEFECTS, *MEGATRON_RESUME_DEFECTS,
                  *MIXTRAL_DEFECTS, "mixtral_aux_loss_doubled", "megatron_expert3_grad_scaled",
-                 "megatron_ep_not_in_config")
+                 "megatron_ep_not_in_config", "reference_skips_unrouted_experts")
 AFTER_STEP1_DEFECTS = ("fast_adam_bias_correction_step1",)
 DEFECTS = (*REFERENCE_DEFECTS, *OTHER_DEFECTS, *AFTER_STEP1_DEFECTS)
 
@@ -251,6 +257,10 @@ def inject(name: str, patch) -> None:
             return config
 
         patch.setattr(model, "transformer_config", without_ep)
+    elif name == "reference_skips_unrouted_experts":
+        from lockstep.runners.pytorch import step as reference_step
+
+        patch.setattr(reference_step, "zero_missing_gradients", lambda optimizer: 0)
     elif name == "fast_adam_bias_correction_step1":
         from lockstep.runners.pytorch_fast import train as fast
 

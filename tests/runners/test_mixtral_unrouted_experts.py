@@ -6,7 +6,8 @@ lane 0 is +10 for tokens 0..31 and -10 for the others, and whose router sends la
 alone (weight 5, every other router weight of that lane 0): a token below 32 has expert 7's logit
 at +28.3 in both layers, any other token at -28.3. Steps 1, 3 and 5 read tokens 0..31 only (all
 256 tokens of the micro batch choose expert 7 in both layers), steps 2 and 4 tokens 32..255 only
-(expert 7 gets none; experts 0..6 get tokens in every step).
+(expert 7 gets none). In steps 3 and 5 the second choice of those tokens leaves two more experts of
+each layer without a token (at this test's lr 1e-3 the router has moved by then).
 
 - one reference step with expert 7 unrouted leaves every parameter with the same Adam step count,
   so that the reference's state reads as `lockstep diagnose --at-step` reads it
@@ -133,7 +134,6 @@ def test_the_planted_routing_leaves_expert_7_without_tokens_in_steps_2_and_4(fil
     _, _, routed, filled = train_reference_steps(files, STEPS)
     print(f"tokens per expert of layers 0, 1, steps 1..{STEPS}: {routed}; zero gradients given: {filled}")
     assert [[layer[UNROUTED] for layer in step] for step in routed] == [[256, 256], [0, 0]] * 2 + [[256, 256]]
-    assert all(min(step[0][:UNROUTED]) > 0 for step in routed)
     # three matrices of every (expert, layer) without a token, in the steps it had none: expert 7's
     # in both layers in steps 2 and 4, and whatever else the routing left empty
     assert filled == [3 * sum(n == 0 for layer in step for n in layer) for step in routed]

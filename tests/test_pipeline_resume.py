@@ -11,25 +11,8 @@ import pytest
 
 from lockstep.cli import main
 from support import defects
+from support.resume_case import RESUME_MATRIX as MATRIX
 
-MATRIX = """
-[defaults]
-model = "gpt2"
-dtype = "float32"
-micro_batch = 4
-seq_len = 64
-total_batch = 256
-steps = 4
-lr = 0.1
-
-[[case]]
-name = "saving"
-checkpoint = { save_interval = 2 }
-
-[[case]]
-name = "resumed"
-checkpoint = { resume_from = 2, resume_case = "saving" }
-"""
 
 
 def run(tmp_path, capsys, tiny_checkpoint, training_tokens, name):

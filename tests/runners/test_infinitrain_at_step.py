@@ -22,6 +22,7 @@ from lockstep.runners.base import RunInputs
 from lockstep.runners.infinitrain.at_step import at_step_problem, consumed_batches, resumed, write_reference_state
 from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.infinitrain.runner import InfiniTrainRunner
+from support.resume_case import RESUME_MATRIX
 
 GPT2 = SHAPES["gpt2-tiny"].config
 
@@ -209,24 +210,6 @@ def test_real_diagnose_at_step_3_finds_infinitrain_agreeing_from_the_references_
     assert rc == 1 and v["findings"] and v["findings"][0]["kind"] != "logging precision only"
 
 
-RESUME_MATRIX = """
-[defaults]
-model = "gpt2"
-dtype = "float32"
-micro_batch = 4
-seq_len = 64
-total_batch = 256
-steps = 4
-lr = 0.1
-
-[[case]]
-name = "saving"
-checkpoint = { save_interval = 2 }
-
-[[case]]
-name = "resumed"
-checkpoint = { resume_from = 2, resume_case = "saving" }
-"""
 
 
 def test_real_run_certifies_infinitrains_resumed_case_from_the_references_state(tiny_checkpoint, training_tokens,

@@ -15,7 +15,7 @@ import pytest
 from lockstep.cases.spec import CaseSpec, CheckpointSpec
 from lockstep.models import SHAPES
 from lockstep.runners.base import RunInputs
-from lockstep.runners.infinitrain.checkpoints import checkpoint_save_seconds, checkpoints_for
+from lockstep.runners.infinitrain.checkpoints import checkpoint_load_seconds, checkpoint_save_seconds, checkpoints_for
 from lockstep.runners.infinitrain.runner import BUILD_ENV_VAR, InfiniTrainRunner
 
 GPT2_TINY, LLAMA3_TINY = SHAPES["gpt2-tiny"].config, SHAPES["llama3-tiny"].config
@@ -59,6 +59,26 @@ def test_checkpoint_save_times_come_from_its_log():
             "I1202 checkpoint_manager.cc:88] Checkpoint saved at: /x/checkpoint_step_000006 (7.50 ms)\n")
     assert checkpoint_save_seconds(text) == 0.02
     assert checkpoint_save_seconds("no saves") is None
+
+
+# b24d92f's llama3 resuming Llama 3.2 1B from its step-30 folder on an H200 (docs/results/2026-12-03-h200), verbatim.
+RESUME_LOG = (
+    'I20261203 10:47:53.004683 139978686009344 checkpoint.cc:90] [CKPT] Loading model: '
+    '"/tmp/lck-infinitrain/infinitrain/llama3_ckpt_no_resume.checkpoints/checkpoint_step_000030/model.ckpt"\n'
+    'I20261203 10:47:57.892352 139978686009344 checkpoint.cc:98] [CKPT] Loading optimizer: '
+    '"/tmp/lck-infinitrain/infinitrain/llama3_ckpt_no_resume.checkpoints/checkpoint_step_000030/optimizer.ckpt"\n'
+    'E20261203 10:48:06.233771 139978686009344 checkpoint.cc:106] [CKPT] Load done: global_step=30, '
+    'consumed_batches =30, last_lr=1e-05, topology(ddp,tp,sp,pp)=(1,1,1,1)\n')
+
+
+def test_checkpoint_load_time_comes_from_its_logs_glog_times():
+    assert checkpoint_load_seconds(RESUME_LOG) == 13.229
+    # glog's older prefix (month and day only), and a load across midnight
+    assert checkpoint_load_seconds("I1203 23:59:59.500000 1 checkpoint.cc:90] [CKPT] Loading model: m\n"
+                                   "E1204 00:00:01.250000 1 checkpoint.cc:106] [CKPT] Load done: global_step=3\n") == 1.75
+    # a load that never finished, and a log with no load, say nothing
+    assert checkpoint_load_seconds(RESUME_LOG.splitlines()[0]) is None
+    assert checkpoint_load_seconds("no load") is None
 
 
 def fake_build(tmp_path: Path, steps: list[int]) -> Path:
@@ -157,6 +177,7 @@ def test_real_infinitrain_resume_is_judged_against_its_uninterrupted_run(request
     assert full.meta["checkpoint_save_s"] > 0
     resumed = runner.run(resumed_case(real["model"], real["lr"]), inputs, tmp_path)
     assert resumed.ok, resumed.error
+    assert resumed.meta["checkpoint_load_s"] >= 0 and "checkpoint_load_s" not in full.meta
     assert [s.step for s in resumed.steps] == [4, 5, 6]
     assert full.losses()[0] - full.losses()[-1] > 1e-3  # it trains
     verdict = judge_resume(full, resumed)

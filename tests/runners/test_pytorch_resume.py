@@ -85,7 +85,8 @@ def test_a_resumed_llama_run_is_bitwise_the_uninterrupted_one(llama_runs):
     root = out / "pytorch" / "saving.checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["step_000004", "step_000006"]
     assert (step_dir(root, 6) / ".metadata").is_file()
-    assert full.meta["checkpoint_save_s"] > 0
+    assert full.meta["checkpoint_save_s"] > 0 and resumed.meta["checkpoint_load_s"] > 0
+    assert "checkpoint_load_s" not in full.meta  # nothing was loaded
     # Every alternative trains other losses than the resume (none is uninformative for Adam).
     assert verdict.uninformative == [] and len(verdict.candidates) >= 5
     assert all(c.max_abs_diff > verdict.threshold for c in verdict.candidates if c.cause is not ResumeCause.OTHER_STEP)

@@ -24,6 +24,11 @@ from lockstep.runners.checkpoint_plan import plan_for
 STEP_PREFIX = "checkpoint_step_"  # InfiniTrain's own name for a step folder (main.cc:511), not the shared plan's
 # checkpoint_manager.cc SaveCheckpoint: "Checkpoint saved at: DIR (12.34 ms)", once per save (main rank).
 _SAVED = re.compile(r"Checkpoint saved at: .* \(([0-9.]+) ms\)")
+# checkpoint.cc Checkpoint::Load logs "[CKPT] Loading model: ..." first and "[CKPT] Load done: ..." last, each
+# under glog's prefix, whose time of day (microseconds) is all the log says of how long the load took.
+_GLOG_TIME = r"^[IWEF](?:\d{4})?\d{4} (\d\d):(\d\d):(\d\d\.\d{6}) .*"
+_LOAD_BEGIN = re.compile(_GLOG_TIME + r"\[CKPT\] Loading model: ", re.M)
+_LOAD_DONE = re.compile(_GLOG_TIME + r"\[CKPT\] Load done: ", re.M)
 
 
 def step_folder(root: Path, step: int) -> Path:
@@ -82,3 +87,15 @@ def checkpoint_save_seconds(text: str) -> float | None:
     """The time InfiniTrain says its saves took, all of them (None: it saved nothing)."""
     ms = [float(m) for m in _SAVED.findall(text)]
     return round(sum(ms) / 1e3, 3) if ms else None
+
+
+def checkpoint_load_seconds(text: str) -> float | None:
+    """How long InfiniTrain's resume load took, from the glog times of its first and last load line
+    (None: it loaded nothing, or its log has no glog prefix)."""
+    begin, done = _LOAD_BEGIN.search(text), _LOAD_DONE.search(text)
+    if begin is None or done is None:
+        return None
+    def seconds(m: re.Match) -> float:
+        return int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3))
+    elapsed = seconds(done) - seconds(begin)
+    return round(elapsed + 86400 if elapsed < 0 else elapsed, 3)  # a load across midnight

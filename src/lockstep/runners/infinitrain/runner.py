@@ -44,7 +44,7 @@ from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, St
                                    first_step, write_final_params)
 from lockstep.runners.infinitrain.options import BUILD_ENV_VAR, COMMIT_FILE
 from lockstep.runners.infinitrain.capture import KEEP_SAVE, PRECISION_CHECK_DIR
-from lockstep.runners.infinitrain.checkpoints import checkpoint_save_seconds, checkpoints_for
+from lockstep.runners.infinitrain.checkpoints import checkpoint_load_seconds, checkpoint_save_seconds, checkpoints_for
 from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.infinitrain.lora import check_lora_loaded, lora_flags, write_lora_init
 from lockstep.runners.infinitrain.precision_check import precision_check_flag
@@ -314,11 +314,13 @@ class InfiniTrainRunner(FrameworkRunner):
             else:
                 write_final_params_from_save(save_dir, case, inputs, final_params_path(log_path), remove=own_save)
         save_s = checkpoint_save_seconds(text) if checkpoints is not None else None
+        load_s = checkpoint_load_seconds(text) if checkpoints is not None else None
         meta = {
             **saved,
             **({"lora_init": str(lora_file), "lora_init_tensors": lora_tensors, "lora_seed": inputs.lora_seed}
                if case.lora is not None else {}),
             **({"checkpoint_save_s": save_s} if save_s is not None else {}),
+            **({"checkpoint_load_s": load_s} if load_s is not None else {}),
             **({"infinitrain_checkpoints": str(checkpoints.save_root)}
                if checkpoints is not None and checkpoints.save_root is not None else {}),
             **log_phases(text),

@@ -206,7 +206,9 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     first_step = 0
     if checkpoints is not None and checkpoints.resume is not None:
         with phases("weights"):
+            began = time.perf_counter()
             shift = saved_state.load_training_state(checkpoints.resume, train_model, optimizer)
+            info["checkpoint_load_s"] = round(time.perf_counter() - began, 3)
         first_step = checkpoints.resume.step
         batches = ShiftedBatches(batches, shift) if shift else batches
     recorder: StepRecorder | None = None  # set on step 1 of an in-run capture

@@ -26,7 +26,7 @@ from lockstep.compare.pairing import EVIDENCE_DIR, STEP1_DIR
 from lockstep.compare.run_dir import RunComparison, compare_run
 from lockstep.determinism import REPEATS_DIR
 from lockstep.errors import LockstepError, WriteError
-from lockstep.execute import CaseOutcome, execute_plan
+from lockstep.execute import CaseOutcome, capture_request, execute_plan
 from lockstep.formats import run_manifest
 from lockstep.formats.run_record import StepRecord
 from lockstep.fsutil import check_writable_target, os_problem
@@ -35,6 +35,7 @@ from lockstep.plan import RunPlan, RunRequest, plan_run
 from lockstep.run_verdict import RunVerdict, run_verdict
 from lockstep.runners import framework_names, get_runner, reference_framework
 from lockstep.runners.base import first_step
+from lockstep.runners.checkpoint_plan import plan_for
 from lockstep.step_contract import Stopwatch
 
 
@@ -399,9 +400,6 @@ def resumed_capture(plan: RunPlan, case: CaseSpec, runner) -> tuple[str | None, 
     (its saving case's step folder, as `lockstep diagnose --at-step` starts from it), so both sides
     of the certificate start the step from the same state; each framework's own resume is judged
     by the resume verdict. Made after every run, when the reference's folder is there."""
-    from lockstep.execute import capture_request
-    from lockstep.runners.checkpoint_plan import plan_for
-
     reference = reference_framework()
     if plan.runners[0].name != reference:
         return None, (f"a resumed case is certified from the {reference} reference's saved state, and the "

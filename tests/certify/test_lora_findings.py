@@ -10,6 +10,7 @@ import pytest
 from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import CaseSpec, LoraSpec
 from lockstep.certify.certificate import certify
+from lockstep.certify.classify import BACKWARD_INPUT, DOWNSTREAM
 from lockstep.certify.lora import FROZEN_TRAINED, LORA_B_NOT_ZERO, LORA_MODULES, LORA_SCALE
 from lockstep.models import SHAPES
 from lockstep.runners.pytorch.train import capture_case
@@ -67,3 +68,23 @@ def test_each_lora_defect_is_its_named_finding(reference, tiny_checkpoint, train
     if defect in ("lora_scale_alpha", "lora_layernorm_trains", "lora_wrong_module"):
         # Step 1's forward is the base model's on both sides (B = 0): the LoRA finding is the only one.
         assert [f.kind for f in cert.findings] == [kind], [f.line for f in cert.findings]
+
+
+def test_a_wrong_input_gradient_below_a_frozen_base_is_named_where_it_enters(reference, tiny_checkpoint,
+                                                                              training_tokens, tmp_path, monkeypatch):
+    """InfiniTrain's CUDA GPT-2 under LoRA (docs/results/2026-12-03-h200-reruns): ln_f's backward passes on a wrong
+    input gradient. With the base frozen, the only parameter gradients compared are the adapters', every LoRA B
+    below ln_f differs and every LoRA A is zero on both sides (B = 0 at step 1), so the gradient rules alone said
+    "gradient of lora_B.qkvw only ... while their neighbours agree". The gradient arriving at the last block's
+    output says where it comes from."""
+    defects.inject("lnf_input_grad_term", monkeypatch)
+    broken = capture(tiny_checkpoint, training_tokens, tmp_path, "lora-defect", lora_case())
+    cert = certify(reference, broken, lora_case())
+    print(cert.summary_line())
+    assert not cert.holds
+    assert (cert.cause.kind, cert.cause.where) == (BACKWARD_INPUT, "lnf"), cert.summary_line()
+    assert "the gradient arriving at block[1]'s output differs" in cert.cause.line
+    downstream = cert.findings[1]
+    assert downstream.kind == DOWNSTREAM and set(downstream.tensors) == {
+        f"lora_B.{t}[{layer}]" for t in ("qkvw", "attprojw") for layer in (0, 1)}
+    assert [f.kind for f in cert.findings] == [BACKWARD_INPUT, DOWNSTREAM]

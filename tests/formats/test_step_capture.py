@@ -55,17 +55,19 @@ def test_not_a_capture(tmp_path):
         StepCapture.load(path)
 
 
-def test_sign_valued_tensors_are_one_byte_per_element(tmp_path):
-    """Adam update signs (a reference's `updates`, an "adam-update" capture's `grads`) go to disk as
-    int8 -- 5x5 signs are a 25-byte array after the .npy header -- and read back as the same values."""
+def test_adam_update_saturations_are_one_byte_per_element(tmp_path):
+    """Adam update saturations (a reference's `updates`, an "adam-update" capture's `grads`: -1..1) go to
+    disk as int8 in 1/127 steps -- 5x5 of them are a 25-byte array after the .npy header -- and read back as
+    the same values: ±1 and 0 exactly, a ramp value to within half a step."""
     import zipfile
 
+    from lockstep.capture.request import update_signs, update_values
     from lockstep.formats.step_capture import GRAD_ADAM_UPDATE
 
     signs = np.sign(np.random.default_rng(1).standard_normal((5, 5))).astype(np.float32)
-    signs[0, 0] = 0.0
+    signs[0, 0], signs[0, 1] = 0.0, -0.5
     ref = StepCapture("pytorch", updates={"wte": signs}, sketches={"grad/wte": Sketch(np.ones(25), 5.0, (5, 5))})
-    test = StepCapture("infinitrain", grads={"wte": signs.astype(np.int8)}, grad_kind=GRAD_ADAM_UPDATE)
+    test = StepCapture("infinitrain", grads={"wte": update_signs(signs)}, grad_kind=GRAD_ADAM_UPDATE)
     for cap, entry in ((ref, "update/wte.npy"), (test, "grad/wte.npy")):
         path = tmp_path / f"{cap.framework}.npz"
         cap.save(path)
@@ -75,13 +77,29 @@ def test_sign_valued_tensors_are_one_byte_per_element(tmp_path):
         assert len(raw) - header == 25 and b"'descr': '|i1'" in raw[:header]
         back = StepCapture.load(path)
         whole = back.updates if cap is ref else back.grads
-        assert whole["wte"].dtype == np.int8 and np.array_equal(whole["wte"], signs)
+        assert whole["wte"].dtype == np.int8 and whole["wte"][0, 1] == -64 and set(np.abs(whole["wte"].ravel())) == {0, 64, 127}
+        values = update_values(whole["wte"], back.update_levels)
+        assert values[0, 1] == np.float32(-64 / 127)
+        values[0, 1] = -0.5
+        assert np.array_equal(values, signs)
     assert StepCapture.load(tmp_path / "pytorch.npz").names("update") == ["wte"]
 
 
-def test_a_sign_tensor_with_other_values_is_not_written(tmp_path):
-    cap = StepCapture("pytorch", updates={"wte": np.array([1.0, 0.5, -1.0])})
-    with pytest.raises(ValueError, match="wte: an Adam update sign tensor holds values other than -1, 0 and 1"):
+def test_a_capture_of_schema_3_reads_its_signs_as_they_were(tmp_path, monkeypatch):
+    """Before schema 4 an int8 tensor held -1, 0 and 1 themselves: they still read as those values."""
+    from lockstep.capture.request import update_values
+    from lockstep.formats import step_capture
+
+    monkeypatch.setattr(step_capture, "CAPTURE_SCHEMA", 3)
+    signs = np.array([1, 0, -1], dtype=np.int8)
+    StepCapture("infinitrain", grads={"wte": signs}, grad_kind=step_capture.GRAD_ADAM_UPDATE).save(tmp_path / "c.npz")
+    back = StepCapture.load(tmp_path / "c.npz")
+    assert back.update_levels == 1 and np.array_equal(update_values(back.grads["wte"], back.update_levels), [1, 0, -1])
+
+
+def test_a_saturation_tensor_with_other_values_is_not_written(tmp_path):
+    cap = StepCapture("pytorch", updates={"wte": np.array([1.0, 0.5, -1.5])})
+    with pytest.raises(ValueError, match="wte: an Adam update saturation tensor holds values outside -1..1"):
         cap.save(tmp_path / "c.npz")
     assert list(tmp_path.iterdir()) == []
 

@@ -14,6 +14,8 @@ The defects are the ones issue 16's audit found hidden under the contract's lr 1
 - transposed_bias_grad: c_attn's and c_fc's bias gradients read as (k x C) transposed, the
   shape of InfiniTrain's CUDA column-reduction bug;
 - broken_tie: the head trains as its own copy of wte (the tie lost, as on InfiniTrain CUDA);
+- lnf_input_grad_term: ln_f's backward passes on a wrong input gradient (InfiniTrain CUDA's LayerNorm
+  defect at lnf): with a LoRA case's frozen base, the LoRA B gradients below it are all that show it;
 - data_order_off_by_one: every micro batch starts one micro batch (B*T tokens) late;
 - megatron_pp_tie_unsynced: megatron's first and last pipeline stages stop all-reducing the
   tied word-embedding gradient (the head's gradient never reaches wte);
@@ -83,7 +85,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lockstep.models.gpt2.model import GPT2, MLP
+from lockstep.models.gpt2.model import GPT2, LN_EPS, MLP
+from support.model_defects import ExtraTermLayerNorm
 
 DEFECT_ENV = "LOCKSTEP_TEST_DEFECT"
 TESTS_DIR = Path(__file__).resolve().parents[1]
@@ -111,6 +114,19 @@ class FrozenLayerNormGPT2(GPT2):
             if isinstance(module, torch.nn.LayerNorm):
                 module.weight.requires_grad_(False)
                 module.bias.requires_grad_(False)
+        return model
+
+
+class FinalLayerNormInputGradGPT2(GPT2):
+    """ln_f's backward adds a term to its input gradient (its forward and its own parameter gradients
+    unchanged): InfiniTrain's CUDA GPT-2 LayerNorm defect at lnf, which every gradient below it inherits."""
+
+    @classmethod
+    def from_llmc(cls, tensors, cfg):
+        model = super().from_llmc(tensors, cfg)
+        extra = ExtraTermLayerNorm(cfg.channels, eps=LN_EPS)
+        extra.load_state_dict(model.ln_f.state_dict())
+        model.ln_f = extra
         return model
 
 
@@ -191,7 +207,8 @@ for _defect, _kw in MIXTRAL_DEFECTS.items():
 
 
 REFERENCE_DEFECTS = {"exact_gelu": ExactGeluGPT2, "frozen_layernorm": FrozenLayerNormGPT2,
-                     "transposed_bias_grad": TransposedBiasGradGPT2, "broken_tie": BrokenTieGPT2}
+                     "transposed_bias_grad": TransposedBiasGradGPT2, "broken_tie": BrokenTieGPT2,
+                     "lnf_input_grad_term": FinalLayerNormInputGradGPT2}
 RESUME_DEFECTS = ("resume_data_restarted", "resume_moments_zeroed", "resume_step_reset", "resume_rank0_only")
 MEGATRON_RESUME_DEFECTS = ("megatron_resume_data_restarted", "megatron_resume_step_reset", "megatron_resume_rank0_only")
 LORA_DEFECTS = ("lora_scale_alpha", "lora_b_not_zero", "lora_wrong_module", "lora_layernorm_trains",

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lockstep.capture.sketch import l2_norm, sketch_numpy, sketch_torch
-from lockstep.formats.step_capture import Sketch, StepCapture
+from lockstep.formats.step_capture import UPDATE_LEVELS, Sketch, StepCapture
 
 # Module outputs (and the gradients arriving at them) are recorded for the first sequences of a
 # micro batch only: activations grow with the micro batch (GPT-2 124M at B=80: 2 GB of them, a 1B
@@ -79,7 +79,16 @@ class CaptureRequest:
 # |g| >> eps, and there only the sign of g survives. Below, u is rounding noise amplified: an
 # element whose true gradient is ~0 gets u anywhere in (-1, 1) from last-bit differences. So what
 # two frameworks' first Adam updates can be held to is the sign of the saturated elements.
-ADAM_SATURATED = 1.0 - 1e-3  # |u| at or above this: |g| >= 999·eps
+# Between the two, a ramp: a hard edge would let an element whose |g| lies within FP32's reach of
+# it fall on either side in two correct frameworks, a whole ±1 apart. Measured on llama3-tiny's
+# LoRA B gradients (2026-12-03, docs/results/2026-12-03-adam-saturation-ramp): pytorch and
+# megatron-core differ by up to 4.0e-4 relative on elements of |g| 5e-6..2e-5 (small gradients
+# are sums that cancel), and in a 2,048-element tensor the element nearest the edge sat 8.9e-4 from
+# it; one such element on the other side made a correct InfiniTrain run's tensor differ by 2.3e-2.
+# On the ramp an element moves by about its gradient's relative error (du/dg = eps/(|g| + eps)²,
+# over a ramp 1e-3 wide in u), as every other tensor's comparison does.
+ADAM_SATURATED = 1.0 - 1e-3  # |u| at or above this (|g| >= 999·eps): the sign, ±1
+ADAM_NOISE = 1.0 - 2e-3  # |u| at or below this (|g| <= 499·eps): 0, rounding noise
 
 
 # Whole tensors this large are worked on a GPU where there is one: elementwise FP64 work over a
@@ -135,17 +144,23 @@ def _fits(torch, numel: int) -> bool:
 
 
 def adam_update_sign(u):
-    """sign(u) where |u| >= ADAM_SATURATED, 0 elsewhere (numpy or torch, FP64)."""
+    """The saturation of Adam's first update u (numpy or torch): sign(u) where |u| >= ADAM_SATURATED, 0
+    where |u| <= ADAM_NOISE, linear in |u| between the two; in FP32 steps of 1/UPDATE_LEVELS, the
+    values an int8 capture holds (`update_signs`, `update_values`), so that a whole reference
+    transformed here and one kept as int8 compare alike."""
+    ramp = 1.0 / (ADAM_SATURATED - ADAM_NOISE)
     try:
         import torch
 
         if isinstance(u, torch.Tensor):
             u64 = u.detach().to(torch.float64)
-            return torch.where(u64.abs() >= ADAM_SATURATED, torch.sign(u64), torch.zeros_like(u64))
+            s = torch.sign(u64) * ((u64.abs() - ADAM_NOISE) * ramp).clamp(0.0, 1.0)
+            return (s * UPDATE_LEVELS).round().to(torch.float32) / UPDATE_LEVELS
     except ImportError:  # pragma: no cover
         pass
     u64 = np.asarray(u, dtype=np.float64)
-    return np.where(np.abs(u64) >= ADAM_SATURATED, np.sign(u64), 0.0)
+    s = np.sign(u64) * np.clip((np.abs(u64) - ADAM_NOISE) * ramp, 0.0, 1.0)
+    return np.rint(s * UPDATE_LEVELS).astype(np.float32) / np.float32(UPDATE_LEVELS)
 
 
 def adam_first_update(g, eps: float):
@@ -164,12 +179,21 @@ def adam_first_update(g, eps: float):
 
 
 def update_signs(u) -> np.ndarray:
-    """Adam update signs (-1, 0, 1; numpy or torch, anywhere) as the int8 host array a capture keeps."""
+    """Adam update saturations (`adam_update_sign`, -1..1; numpy or torch, anywhere) as the int8 host
+    array a capture keeps: UPDATE_LEVELS steps of 1/UPDATE_LEVELS."""
     if callable(getattr(u, "cpu", None)):
         import torch
 
-        return u.to(torch.int8).cpu().numpy()
-    return np.asarray(u).astype(np.int8)
+        return (u * UPDATE_LEVELS).round().to(torch.int8).cpu().numpy()
+    return np.rint(np.asarray(u, dtype=np.float64) * UPDATE_LEVELS).astype(np.int8)
+
+
+def update_values(array, levels: int = UPDATE_LEVELS):
+    """An int8 array a capture kept (`update_signs`) as the saturations it stands for (FP32, -1..1);
+    any other array unchanged. `levels`: the capture's (1 for files before capture schema 4)."""
+    if getattr(array, "dtype", None) == np.int8:
+        return np.asarray(array, dtype=np.float32) / np.float32(levels)
+    return array
 
 
 class CaptureBuilder:
@@ -201,7 +225,7 @@ class CaptureBuilder:
             array = _to_numpy(tensor)  # sign-valued tensors (InfiniTrain's Adam update) stay int8
             self.capture.store(kind)[name] = array.copy() if array.dtype == np.int8 else array.astype(np.float32, copy=True)
         else:
-            self.capture.sketches[f"{kind}/{name}"] = make_sketch(tensor)
+            self.capture.sketches[f"{kind}/{name}"] = make_sketch(update_values(tensor))
         if kind == "grad" and self.request.adam_eps is not None:
             self.capture.sketches[f"update/{name}"] = make_sketch(adam_first_update(tensor, self.request.adam_eps))
 

@@ -103,10 +103,10 @@ def loss_check(ref: StepCapture, test: StepCapture, tolerance: float) -> LossChe
 
 def _limit(d: TensorDiff, tol: float) -> float:
     if d.kind == ADAM_UPDATE:
-        # Signs of saturated Adam updates (±1 or 0): n mismatches among N elements give a relative
-        # error of 1..2 x sqrt(n/N). An element whose |g| sits within FP32's reach of the saturation
-        # edge (999·eps) may fall on either side of it in two correct frameworks: a tensor differs when
-        # more than ADAM_SIGN_SHARE of its elements do.
+        # Saturations of Adam updates (±1 where saturated, 0 below, a ramp between: capture/request
+        # adam_update_sign): n sign mismatches among N elements give a relative error of 1..2 x
+        # sqrt(n/N); an element on the ramp moves by about its gradient's rounding only. A tensor
+        # differs when more than ADAM_SIGN_SHARE of its elements would flip.
         return 2 * ADAM_SIGN_SHARE ** 0.5
     return max(tol, 10 * d.precision, d.rounding)
 
@@ -239,21 +239,56 @@ def add_output_grad_findings(findings: list[Finding], forward: list, output_grad
     """The gradients arriving at module outputs, in backward order: where they first differ while the
     forward agrees, the backward of the module after that output passed on a wrong input gradient.
 
-    Said only where the parameter gradients cannot say it as well: Adam's sign-only ones, or none of
-    the other rules found anything."""
+    Said only where the parameter gradients cannot say it as well: Adam's sign-only ones, none of
+    the other rules found anything, or the only findings are gradient-only ones of tensors that the
+    wrong gradient reaches. Those were not "gradient only": the gradient arriving at their module
+    already differs. It happens where the parameters that would show the block are not compared -- a
+    LoRA case's frozen base, whose A adapters are zero on both sides at step 1 -- and then the
+    output gradient's finding comes first and the tensors it reaches are said to be downstream of it."""
     if not output_grads or any(differs(d, tolerance) for d in forward):
-        return findings
-    if findings and grad_kind != GRAD_ADAM_UPDATE and any(f.kind != LOGGING for f in findings):
         return findings
     first = next((i for i, d in enumerate(output_grads) if differs(d, tolerance)), None)
     if first is None:
         return findings
     d = output_grads[first]
+    upstream = [o.name for o in output_grads[first:]]
+    inherited = [f for f in findings if f.kind == GRADIENT_ONLY
+                 and all(_reached_by(t, d.name, upstream) for t in (f.tensors or (f.where,)))]
+    others = [f for f in findings if f not in inherited]
+    if others and grad_kind != GRAD_ADAM_UPDATE and any(f.kind != LOGGING for f in others):
+        return findings
     producer = output_grads[first - 1].name if first > 0 else "the loss"
     later = "every later module's output" if first > 0 else "no later output (it is the logits')"
-    return findings + [Finding(BACKWARD_INPUT, producer,
-                               f"input gradient of {producer}'s backward: the gradient arriving at {d.name}'s output "
-                               f"differs (relative {d.rel:.2e}, cosine {d.cosine:.3f}) while it agrees at {later}")]
+    found = Finding(BACKWARD_INPUT, producer,
+                    f"input gradient of {producer}'s backward: the gradient arriving at {d.name}'s output "
+                    f"differs (relative {d.rel:.2e}, cosine {d.cosine:.3f}) while it agrees at {later}")
+    if not inherited:
+        return findings + [found]
+    tensors = tuple(t for f in inherited for t in (f.tensors or (f.where,)))
+    return [found, Finding(DOWNSTREAM, producer,
+                           f"{len(tensors)} parameter gradients differ downstream of it "
+                           f"({', '.join(f.where for f in inherited)}), as a wrong gradient arriving at their "
+                           "modules makes them; fix that backward first", tensors=tensors)] + others
+
+
+def _layer(name: str) -> float:
+    """A tensor's or module's layer: [k] -> k; the embedding before every layer, the rest (lnf, logits) after."""
+    m = re.search(r"\[(\d+)\]$", name)
+    if m:
+        return int(m.group(1))
+    return -1 if name.split(".")[-1].startswith(("embedding", "wte", "wpe")) else float("inf")
+
+
+def _reached_by(tensor: str, output: str, upstream: list[str]) -> bool:
+    """Whether a parameter's gradient is computed from the gradient arriving at `output` (so a
+    difference there reaches it): its layer is below that output's, or in the same layer its module
+    is one the gradient passes on to (`upstream`: that output and those before it in the forward); a
+    layer's own output (`block[k]`) reaches every tensor of that layer."""
+    layer, at = _layer(tensor), _layer(output)
+    if layer < at or (layer == at and output.startswith("block[")):
+        return True
+    module = module_of(tensor.split(".", 1)[1] if tensor.startswith(("lora_A.", "lora_B.")) else tensor)
+    return layer == at and module in upstream
 
 
 def add_applied_findings(findings: list[Finding], applied: list[TensorDiff], tol: float,
@@ -303,16 +338,6 @@ def add_drift_findings(findings: list[Finding], drift: list, loss_tolerance: flo
                             f"optimizer update: forward and step-1 gradients agree, but at lr {case_lr.lr:g} the "
                             f"loss of step {worst.step} differs by {worst.abs_diff:.2e}"
                             + (f" (frozen weights: {frozen:.2e})" if frozen is not None else "")))
-    return findings
-    case_lr = drift[-1]
-    later = [s for s in case_lr.steps if s.step > 1]
-    worst = max(later, key=lambda s: s.abs_diff, default=None)
-    if worst is not None and worst.abs_diff > loss_tolerance:
-        frozen = drift[0].max_abs_diff if drift[0] is not case_lr else None
-        findings.append(Finding(OPTIMIZER, "optimizer",
-                                f"optimizer update: forward and step-1 gradients agree, but at lr {case_lr.lr:g} the "
-                                f"loss of step {worst.step} differs by {worst.abs_diff:.2e}"
-                                + (f" (frozen weights: {frozen:.2e})" if frozen is not None else "")))
     return findings
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from lockstep.capture import request as capture_request
 from lockstep.cases.lora_targets import is_lora_name
-from lockstep.capture.request import adam_first_update, make_sketch, on_gpu_if_large
+from lockstep.capture.request import adam_first_update, make_sketch, on_gpu_if_large, update_values
 from lockstep.formats.step_capture import APPLIED, GRAD_ADAM_UPDATE, Sketch, StepCapture
 
 FORWARD, OUTPUT_GRADIENT, GRADIENT, ADAM_UPDATE = "forward", "output gradient", "gradient", "adam update"
@@ -112,8 +112,9 @@ def sketch_diff(name: str, kind: str, ref: Sketch, test: Sketch, precision: floa
 
 
 def _whole(cap: StepCapture, kind: str, name: str) -> np.ndarray | None:
+    """A tensor the capture holds whole (an int8 Adam update saturation as its -1..1 values), or None."""
     store = cap.store(kind)
-    return store[name] if name in store else None
+    return update_values(store[name], cap.update_levels) if name in store else None
 
 
 def _sketch(cap: StepCapture, kind: str, name: str, whole: np.ndarray | None) -> Sketch | None:

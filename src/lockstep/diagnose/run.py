@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lockstep.capture.request import CAPTURE_ROWS, CaptureRequest, make_sketch
+from lockstep.capture.request import CAPTURE_ROWS, CaptureRequest, make_sketch, update_values
 from lockstep.certify.certificate import close_call
 from lockstep.cases.spec import CaseSpec, CheckpointSpec
 from lockstep.compare.pairing import DIAGNOSE_DIR
@@ -288,7 +288,7 @@ def keep_sketches_only(path: Path) -> None:
     for kind in SKETCH_KINDS:
         store = capture.store(kind)
         for name in store:
-            sketches.setdefault(f"{kind}/{name}", make_sketch(store[name]))
+            sketches.setdefault(f"{kind}/{name}", make_sketch(update_values(store[name], capture.update_levels)))
     dataclasses.replace(capture, forward={}, output_grads={}, grads={}, updates={}, tie_parts={}, sketches=sketches,
                         meta={**capture.meta, "whole_tensors": "sketched after the verdict (--keep-tensors keeps them)"}
                         ).save(path)

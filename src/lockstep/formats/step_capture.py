@@ -13,9 +13,10 @@ A `StepCapture` holds, under canonical names (LLMC tensor names, per layer `qkvw
 - `loss`: the step-1 loss as the framework logs it; `token_losses` (FP32 per-token losses of the
   step, reference runners) lets other frameworks' logging be emulated.
 - `updates`: Adam's first update of each exact gradient, whole, as what two first Adam steps
-  can be held to: the sign of its saturated elements, 0 elsewhere (capture/request.adam_first_update).
-  Kept instead of the whole gradients when the other side shows only its Adam update (InfiniTrain
-  on Adam families): one int8 per element, a quarter of the gradient's bytes.
+  can be held to: the sign of its saturated elements, 0 below, a ramp between
+  (capture/request.adam_first_update). Kept instead of the whole gradients when the other side
+  shows only its Adam update (InfiniTrain on Adam families): one int8 per element (-127..127, in
+  1/127 steps; `update_levels`), a quarter of the gradient's bytes.
 - `tie_parts`: for a tied tensor, the gradient its embedding use alone gives (the rest is the
   output head's), so that a framework that lost the tie is recognised as exactly that.
 - `param_order` / `module_kind`: parameters in the order the forward pass first uses them, and
@@ -38,8 +39,9 @@ A `StepCapture` holds, under canonical names (LLMC tensor names, per layer `qkvw
 
 On disk: one .npz written tensor by tensor (never the whole capture in memory twice), entries
 `fwd/`, `outgrad/`, `grad/`, `update/`, `tie/`, `route/`, `sk/<kind>/NAME`, `token_losses` and a JSON `meta`;
-read back lazily, one tensor at a time. Tensors are FP32, except the values that can only be -1, 0
-or 1 (`update/`, and `grad/` of an "adam-update" capture), which are int8.
+read back lazily, one tensor at a time. Tensors are FP32, except Adam update saturations (`update/`,
+and `grad/` of an "adam-update" capture), which are int8 (capture schema 4: -127..127 for -1..1;
+schema 3: -1, 0, 1).
 """
 
 from __future__ import annotations
@@ -60,7 +62,11 @@ from lockstep.fsutil import atomic_write
 GRAD_EXACT = "exact"
 GRAD_SGD_RECOVERED = "sgd-recovered"
 GRAD_ADAM_UPDATE = "adam-update"
-CAPTURE_SCHEMA = 3  # 3: `update/` entries, and int8 for sign-valued tensors (2 still reads)
+# 4: int8 tensors hold Adam update saturations in 1/127 steps (capture/request.update_signs);
+# 3: `update/` entries, and int8 for sign-valued tensors (-1, 0, 1; 2 and 3 still read)
+CAPTURE_SCHEMA = 4
+UPDATE_LEVELS = 127  # int8 steps per unit of an Adam update saturation (schema 4)
+UPDATE_LEVELS_BEFORE_4 = 1
 SKETCH_KINDS = ("fwd", "outgrad", "grad", "tie", "update")
 APPLIED = "applied"  # the optimizer's applied update of the captured step: sketches only
 
@@ -169,6 +175,7 @@ class StepCapture:
     notes: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
     source: str | None = None  # the file it was read from
+    update_levels: int = UPDATE_LEVELS  # int8 tensors' steps per unit (1 before schema 4)
 
     def sketch(self, kind: str, name: str) -> Sketch | None:
         return self.sketches.get(f"{kind}/{name}")
@@ -247,17 +254,18 @@ class StepCapture:
                    tie_parts=LazyTensors(z, "tie/", mapped), routing=LazyTensors(z, "route/", mapped),
                    token_losses=z["token_losses"] if "token_losses" in z.files else None,
                    param_order=meta.get("param_order", []), module_kind=meta.get("module_kind", {}),
-                   sketches=sketches, notes=meta.get("notes", []), meta=meta.get("meta", {}), source=str(path))
+                   sketches=sketches, notes=meta.get("notes", []), meta=meta.get("meta", {}), source=str(path),
+                   update_levels=UPDATE_LEVELS if meta.get("schema", CAPTURE_SCHEMA) >= 4 else UPDATE_LEVELS_BEFORE_4)
 
 
 def _as(array, dtype, name: str) -> np.ndarray:
-    """`array` in the file's dtype; a sign-valued tensor (int8 on disk) must hold only -1, 0 and 1."""
+    """`array` in the file's dtype; an Adam update saturation tensor (int8 on disk, UPDATE_LEVELS steps)
+    is kept as it is when int8 already (capture/request.update_signs), else made from values in -1..1."""
     a = np.asarray(array)
     if dtype is np.int8 and a.dtype != np.int8:
-        signs = a.astype(np.int8)
-        if not np.array_equal(signs, a):
-            raise ValueError(f"{name}: an Adam update sign tensor holds values other than -1, 0 and 1")
-        return signs
+        if a.size and float(np.max(np.abs(a))) > 1.0:
+            raise ValueError(f"{name}: an Adam update saturation tensor holds values outside -1..1")
+        return np.rint(a.astype(np.float64) * UPDATE_LEVELS).astype(np.int8)
     return a.astype(dtype, copy=False)
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.capture.request import CaptureBuilder, CaptureRequest
+from lockstep.capture.request import CaptureBuilder, CaptureRequest, update_values
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import RunError
 from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, GRAD_SGD_RECOVERED, StepCapture
@@ -89,7 +89,8 @@ def recover_sgd(w0: np.ndarray, w1: np.ndarray, lr: float) -> tuple[np.ndarray, 
 
 def recover_adam_update(w0: np.ndarray, w1: np.ndarray, lr: float = ADAM_RECOVERY_LR) -> np.ndarray:
     """u = (w0 - w1)/lr after Adam's first step, g/(|g| + eps) (0 where the weight did not move), as
-    `adam_update_sign` keeps it: the sign where it is saturated (int8: -1, 0, 1)."""
+    `adam_update_sign` keeps it: the sign where it is saturated, 0 below, a ramp between (int8,
+    `update_signs`)."""
     from lockstep.capture.request import adam_update_sign, on_gpu_if_large, to_gpu, update_signs
 
     d0 = on_gpu_if_large(w0)
@@ -249,7 +250,7 @@ def _recover(builder: CaptureBuilder, w0: dict, saved_path: Path, lr: float, sgd
             g = recover_adam_update(before, w1.pop(name), lr)
         builder.add("grad", name, g)
         if applied_step is not None:
-            cap.sketches[f"{APPLIED}/{name}"] = make_sketch(g)
+            cap.sketches[f"{APPLIED}/{name}"] = make_sketch(update_values(g))
     if applied_step is not None:
         cap.meta[APPLIED] = {"step": applied_step, "lr": lr, "precision": dict(cap.grad_precision)}
     if sgd:

@@ -177,8 +177,8 @@ def _with_args(**args) -> dict:
 
 
 @pytest.mark.parametrize("doc, message", [
-    (_with_args(overfit_single_batch=False), "t.json: test 2: arg 'overfit_single_batch' is not one lockstep maps to a case"),
-    (_with_args(bacth_size=8), "t.json: test 2: arg 'bacth_size' is not one lockstep maps to a case"),
+    (_with_args(overfit_single_batch=False), "t.json: test 2: arg 'overfit_single_batch' is not one lockstep maps to a gpt2 case"),
+    (_with_args(bacth_size=8), "t.json: test 2: arg 'bacth_size' is not one lockstep maps to a gpt2 case"),
     (_with_args(batch_size="eighty"), "t.json: test 2: arg batch_size = 'eighty' does not read as an integer"),
     (_with_args(batch_size=8.5), "t.json: test 2: arg batch_size = 8.5 is a number, but it must be an integer"),
     (_with_args(sequence_parallel=1), "t.json: test 2: arg sequence_parallel = 1 is an integer, but it must be a boolean"),
@@ -211,7 +211,7 @@ def test_every_bad_arg_is_one_sentence_naming_test_and_key(doc, message):
     (lambda d: d["test_groups"][1].update(name="z"), "t.json: group zero: unknown key(s) 'name'"),
     (lambda d: d["test_groups"][1]["tests"][0].update(cmd="x"), "t.json: test 3_distopt: unknown key(s) 'cmd'"),
     (lambda d: d["test_groups"][1]["tests"].append({"id": "1", "args": {}}),
-     "t.json: test 1 is defined twice (groups basic and zero)"),
+     "t.json: test 1 is defined twice (groups basic and zero), both run by gpt2"),
     (lambda d: d.update(variables=[1]), "t.json: variables is an array, but it must be an object"),
     (lambda d: d.update(test_groups=[]), "t.json: test_groups is an array with no groups"),
     (lambda d: d["test_groups"][0].pop("tag"), "t.json: test_groups #1 has no tag"),
@@ -225,7 +225,8 @@ def test_structure_errors_name_the_place(mutate, message):
 
 
 def test_a_model_of_another_family_is_refused():
-    with pytest.raises(CaseError, match="InfiniTrain's test config runs gpt2 and llama3, but --model qwen3-tiny is a qwen3 model"):
+    with pytest.raises(CaseError, match="InfiniTrain's test config runs gpt2, llama3 and tiny_mixtral, but --model "
+                                        "qwen3-tiny is a qwen3 model"):
         parse_test_config(test_config_like_b24d92f(), "t.json", model="qwen3-tiny")
 
 
@@ -252,7 +253,7 @@ def test_cli_unknown_arg_is_one_line_exit_1(tmp_path, capsys):
     assert main(["run", "--matrix", str(path), "--model", "gpt2-tiny", "--groups", "lora", "--out",
                  str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"lockstep: error: {path}: test 1_lora: arg 'lora_dropout' is not one lockstep maps to a case "
+    assert err == [f"lockstep: error: {path}: test 1_lora: arg 'lora_dropout' is not one lockstep maps to a gpt2 case "
                    "(it maps: " + err[0].split("(it maps: ", 1)[1]]
 
 
@@ -323,3 +324,64 @@ def test_run_of_the_file_trains_basic_and_lora_cases_and_skips_a_lone_resume_say
     assert rec.ok and len(rec.steps) == 10 and rec.meta["case_spec"]["group"] == "basic"
     lora = read_run_record(out_dir / "pytorch" / "gpt2_1_lora.jsonl")  # the reference trains LoRA (models/lora.py)
     assert lora.ok and lora.meta["case_spec"]["lora"]["rank"] == 8 and lora.losses() != rec.losses()
+
+
+def test_config_like_b7e0760() -> dict:
+    """The MoE branch's file (feat/support_moe): b24d92f's groups, a `moe` group whose ids repeat basic's,
+    and the variables naming each example's groups."""
+    doc = test_config_like_b24d92f()
+    doc["variables"].update(MIXTRAL_INPUT_BIN="/nowhere/llama3/tiny_shakespeare_train.bin",
+                            MIXTRAL_LLMC_FILEPATH="/nowhere/tiny_mixtral/tiny_mixtral_megatron_export.bin",
+                            GPT2_TEST_GROUPS="basic,zero,lora,checkpoint", LLAMA3_TEST_GROUPS="basic,zero,lora,checkpoint",
+                            MIXTRAL_TEST_GROUPS="moe")
+    doc["test_groups"].append({"tag": "moe", "tests": [
+        {"id": "1", "args": {"dtype": "float32"}}, {"id": "1_bfloat16", "args": {"dtype": "bfloat16"}},
+        {"id": "2", "args": {"dtype": "float32", "num_iteration": 10, "global_batch_size": 80, "micro_batch_size": 80}},
+        {"id": "2_bfloat16", "args": {"dtype": "bfloat16", "num_iteration": 10, "global_batch_size": 80,
+                                      "micro_batch_size": 80}}]})
+    return doc
+
+
+def test_the_moe_branchs_file_gives_each_example_its_own_groups():
+    doc = test_config_like_b7e0760()
+    gpt2 = parse_test_config(doc, "t.json", model="gpt2")
+    assert len(gpt2.cases) == 52 and "moe" not in {c.group for c in gpt2.cases}  # ids 1 and 2 are basic's here
+    assert "t.json: variables.GPT2_TEST_GROUPS = 'basic,zero,lora,checkpoint': gpt2 runs group(s) basic, zero, " \
+           "lora, checkpoint" in gpt2.notes
+    moe = parse_test_config(doc, "t.json", model="mixtral-tiny")
+    assert [(c.name, c.group, c.model, c.dtype, c.micro_batch, c.total_batch, c.seq_len, c.steps, c.lr, c.world_size)
+            for c in moe.cases] == [
+        ("tiny_mixtral_1", "moe", "mixtral-tiny", "float32", 4, 256, 64, 10, 1e-4, 1),  # tiny_mixtral's defaults
+        ("tiny_mixtral_1_bfloat16", "moe", "mixtral-tiny", "bfloat16", 4, 256, 64, 10, 1e-4, 1),
+        ("tiny_mixtral_2", "moe", "mixtral-tiny", "float32", 80, 80 * 64, 64, 10, 1e-4, 1),  # batch sizes in sequences
+        ("tiny_mixtral_2_bfloat16", "moe", "mixtral-tiny", "bfloat16", 80, 80 * 64, 64, 10, 1e-4, 1)]
+    assert "t.json: variables.MIXTRAL_LLMC_FILEPATH = /nowhere/tiny_mixtral/tiny_mixtral_megatron_export.bin does not " \
+           "exist here: mixtral cases train lockstep's seeded init" in moe.notes
+    every = parse_test_config(doc, "t.json")  # as the driver: every example, each on its groups
+    assert len(every.cases) == 52 * 2 + 4
+    assert {c.model for c in every.cases} == {"gpt2", "llama3", "mixtral-l32-c512"}
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d["test_groups"][-1]["tests"][0]["args"].update(batch_size=8),
+     "t.json: test 1: arg 'batch_size' is not one lockstep maps to a tiny_mixtral case (it maps: micro_batch_size, "
+     "global_batch_size, sequence_length, num_iteration, learning_rate, dtype)"),
+    (lambda d: d["test_groups"][-1]["tests"][2]["args"].update(global_batch_size=100),
+     "t.json: test 2: global_batch_size 100 is not a multiple of micro_batch_size 80, as tiny_mixtral requires"),
+    (lambda d: d["variables"].update(MIXTRAL_TEST_GROUPS="basic,moe"),
+     "t.json: test 1 is defined twice (groups basic and moe), both run by tiny_mixtral"),
+])
+def test_a_moe_test_tiny_mixtral_cannot_run_is_one_sentence(mutate, message):
+    doc = test_config_like_b7e0760()
+    mutate(doc)
+    with pytest.raises(CaseError) as info:
+        parse_test_config(doc, "t.json", model="mixtral-tiny")
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_without_group_variables_gpt2_runs_every_group_as_b24d92fs_driver():
+    doc = test_config_like_b24d92f()
+    doc["test_groups"].append({"tag": "extra", "tests": [{"id": "x", "args": {}}]})
+    assert [c.name for c in parse_test_config(doc, "t.json", model="gpt2").cases][-1] == "gpt2_x"
+    with pytest.raises(LockstepError, match="hold no tests that tiny_mixtral runs"):
+        parse_test_config(doc, "t.json", model="mixtral-tiny")  # its default group, moe, is not in the file

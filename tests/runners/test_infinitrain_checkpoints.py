@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lockstep.cases.spec import CaseSpec, CheckpointSpec
+from lockstep.errors import RunError
 from lockstep.models import SHAPES
 from lockstep.runners.base import RunInputs
 from lockstep.runners.infinitrain.checkpoints import checkpoint_load_seconds, checkpoint_save_seconds, checkpoints_for
@@ -110,10 +111,21 @@ def test_a_resume_whose_step_folder_is_missing_fails_naming_it_before_launching(
            "checkpoint there" in rec.error
 
 
+def write_step3_folder(root: Path) -> Path:
+    """A whole (tiny) InfiniTrain step-3 folder under `root`, as its --save writes one."""
+    import numpy as np
+
+    from lockstep.formats.infinitrain_checkpoint import write_checkpoint_folder
+
+    state = {"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 64, "vocab_size": 50304, "global_step": 3,
+             "consumed_batches": 3, "last_lr": 1e-4, "ddp_size": 1, "tp_size": 1, "sp_size": 1, "pp_size": 1}
+    return write_checkpoint_folder(root, 3, {"w": np.ones((4, 4), np.float32)}, state)
+
+
 def test_a_resumed_run_logs_the_steps_after_its_resume_point(tmp_path):
     build = fake_build(tmp_path, [4, 5, 6])
     folder = checkpoints_for(resumed_case(), tmp_path / "out" / "infinitrain").resume_folder
-    folder.mkdir(parents=True)
+    write_step3_folder(folder.parent)
     rec = InfiniTrainRunner(build_dir=build).run(resumed_case(), inputs_at(tmp_path, small_tokens(tmp_path)),
                                                  tmp_path / "out")
     assert rec.ok, rec.error
@@ -198,3 +210,31 @@ def test_real_infinitrain_resume_is_judged_against_its_uninterrupted_run(request
     broken = judge_resume(full, restarted)
     print(f"{family} resumed at batch 0: {restarted.losses()}: {broken.verdict.value}, max |d| {broken.max_abs_diff:.2e}")
     assert broken.verdict is ResumeVerdictClass.BROKEN and broken.max_abs_diff > 1e-3, broken
+
+
+def test_a_save_infinitrain_left_cut_short_fails_its_run_and_is_never_resumed_from(tmp_path):
+    """InfiniTrain does not check its checkpoint writes: with the H200's disk full it wrote 4.0 GB of an 18 GB
+    step folder and exited 0 (docs/results/2026-12-03-h200). The saving run fails naming the folder's problem,
+    and a resume from it stops before launching."""
+    import numpy as np
+
+    from lockstep.formats.infinitrain_checkpoint import MODEL_FILE, write_checkpoint_folder
+    from lockstep.runners.infinitrain.checkpoints import InfiniTrainCheckpoints
+
+    state = {"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 64, "vocab_size": 50304, "global_step": 3,
+             "consumed_batches": 3, "last_lr": 1e-4, "ddp_size": 1, "tp_size": 1, "sp_size": 1, "pp_size": 1}
+    root = tmp_path / "saving.checkpoints"
+    for step in (3, 6):
+        write_checkpoint_folder(root, step, {"w": np.ones((4, 4), np.float32)}, {**state, "global_step": step})
+    saving = InfiniTrainCheckpoints(save_root=root, resume_folder=None, interval=3)
+    saving.check_saved()  # whole: nothing to say
+    model = root / "checkpoint_step_000003" / MODEL_FILE
+    model.write_bytes(model.read_bytes()[:-10])
+    with pytest.raises(RunError) as info:
+        saving.check_saved()
+    assert str(info.value) == (f"InfiniTrain exited 0, but the checkpoint it saved at step 3 is not whole: {model}: "
+                               "truncated: tensor w needs 64 bytes, but the file ends early (10 bytes short)")
+    resuming = InfiniTrainCheckpoints(save_root=None, resume_folder=root / "checkpoint_step_000003")
+    with pytest.raises(RunError, match=r"^the checkpoint to resume from is not whole: .*checkpoint_step_000003/model.ckpt: "
+                                       r"truncated"):
+        resuming.prepare()

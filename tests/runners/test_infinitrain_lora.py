@@ -184,7 +184,9 @@ def test_real_infinitrain_lora_trains_like_the_pytorch_runner(request, tmp_path,
     allowance = [CONTRACT_LOSS_LIMIT + abs(s.loss_fp32_sum - s.loss) for s in ref.steps]
     print(f"{family} LoRA infinitrain {rec.losses()} pytorch {ref_losses} |d| {[f'{d:.2e}' for d in diffs]} "
           f"allowed {[f'{a:.2e}' for a in allowance]}")
-    assert ref_losses[0] - ref_losses[-1] > 100 * CONTRACT_LOSS_LIMIT  # the adapters train
+    # The adapters move the loss (Adam at lr 1e-3 on llama3-tiny moves it up and down: 11.758, 11.755, 11.818, ...),
+    # by far more than the threshold, so a wrong scale, target or frozen weight shows.
+    assert max(abs(l - ref_losses[0]) for l in ref_losses) > 100 * CONTRACT_LOSS_LIMIT
     assert all(d <= a for d, a in zip(diffs, allowance)), diffs
     # Its weights after the last step (its own save, read back under canonical names): the base
     # bitwise the init (frozen), the adapters the reference's.

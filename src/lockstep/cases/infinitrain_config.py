@@ -6,6 +6,14 @@ The file (InfiniTrain b24d92f) holds `variables` (paths and switches for its she
 `id` and the `args` its driver turns into `--key value` flags of the gpt2 and llama3 examples.
 Every test runs once per family; its log, and so lockstep's case, is named `<family>_<id>`.
 
+The MoE branch's file (feat/support_moe, b7e0760) adds a `moe` group for its `tiny_mixtral`
+example (logs `tiny_mixtral_<id>`) and variables `GPT2_TEST_GROUPS`, `LLAMA3_TEST_GROUPS`,
+`MIXTRAL_TEST_GROUPS` naming the groups each example runs (defaults basic,zero,lora,checkpoint for
+gpt2 and llama3, moe for tiny_mixtral; `*` every group). A file with none of those variables is
+read as b24d92f's driver reads it: gpt2 and llama3 run every group. A test id may repeat across
+groups that no example shares (b7e0760's `1` is in basic and in moe); within one example's groups
+it may not, since its logs would overwrite each other.
+
 An arg is mapped to a `CaseSpec` field when lockstep has one for it; any other arg is an error
 naming the file, the test and the key, never dropped. Args a test leaves out take the
 defaults of the examples' flags (example/<family>/main.cc, DEFINE_*), so that a case trains
@@ -24,7 +32,7 @@ from lockstep.cases.spec import CaseSpec, CheckpointSpec, LoraSpec
 from lockstep.errors import CaseError, LockstepError
 from lockstep.fsutil import read_text
 
-FAMILIES = ("gpt2", "llama3")  # the example executables the driver runs, in its order
+FAMILIES = ("gpt2", "llama3", "mixtral")  # the example executables the driver runs, in its order
 TOP_LEVEL_KEYS = ("variables", "basic_compile_commands", "test_groups")
 GROUP_KEYS = ("tag", "tests")
 TEST_KEYS = ("id", "args")
@@ -37,7 +45,17 @@ FLAG_DEFAULTS = {"batch_size": 4, "sequence_length": 64, "total_batch_size": 256
 FAMILY_FLAG_DEFAULTS = {
     "gpt2": {"learning_rate": 1e-4, "lora_target_modules": "c_attn,c_proj"},
     "llama3": {"learning_rate": 1e-5, "lora_target_modules": "c_attn,c_proj,c_fc,c_fc2"},
+    # example/tiny_mixtral/main.cc at b7e0760: its own flags (batch sizes in sequences), one device.
+    "mixtral": {"micro_batch_size": 4, "global_batch_size": 4, "sequence_length": 64, "num_iteration": 10,
+                "learning_rate": 1e-4, "dtype": "float32"},
 }
+# What each example is run as by the driver: its log name's prefix, its default model, the variable
+# naming its groups and the groups it runs without it (None: every group, as b24d92f's driver).
+LOG_PREFIX = {"gpt2": "gpt2", "llama3": "llama3", "mixtral": "tiny_mixtral"}
+DEFAULT_SHAPE = {"gpt2": "gpt2", "llama3": "llama3", "mixtral": "mixtral-l32-c512"}
+GROUPS_VARIABLE = {"gpt2": "GPT2_TEST_GROUPS", "llama3": "LLAMA3_TEST_GROUPS", "mixtral": "MIXTRAL_TEST_GROUPS"}
+DEFAULT_GROUPS = {"gpt2": ("basic", "zero", "lora", "checkpoint"), "llama3": ("basic", "zero", "lora", "checkpoint"),
+                  "mixtral": ("moe",)}
 # The args lockstep maps to a case, with the JSON type each must have (gflags' type of the flag).
 ARG_TYPES: dict[str, type] = {
     "nthread_per_process": int, "batch_size": int, "sequence_length": int, "total_batch_size": int,
@@ -46,9 +64,14 @@ ARG_TYPES: dict[str, type] = {
     "lora_alpha": float, "lora_target_modules": str, "save": str, "load": str, "save_interval": int,
     "max_checkpoint_keep": int, "save_optimizer_state": bool,
 }
+MIXTRAL_ARG_TYPES: dict[str, type] = {
+    "micro_batch_size": int, "global_batch_size": int, "sequence_length": int, "num_iteration": int,
+    "learning_rate": float, "dtype": str,
+}
 # Variables the driver itself reads, and what lockstep does instead.
 FAMILY_INPUT_VARIABLES = {"gpt2": ("GPT2_INPUT_BIN", "GPT2_LLMC_FILEPATH"),
-                          "llama3": ("LLAMA3_INPUT_BIN", "LLAMA3_LLMC_FILEPATH")}
+                          "llama3": ("LLAMA3_INPUT_BIN", "LLAMA3_LLMC_FILEPATH"),
+                          "mixtral": ("MIXTRAL_INPUT_BIN", "MIXTRAL_LLMC_FILEPATH")}
 DRIVER_VARIABLES = {
     "BUILD_DIR": "lockstep runs the InfiniTrain build given by --infinitrain-build (or LOCKSTEP_INFINITRAIN_BUILD)",
     "LOG_DIR": "logs go under the run directory (--out)",
@@ -112,7 +135,6 @@ def parse_test_config(doc, source: str, model: str | None = None, groups: list[s
             raise CaseError(f"{source}: basic_compile_commands is {_json_type(doc['basic_compile_commands'])}, "
                             "but it must be an array")
         notes.append(f"{source}: basic_compile_commands not run: lockstep runs an existing InfiniTrain build")
-    inputs = _inputs(variables, families, source, notes)
     for name, instead in DRIVER_VARIABLES.items():
         if variables.get(name):
             notes.append(f"{source}: variables.{name} = {variables[name]!r} not used: {instead}")
@@ -126,30 +148,43 @@ def parse_test_config(doc, source: str, model: str | None = None, groups: list[s
         missing = [g for g in groups if g not in tags]
         if missing:
             raise CaseError(f"{source}: no test group {', '.join(map(repr, missing))} (its groups: {', '.join(tags)})")
+    runs = {fam: _groups_of(fam, variables, tags) for fam, _ in families}
+    if model is None:  # every example the driver would run on this file
+        families = [(f, shape) for f, shape in families if any(g in runs[f] for g in tags)]
+    for fam, _ in families:
+        _check_ids(tests, runs[fam], fam, source)
+        if GROUPS_VARIABLE[fam] in variables:
+            notes.append(f"{source}: variables.{GROUPS_VARIABLE[fam]} = {variables[GROUPS_VARIABLE[fam]]!r}: "
+                         f"{LOG_PREFIX[fam]} runs group(s) {_listed(runs[fam])}")
+    inputs = _inputs(variables, families, source, notes)
     saves = _save_roots(tests, variables, source)
     cases = []
     for group, test_id, args in tests:
         if groups and group not in groups:
             continue
         for fam, shape in families:
-            cases.append(_case(group, test_id, args, fam, shape, variables, saves, source, notes))
+            if group in runs[fam]:
+                cases.append(_case(group, test_id, args, fam, shape, variables, saves, source, notes))
     if not cases:
-        raise LockstepError(f"{source}: the selected groups hold no tests")
+        raise LockstepError(f"{source}: the selected groups hold no tests"
+                            + (f" that {' or '.join(LOG_PREFIX[f] for f, _ in families)} runs ("
+                               f"{'; '.join(f'{LOG_PREFIX[f]} runs group(s) {_listed(runs[f])}' for f, _ in families)})"
+                               if families else ""))
     return InfiniTrainMatrix(source=source, groups=tags, cases=cases, notes=list(dict.fromkeys(notes)), inputs=inputs)
 
 
 def _families(model: str | None, source: str) -> list[tuple[str, str]]:
     """(family, model shape) pairs the cases train."""
     if model is None:
-        return [(f, f) for f in FAMILIES]
+        return [(f, DEFAULT_SHAPE[f]) for f in FAMILIES]
     from lockstep.models import SHAPES
 
     if model not in SHAPES:
         raise LockstepError(f"unknown model {model!r}; known models: {', '.join(SHAPES)}")
     fam = SHAPES[model].family
     if fam not in FAMILIES:
-        raise CaseError(f"{source}: InfiniTrain's test config runs {' and '.join(FAMILIES)}, "
-                        f"but --model {model} is a {fam} model")
+        raise CaseError(f"{source}: InfiniTrain's test config runs {', '.join(LOG_PREFIX[f] for f in FAMILIES[:-1])} "
+                        f"and {LOG_PREFIX[FAMILIES[-1]]}, but --model {model} is a {fam} model")
     return [(fam, model)]
 
 
@@ -185,7 +220,7 @@ def _inputs(variables: dict[str, str], families, source: str, notes: list[str]) 
 
 
 def _tests(raw_groups: list, source: str) -> list[tuple[str, str, dict]]:
-    out, seen = [], {}
+    out = []
     for gi, group in enumerate(raw_groups, start=1):
         if not isinstance(group, dict):
             raise CaseError(f"{source}: test_groups #{gi} is {_json_type(group)}, but a group is an object")
@@ -212,19 +247,42 @@ def _tests(raw_groups: list, source: str) -> list[tuple[str, str, dict]]:
             args = test.get("args", {})
             if not isinstance(args, dict):
                 raise CaseError(f"{source}: test {test_id}: args is {_json_type(args)}, but it must be an object")
-            if test_id in seen:
-                raise CaseError(f"{source}: test {test_id} is defined twice (groups {seen[test_id]} and {tag}); "
-                                "its logs would overwrite each other")
-            seen[test_id] = tag
             out.append((tag, test_id, args))
     return out
+
+
+def _groups_of(fam: str, variables: dict[str, str], tags: list[str]) -> list[str]:
+    """The groups the driver runs `fam`'s example for: its *_TEST_GROUPS variable (`*`: all), that
+    variable's default when the file sets another example's, every group when it sets none (b24d92f)."""
+    if not any(v in variables for v in GROUPS_VARIABLE.values()) and fam in ("gpt2", "llama3"):
+        return list(tags)
+    raw = variables.get(GROUPS_VARIABLE[fam])
+    if raw is None:
+        return [t for t in tags if t in DEFAULT_GROUPS[fam]]
+    named = [t.strip() for t in raw.split(",") if t.strip()]
+    return list(tags) if "*" in named else [t for t in tags if t in named]
+
+
+def _check_ids(tests, runs: list[str], fam: str, source: str) -> None:
+    seen: dict[str, str] = {}
+    for tag, test_id, _ in tests:
+        if tag not in runs:
+            continue
+        if test_id in seen:
+            raise CaseError(f"{source}: test {test_id} is defined twice (groups {seen[test_id]} and {tag}), both run "
+                            f"by {LOG_PREFIX[fam]}; its logs would overwrite each other")
+        seen[test_id] = tag
+
+
+def _listed(groups: list[str]) -> str:
+    return ", ".join(groups) or "none"
 
 
 def _arg(args: dict, key: str, fam: str, test_id: str, source: str, variables: dict[str, str]):
     """The test's value of `key` (or the example's default), converted as gflags would."""
     if key not in args:
         return FAMILY_FLAG_DEFAULTS[fam].get(key, FLAG_DEFAULTS.get(key))
-    value, want = args[key], ARG_TYPES[key]
+    value, want = args[key], _arg_types(fam)[key]
     where = f"{source}: test {test_id}: arg {key}"
     if isinstance(value, str):
         value = _substitute(value, variables, where)
@@ -276,15 +334,23 @@ def _save_roots(tests, variables, source) -> dict[str, tuple[str, dict]]:
     return out
 
 
+def _arg_types(fam: str) -> dict[str, type]:
+    return MIXTRAL_ARG_TYPES if fam == "mixtral" else ARG_TYPES
+
+
 def _case(group: str, test_id: str, args: dict, fam: str, shape: str, variables: dict[str, str],
           saves: dict, source: str, notes: list[str]) -> CaseSpec:
-    unknown = [k for k in args if k not in ARG_TYPES]
+    types = _arg_types(fam)
+    unknown = [k for k in args if k not in types]
     if unknown:
-        raise CaseError(f"{source}: test {test_id}: arg {unknown[0]!r} is not one lockstep maps to a case "
-                        f"(it maps: {', '.join(ARG_TYPES)})")
+        raise CaseError(f"{source}: test {test_id}: arg {unknown[0]!r} is not one lockstep maps to a "
+                        f"{LOG_PREFIX[fam]} case (it maps: {', '.join(types)})")
 
     def arg(key):
         return _arg(args, key, fam, test_id, source, variables)
+
+    if fam == "mixtral":
+        return _mixtral_case(group, test_id, arg, shape, source)
 
     world, tp, pp = arg("nthread_per_process"), arg("tensor_parallel"), arg("pipeline_parallel")
     for key, v in (("nthread_per_process", world), ("tensor_parallel", tp), ("pipeline_parallel", pp)):
@@ -293,13 +359,28 @@ def _case(group: str, test_id: str, args: dict, fam: str, shape: str, variables:
     if world % (tp * pp):
         raise CaseError(f"{source}: test {test_id}: nthread_per_process {world} is not a multiple of "
                         f"tensor_parallel x pipeline_parallel = {tp} x {pp}, so it has no data-parallel size")
-    name = f"{fam}_{test_id}"
+    name = f"{LOG_PREFIX[fam]}_{test_id}"
     case = CaseSpec(name=name, model=shape, dtype=arg("dtype"), micro_batch=arg("batch_size"),
                     seq_len=arg("sequence_length"), total_batch=arg("total_batch_size"), steps=arg("num_iteration"),
                     lr=arg("learning_rate"), dp=world // (tp * pp), tp=tp, pp=pp,
                     vpp=arg("virtual_pipeline_parallel"), sp=arg("sequence_parallel"), zero=arg("zero_stage"),
                     lora=_lora(args, arg, fam, test_id, source, notes),
                     checkpoint=_checkpoint(args, arg, fam, test_id, saves, variables, source), group=group)
+    try:
+        return case.check()
+    except CaseError as e:
+        raise CaseError(f"{source}: test {test_id}: {e}") from None
+
+
+def _mixtral_case(group: str, test_id: str, arg, shape: str, source: str) -> CaseSpec:
+    """tiny_mixtral's flags: its batch sizes count sequences (global = micro x accumulation), one device."""
+    micro, global_batch, seq = arg("micro_batch_size"), arg("global_batch_size"), arg("sequence_length")
+    if micro < 1 or global_batch % micro:
+        raise CaseError(f"{source}: test {test_id}: global_batch_size {global_batch} is not a multiple of "
+                        f"micro_batch_size {micro}, as tiny_mixtral requires")
+    case = CaseSpec(name=f"{LOG_PREFIX['mixtral']}_{test_id}", model=shape, dtype=arg("dtype"), micro_batch=micro,
+                    seq_len=seq, total_batch=global_batch * seq, steps=arg("num_iteration"), lr=arg("learning_rate"),
+                    group=group)
     try:
         return case.check()
     except CaseError as e:
@@ -353,7 +434,7 @@ def _checkpoint(args: dict, arg, fam: str, test_id: str, saves: dict, variables:
         if resume_from not in kept:
             raise CaseError(f"{where}: arg load asks for step {resume_from}, but test {saver_id} keeps only steps "
                             f"{', '.join(map(str, kept))} (max_checkpoint_keep)")
-        resume_case = f"{fam}_{saver_id}"
+        resume_case = f"{LOG_PREFIX[fam]}_{saver_id}"
     return CheckpointSpec(save_interval=interval, resume_from=resume_from, resume_case=resume_case,
                           save_optimizer_state=arg("save_optimizer_state"), max_checkpoint_keep=arg("max_checkpoint_keep"))
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.errors import RunError
+from lockstep.errors import FormatError, RunError
+from lockstep.formats.infinitrain_checkpoint import read_checkpoint_folder, saved_steps
 from lockstep.runners.checkpoint_plan import plan_for
 
 STEP_PREFIX = "checkpoint_step_"  # InfiniTrain's own name for a step folder (main.cc:511), not the shared plan's
@@ -57,14 +58,45 @@ class InfiniTrainCheckpoints:
         return out
 
     def prepare(self) -> None:
-        """Before the launch: the folder resumed from must be there (RunError naming it), and a
+        """Before the launch: the folder resumed from must be there and whole (RunError naming it), and a
         saving case starts from an empty root, so that a resume never loads what an earlier run left."""
         if self.resume_folder is not None and not self.resume_folder.is_dir():
             raise RunError(f"{self.resume_folder}: no InfiniTrain checkpoint there; the saving case must run first, "
                            "with a save_interval that reaches the step")
+        if self.resume_folder is not None:
+            problems = folder_problems(self.resume_folder)
+            if problems:
+                raise RunError(f"the checkpoint to resume from is not whole: {_first(problems)}")
         if self.save_root is not None and not (self.resume_folder is not None
                                                and self.resume_folder.parent == self.save_root):
             shutil.rmtree(self.save_root, ignore_errors=True)
+
+
+    def check_saved(self) -> None:
+        """After a launch that exited 0: every step folder it saved must be a whole checkpoint. InfiniTrain
+        does not check its writes: with the disk full (H200, 2026-12-03) it wrote 4.0 GB of an 18 GB
+        step folder and 358 bytes of the next, and exited 0."""
+        if self.save_root is None:
+            return
+        for step in saved_steps(self.save_root):
+            folder = self.save_root / f"{STEP_PREFIX}{step:06d}"
+            problems = folder_problems(folder)
+            if problems:
+                raise RunError(f"InfiniTrain exited 0, but the checkpoint it saved at step {step} is not whole: "
+                               f"{_first(problems)}")
+
+
+def folder_problems(folder: Path) -> list[str]:
+    """What is wrong with an InfiniTrain step folder (formats/infinitrain_checkpoint: every file parsed
+    to its end, ranks and trainer states consistent); empty when it is whole."""
+    try:
+        return read_checkpoint_folder(folder).problems
+    except FormatError as e:
+        return [str(e)]
+
+
+def _first(problems: list[str]) -> str:
+    return problems[0] + (f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else "")
 
 
 def checkpoints_for(case: CaseSpec, log_dir: Path) -> InfiniTrainCheckpoints | None:

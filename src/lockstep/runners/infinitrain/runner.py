@@ -307,6 +307,8 @@ class InfiniTrainRunner(FrameworkRunner):
                        first=first_step(case))
         if case.lora is not None:
             check_lora_loaded(text, log_path, lora_file, lora_tensors)
+        if checkpoints is not None and inputs.nodes.writes_records:
+            checkpoints.check_saved()
         saved = {}
         if inputs.save_final_params and inputs.nodes.writes_records:
             if inputs.extra.get(KEEP_SAVE):

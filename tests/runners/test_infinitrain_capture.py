@@ -169,3 +169,34 @@ def test_a_reference_kept_as_adam_update_signs_judges_as_its_whole_gradients(gpt
         assert [(d.name, d.rel, d.max_abs, d.cosine) for d in v_signs.grads] == [
             (d.name, d.rel, d.max_abs, d.cosine) for d in v_whole.grads]
         assert [(f.kind, f.where) for f in v_signs.findings] == ([(GRADIENT_ONLY, "qkvb[0..1]")] if bad else [])
+
+
+def test_adam_moments_give_the_whole_gradients_paired_by_the_update_they_imply(tmp_path):
+    """InfiniTrain's optimizer.ckpt after one Adam step holds m = (1 - beta1)·g per parameter, indexed by its own
+    parameter order (Module::Parameters walks hash maps): each moment pairs with the parameter of its shape that
+    moved by lr·g/(|g| + eps), and g = m/(1 - beta1) within m's FP32 rounding. A moment no parameter moved by
+    leaves the capture to the update's saturation (None)."""
+    from lockstep.formats.infinitrain_checkpoint import write_state_file
+    from lockstep.models.family import OptimizerSpec
+
+    adam = OptimizerSpec("adam", beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
+    rng = np.random.default_rng(7)
+    grads = {f"qkvw[{i}]": rng.normal(0, 1e-3, (24, 8)).astype(np.float32) for i in range(3)}
+    grads["wte"] = rng.normal(0, 1e-4, (50, 8)).astype(np.float32)
+    grads["lora_A.qkvw[0]"] = np.zeros((4, 8), np.float32)  # B = 0 at step 1: no gradient
+    grads["lora_A.qkvw[1]"] = np.zeros((4, 8), np.float32)
+    w0 = {n: rng.normal(0, 0.02, g.shape).astype(np.float32) for n, g in grads.items()}
+    lr, c = 1.0, np.float32(1) - np.float32(0.9)
+    w1 = {n: (w0[n] - lr * (g / (np.abs(g) + np.float32(1e-8)))).astype(np.float32) for n, g in grads.items()}
+    order = ["wte", "qkvw[2]", "lora_A.qkvw[1]", "qkvw[0]", "lora_A.qkvw[0]", "qkvw[1]"]  # its order, not ours
+    path = tmp_path / "optimizer.ckpt"
+    write_state_file(path, {**{f"adam.m.{i}": (c * grads[n]).astype(np.float32) for i, n in enumerate(order)},
+                            **{f"adam.v.{i}": np.float32(0.001) * grads[n] ** 2 for i, n in enumerate(order)}})
+    got = weights_only.moment_gradients(path, w0, w1, lr, adam)
+    assert set(got) == set(grads)
+    for n, g in grads.items():
+        rel = np.linalg.norm(got[n] - g) / max(np.linalg.norm(g), 1e-30)
+        assert rel <= weights_only.MOMENT_PRECISION, (n, rel)
+    wrong = {**w1, "qkvw[1]": w0["qkvw[1]"] + (w0["qkvw[1]"] - w1["qkvw[1]"])}  # moved the other way
+    assert weights_only.moment_gradients(path, w0, wrong, lr, adam) is None
+    assert weights_only.moment_gradients(tmp_path / "none.ckpt", w0, w1, lr, adam) is None

@@ -8,8 +8,10 @@ A `StepCapture` holds, under canonical names (LLMC tensor names, per layer `qkvw
   micro batch, as the gradient of its mean loss / accum).
 - `grads`: every parameter's gradient of step 1 (the whole step: all micro batches and ranks).
   `grad_kind` says how it was obtained: "exact" (read from the framework), "sgd-recovered"
-  ((w0 - w1)/lr after one SGD step, with `grad_precision` per tensor) or "adam-update" (Adam's
-  first update direction u = g/(|g| + eps), (w0 - w1)/lr after one Adam step: only that survives).
+  ((w0 - w1)/lr after one SGD step, with `grad_precision` per tensor), "adam-moment" (after one
+  Adam step, its saved first moment / (1 - beta1), with `grad_precision`) or "adam-update" (Adam's
+  first update direction u = g/(|g| + eps), (w0 - w1)/lr after one Adam step: all that survives
+  where the optimizer state is not saved).
 - `loss`: the step-1 loss as the framework logs it; `token_losses` (FP32 per-token losses of the
   step, reference runners) lets other frameworks' logging be emulated.
 - `updates`: Adam's first update of each exact gradient, whole, as what two first Adam steps
@@ -62,6 +64,7 @@ from lockstep.fsutil import atomic_write
 GRAD_EXACT = "exact"
 GRAD_SGD_RECOVERED = "sgd-recovered"
 GRAD_ADAM_UPDATE = "adam-update"
+GRAD_ADAM_MOMENT = "adam-moment"  # (first moment after one Adam step) / (1 - beta1): the whole gradient
 # 4: int8 tensors hold Adam update saturations in 1/127 steps (capture/request.update_signs);
 # 3: `update/` entries, and int8 for sign-valued tensors (-1, 0, 1; 2 and 3 still read)
 CAPTURE_SCHEMA = 4

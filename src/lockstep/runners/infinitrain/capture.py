@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -37,7 +38,8 @@ import numpy as np
 from lockstep.capture.request import CaptureBuilder, CaptureRequest, update_values
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import RunError
-from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, GRAD_SGD_RECOVERED, StepCapture
+from lockstep.formats.infinitrain_checkpoint import OPTIMIZER_FILE
+from lockstep.formats.step_capture import GRAD_ADAM_MOMENT, GRAD_ADAM_UPDATE, GRAD_SGD_RECOVERED, StepCapture
 from lockstep.models import load_checkpoint
 from lockstep.models.family import split_canonical
 
@@ -217,6 +219,54 @@ def _launch(runner, case: CaseSpec, inputs, work_dir: Path, request: CaptureRequ
     return lambda: _recover(builder, w0, saved_path, lr, sgd, family, inputs.model, applied_step)
 
 
+# m = fp32((1 - beta1)·g) after one step from m = 0: g = m / (1 - beta1) within m's rounding (2^-24), and
+# the division's own (FP64, then FP32).
+MOMENT_PRECISION = 1.2e-7
+PAIRING_SAMPLE = 4096  # elements of each tensor the moments are first paired on
+PAIRING_LIMIT = 1e-3  # |u(m) - (w0 - w1)/lr| for the pair: FP32's rounding of w1 at lr 1 (~1e-7), a sign flip is ~1
+
+
+def moment_gradients(opt_path: Path, w0: dict, w1: dict, lr: float, optimizer) -> dict[str, np.ndarray] | None:
+    """The gradients of InfiniTrain's first Adam step from the optimizer state it saved, canonical names:
+    g = m/(1 - beta1) of each `adam.m.<i>`. Its state is indexed by its own parameter order (Module::Parameters
+    walks hash maps), so each moment is paired with the parameter of its shape that moved by the update it
+    implies, lr·g/(|g| + eps). None when there is no such file or a moment pairs with no parameter (the
+    capture then compares the update's saturation, as without a saved state). Parameters without a moment
+    (frozen) and tensors of zeros (LoRA A at step 1) pair with any zero move: their gradients are zeros."""
+    from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint
+
+    if not opt_path.is_file():
+        return None
+    state = read_infinitrain_checkpoint(opt_path)
+    moments = {int(k.rsplit(".", 1)[1]): a for k, a in state.items() if re.fullmatch(r"adam\.m\.\d+", k)}
+    if not moments:
+        return None
+    one_minus_beta1 = np.float32(1) - np.float32(optimizer.beta1)  # as its kernel computes (1 - beta1)
+    by_shape: dict[tuple, list[str]] = {}
+    for name, w in w0.items():
+        by_shape.setdefault(tuple(np.shape(w)), []).append(name)
+
+    def update(g: np.ndarray) -> np.ndarray:
+        return g / (np.abs(g) + optimizer.eps)
+
+    def moved(name: str, sample: slice) -> np.ndarray:
+        return (np.asarray(w0[name], np.float64).reshape(-1)[sample] - np.asarray(w1[name], np.float64).reshape(-1)[sample]) / lr
+
+    out: dict[str, np.ndarray] = {}
+    for i in sorted(moments):
+        g = np.asarray(moments[i], np.float64) / float(one_minus_beta1)
+        flat, head = g.reshape(-1), slice(0, PAIRING_SAMPLE)
+        free = [n for n in by_shape.get(tuple(g.shape), []) if n not in out and n in w1]
+        scored = sorted((float(np.max(np.abs(update(flat[head]) - moved(n, head)), initial=0.0)), n) for n in free)
+        if not scored or scored[0][0] > PAIRING_LIMIT:
+            return None
+        name = scored[0][1]
+        if float(np.max(np.abs(update(flat) - moved(name, slice(None))), initial=0.0)) > PAIRING_LIMIT:
+            return None
+        out[name] = g.astype(np.float32)
+    return out
+
+
 def saved_weights(saved_path: Path, family, model) -> dict[str, np.ndarray]:
     """InfiniTrain's model.ckpt under canonical names: the base's LLMC names and a LoRA case's
     adapters' (`lora_A.qkvw[0]`, lora.py)."""
@@ -240,14 +290,19 @@ def _recover(builder: CaptureBuilder, w0: dict, saved_path: Path, lr: float, sgd
     # Its own checkpoint, memory-mapped, its file removed at once: its space is freed as its last
     # tensor is let go, before the capture is written, so the disk never holds w1 twice.
     w1 = saved_weights(saved_path, family, model)
+    moments = None if sgd or applied_step is not None else moment_gradients(saved_path.with_name(OPTIMIZER_FILE), w0,
+                                                                            w1, lr, family.optimizer)
     shutil.rmtree(saved_path.parent.parent, ignore_errors=True)  # <case>.save/ (lockstep's own)
     for name, before in w0.items():
         if name not in w1:
             raise RunError(f"{saved_path}: InfiniTrain's checkpoint has no tensor for {name}")
+        after = w1.pop(name)
         if sgd:
-            g, cap.grad_precision[name] = recover_sgd(before, w1.pop(name), lr)
+            g, cap.grad_precision[name] = recover_sgd(before, after, lr)
+        elif moments is not None:
+            g, cap.grad_precision[name] = moments.pop(name, np.zeros_like(before)), MOMENT_PRECISION
         else:
-            g = recover_adam_update(before, w1.pop(name), lr)
+            g = recover_adam_update(before, after, lr)
         builder.add("grad", name, g)
         if applied_step is not None:
             cap.sketches[f"{APPLIED}/{name}"] = make_sketch(update_values(g))
@@ -259,11 +314,16 @@ def _recover(builder: CaptureBuilder, w0: dict, saved_path: Path, lr: float, sgd
         cap.notes.append(f"infinitrain gradients recovered as (w0 - w1)/lr from one SGD step at lr {lr:g} (2^"
                          f"{int(np.log2(lr))}); w1's FP32 rounding bounds each tensor's relative error by "
                          f"{worst:.1e} at worst")
+    elif moments is not None:
+        cap.grad_kind = GRAD_ADAM_MOMENT
+        cap.notes.append(f"infinitrain gradients recovered as m/(1 - beta1) from the first moment its Adam step "
+                         f"saved (optimizer.ckpt, its moments paired with its parameters by the update each moved "
+                         f"them by); m's FP32 rounding bounds each element's relative error by {MOMENT_PRECISION:.1e}")
     else:
         cap.grad_kind = GRAD_ADAM_UPDATE
         cap.notes.append(f"infinitrain trains {family.title} with Adam, whose first step moves every weight by "
                          f"lr·g/(|g| + eps): its update direction is recovered (lr {lr:g}) and compared with the "
-                         "reference's; a large gradient's magnitude is not recoverable")
+                         "reference's; a large gradient's magnitude is not recoverable (no optimizer state saved)")
     del w1
     return builder.finish()
 

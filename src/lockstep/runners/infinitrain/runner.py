@@ -176,9 +176,11 @@ class InfiniTrainRunner(FrameworkRunner):
         return inputs.family.optimizer.kind == "sgd"
 
     def capture_grad_kind(self, case: CaseSpec, inputs: RunInputs) -> str:
-        from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, GRAD_SGD_RECOVERED
+        from lockstep.formats.step_capture import GRAD_ADAM_MOMENT, GRAD_SGD_RECOVERED
 
-        return GRAD_ADAM_UPDATE if inputs.family.optimizer.kind == "adam" else GRAD_SGD_RECOVERED
+        # Adam: the gradient from the first moment its saved optimizer state holds (capture.moment_gradients);
+        # a capture that cannot pair the moments with the parameters falls back to the update's saturation.
+        return GRAD_ADAM_MOMENT if inputs.family.optimizer.kind == "adam" else GRAD_SGD_RECOVERED
 
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request):
         """One step at a recovery lr, its weights saved and its module outputs dumped (capture.py)."""
@@ -290,8 +292,10 @@ class InfiniTrainRunner(FrameworkRunner):
         save_dir = Path(log_path).with_name(f"{case.name}.save") if own_save else checkpoints.save_root
         if inputs.save_final_params and own_save:
             shutil.rmtree(save_dir, ignore_errors=True)
+            # A capture's Adam step keeps its optimizer state: the first moment is (1 - beta1)·g, the gradient whole.
+            moments = bool(inputs.extra.get(KEEP_SAVE)) and inputs.family.optimizer.kind == "adam"
             cmd += ["--save", str(_absolute(save_dir)), "--save_interval", str(case.steps),
-                    "--save_optimizer_state=false"]
+                    f"--save_optimizer_state={'true' if moments else 'false'}"]
         env = worker_env({"GLOG_logtostderr": "1"})
         for key in INFINITRAIN_PROCESS_ENV:
             env.pop(key, None)

@@ -90,7 +90,8 @@ def test_which_cases_cannot_start_from_a_state(tiny_checkpoint, tmp_path):
     assert runner.at_step_problem(gpt2_case(), inputs_of(tiny_checkpoint)) is None
     llama = inputs_of(tiny_checkpoint, config=Llama3Config(vocab_size=128256, num_layers=1, num_heads=2,
                                                            num_kv_heads=1, channels=16, max_seq_len=64))
-    assert "only for an SGD family: from Adam's moments" in runner.at_step_problem(gpt2_case(model="llama3"), llama)
+    assert "only for an SGD family: a --load folder of an Adam family needs the reference's moments" in \
+        runner.at_step_problem(gpt2_case(model="llama3"), llama)
     lora = gpt2_case(lora=LoraSpec(rank=8, alpha=16.0, target_modules=("c_attn",)))
     assert "cannot start a LoRA case" in runner.at_step_problem(lora, inputs_of(tiny_checkpoint))
     assert "parallel" in runner.at_step_problem(gpt2_case(dp=2), inputs_of(tiny_checkpoint))

@@ -10,9 +10,9 @@ and the shape its executable checks a folder against (its default config, the ad
 `resume_shape`). The capture then launches a resume of it for step N+1 at the recovery lr, as it
 launches step 1 (capture.py), so the gradient of step N+1 is recovered the same way.
 
-Adam families are not started from a state: their step N+1 at lr 1 moves each weight by
-m̂/(√v̂ + eps) of the loaded moments, from which the gradient is not recovered, and adam.m.<i>
-is indexed in InfiniTrain's parameter order, which lockstep does not know.
+Adam families are not started from a state yet: a folder for --load needs the reference's moments as
+adam.m.<i> / adam.v.<i> in InfiniTrain's own parameter order, which lockstep learns only from a step
+InfiniTrain saved (the step-1 capture pairs them, capture.moment_gradients), not before a launch.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ def at_step_problem(case: CaseSpec, inputs) -> str | None:
     from lockstep.runners.infinitrain.families import adapter_for
 
     if inputs.family.optimizer.kind != "sgd":
-        return ("InfiniTrain starts from the reference's state only for an SGD family: from Adam's moments its one "
-                "step shows m̂/(√v̂ + eps), from which the gradient is not recovered, and its optimizer.ckpt indexes "
-                "the moments in its own parameter order")
+        return ("InfiniTrain starts from the reference's state only for an SGD family: a --load folder of an Adam "
+                "family needs the reference's moments in InfiniTrain's own parameter order (optimizer.ckpt's "
+                "adam.m.<i>), which lockstep learns only from a step InfiniTrain saved")
     if case.lora is not None:
         return ("InfiniTrain cannot start a LoRA case from the reference's state: the reference's state is read as "
                 "the base weights, not the adapters")

@@ -24,7 +24,7 @@ from lockstep.cases.spec import CaseSpec, CheckpointSpec
 from lockstep.compare.pairing import DIAGNOSE_DIR
 from lockstep.diagnose.at_step import ReferenceState, check_at_step, make_reference_state, remove_state
 from lockstep.diagnose.verdict import DriftRun, DriftStep, Verdict, diagnose_captures
-from lockstep.formats.step_capture import GRAD_ADAM_UPDATE, GRAD_EXACT, SKETCH_KINDS, StepCapture
+from lockstep.formats.step_capture import GRAD_ADAM_MOMENT, GRAD_ADAM_UPDATE, GRAD_EXACT, SKETCH_KINDS, StepCapture
 from lockstep.step_contract import LOGGED_LOSS_WORDS
 from lockstep.errors import LockstepError
 from lockstep.formats import run_manifest
@@ -438,12 +438,14 @@ def diagnose_scratch_bytes(plan: DiagnosePlan, tests: list[str]) -> int:
     a framework's save holding a tied head twice): the baseline's capture (FP32 gradients, or int8
     Adam update signs when every test shows only that), every test's capture (FP32 gradients, or
     int8 signs), and the largest FP32 checkpoint a test saves its step into (InfiniTrain: its
-    gradients are recovered from it, read and let go before its own capture is written). Captures
+    gradients are recovered from it, read and let go before its own capture is written; with
+    Adam, its optimizer state's two moments beside the weights). Captures
     are compared one tensor at a time, never loaded whole."""
     n = plan.inputs.model.num_parameters()
     kinds = capture_grad_kinds(plan, tests)
     captures = (1 if adam_view_only(plan, tests) else 4) * n + sum((1 if k == GRAD_ADAM_UPDATE else 4) * n for k in kinds)
-    saves = max((4 * n for k in kinds if k != GRAD_EXACT), default=0)
+    # the step's save: FP32 weights, and with Adam's moments (GRAD_ADAM_MOMENT) its optimizer.ckpt's two more
+    saves = max(((12 if k == GRAD_ADAM_MOMENT else 4) * n for k in kinds if k != GRAD_EXACT), default=0)
     return (captures + saves) * 5 // 4
 
 

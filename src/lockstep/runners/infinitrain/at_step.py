@@ -3,22 +3,25 @@ InfiniTrain's own step folder, which its `--load` resumes from (docs/reference/c
 
 The folder is what a one-rank `--save` would have left after step N: `model.ckpt` (the family
 adapter's `native_state` of the reference's weights: every name InfiniTrain's state dict has, as
-its LoadStateDict fails on a missing one), no `optimizer.ckpt` for SGD (it has no state, and gpt2
-resumes with load_optimizer_state = false), and `trainer_state.json` with global_step N, the
-loader position after N steps (consumed_batches: N·accum batches of the launch's micro batch)
-and the shape its executable checks a folder against (its default config, the adapter's
-`resume_shape`). The capture then launches a resume of it for step N+1 at the recovery lr, as it
-launches step 1 (capture.py), so the gradient of step N+1 is recovered the same way.
+its LoadStateDict fails on a missing one), `optimizer.ckpt` for Adam (the reference's moments as
+`adam.m.<i>` / `adam.v.<i>` in InfiniTrain's own parameter order, and `adam.t` = N; none for SGD,
+which has no state) and `trainer_state.json` with global_step N, the loader position after N steps
+(consumed_batches: N·accum batches of the launch's micro batch) and the shape its executable checks
+a folder against (its default config, the adapter's `resume_shape`). The capture then launches a
+resume of it for step N+1 at the recovery lr, as it launches step 1 (capture.py).
 
-Adam families are not started from a state yet: a folder for --load needs the reference's moments as
-adam.m.<i> / adam.v.<i> in InfiniTrain's own parameter order, which lockstep learns only from a step
-InfiniTrain saved (the step-1 capture pairs them, capture.moment_gradients), not before a launch.
+InfiniTrain's parameter order is learnt from a step it saved: one probe step from the case's init,
+whose first moments pair with the parameters they moved (capture.pair_moments). Step N+1's gradient
+is then (m' - beta1·m)/(1 - beta1) of the moment it saved and the one loaded, and the update it
+applied, (w_N - w_N+1)/lr, is compared with the reference's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+
+import numpy as np
 
 from lockstep.cases.spec import CaseSpec, CheckpointSpec
 from lockstep.errors import RunError
@@ -29,10 +32,8 @@ def at_step_problem(case: CaseSpec, inputs) -> str | None:
     """Why this runner cannot start the case from the reference's state (None: it can)."""
     from lockstep.runners.infinitrain.families import adapter_for
 
-    if inputs.family.optimizer.kind != "sgd":
-        return ("InfiniTrain starts from the reference's state only for an SGD family: a --load folder of an Adam "
-                "family needs the reference's moments in InfiniTrain's own parameter order (optimizer.ckpt's "
-                "adam.m.<i>), which lockstep learns only from a step InfiniTrain saved")
+    if inputs.family.optimizer.kind not in ("sgd", "adam"):
+        return f"InfiniTrain starts from the reference's state for SGD and Adam families, not {inputs.family.optimizer.kind}"
     if case.lora is not None:
         return ("InfiniTrain cannot start a LoRA case from the reference's state: the reference's state is read as "
                 "the base weights, not the adapters")
@@ -58,10 +59,25 @@ def consumed_batches(case: CaseSpec, steps: int, tokens_per_step: int) -> int:
     return steps * tokens_per_step // batch
 
 
+def adam_state(order: list[str], exp_avg: dict, exp_avg_sq: dict, adam_step: int) -> dict[str, np.ndarray]:
+    """The reference's Adam state (canonical names) as InfiniTrain's optimizer.ckpt holds it: `order[i]`'s
+    moments as adam.m.<i> / adam.v.<i>, and the step count as a 0-d INT64 adam.t (optimizer.cc StateDict)."""
+    missing = [n for n in order if n not in exp_avg]
+    if missing:
+        raise RunError(f"the reference's state has no Adam moments for {', '.join(missing[:3])}")
+    out = {}
+    for i, name in enumerate(order):
+        out[f"adam.m.{i}"] = np.asarray(exp_avg[name], np.float32)
+        out[f"adam.v.{i}"] = np.asarray(exp_avg_sq[name], np.float32)
+    out["adam.t"] = np.array(adam_step, dtype=np.int64)
+    return out
+
+
 def write_reference_state(weights: dict, start_step: int, case: CaseSpec, inputs, run_dir: Path,
-                          tokens_per_step: int) -> Path:
+                          tokens_per_step: int, optimizer: dict[str, np.ndarray] | None = None) -> Path:
     """`weights` (canonical, the reference's after `start_step` steps of `tokens_per_step` tokens)
-    as the step folder the resumed launch `case` loads (checkpoints.py names it); its path."""
+    as the step folder the resumed launch `case` loads (checkpoints.py names it), with `optimizer`
+    (`adam_state`) as its optimizer.ckpt when given; its path."""
     from lockstep.runners.infinitrain.checkpoints import checkpoints_for
     from lockstep.runners.infinitrain.families import adapter_for
 
@@ -73,4 +89,4 @@ def write_reference_state(weights: dict, start_step: int, case: CaseSpec, inputs
                      "consumed_batches": consumed_batches(case, start_step, tokens_per_step), "last_lr": float(case.lr),
                      "ddp_size": 1, "tp_size": 1, "sp_size": 1, "pp_size": 1}
     return write_checkpoint_folder(plan.resume_folder.parent, start_step, adapter.native_state(weights, inputs.model),
-                                   trainer_state)
+                                   trainer_state, optimizer=optimizer)

@@ -140,16 +140,28 @@ def launch_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Capture
     dump_case = (case.with_overrides(steps=1, micro_batch=rows, total_batch=rows * case.seq_len, dp=1,
                                      name=f"{case.name}{at}_first{rows}") if small else step_case)
     states = []  # the reference's state written for each launch (at_step.py), removed once launched
+    before = None  # Adam from a state: (InfiniTrain's parameter order, the reference's first moments at step N)
     if start:
-        from lockstep.runners.infinitrain.at_step import resumed, write_reference_state
+        from lockstep.runners.infinitrain.at_step import adam_state, resumed, write_reference_state
 
         step_case = resumed(step_case, start)
         dump_case = resumed(dump_case, start) if small else step_case
+        optimizer_state = None
+        if not sgd:
+            from lockstep.runners.pytorch.canonical_state import read_canonical_state
+
+            state = read_canonical_state(request.start_state, request.start_step, case, str(inputs.checkpoint))
+            order = probe_parameter_order(runner, case, inputs, work_dir)
+            optimizer_state = adam_state(order, state.exp_avg, state.exp_avg_sq,
+                                         state.adam_step if state.adam_step is not None else start)
+            # the moments InfiniTrain loads: the file written for it (a wrong one shows in its update, not its gradient)
+            before = (order, {name: optimizer_state[f"adam.m.{i}"] for i, name in enumerate(order)})
         for launch in ([step_case, dump_case] if small else [step_case]):
             # beside the launch's log (FrameworkRunner.run logs into <work_dir>/<runner>/), where its --load looks
-            states.append(write_reference_state(w0, start, launch, inputs, work_dir / runner.name, case.total_batch).parent)
+            states.append(write_reference_state(w0, start, launch, inputs, work_dir / runner.name, case.total_batch,
+                                                optimizer=optimizer_state).parent)
     try:
-        finish = _launch(runner, case, inputs, work_dir, request, w0, lr, sgd, step_case, dump_case, small)
+        finish = _launch(runner, case, inputs, work_dir, request, w0, lr, sgd, step_case, dump_case, small, before)
     finally:
         for folder in states:
             shutil.rmtree(folder, ignore_errors=True)
@@ -173,7 +185,7 @@ def initial_weights(case: CaseSpec, inputs, request: CaptureRequest) -> dict[str
 
 
 def _launch(runner, case: CaseSpec, inputs, work_dir: Path, request: CaptureRequest, w0: dict, lr: float, sgd: bool,
-            step_case: CaseSpec, dump_case: CaseSpec, small: bool):
+            step_case: CaseSpec, dump_case: CaseSpec, small: bool, before=None):
     from lockstep.runners.infinitrain.precision_check import UNSUPPORTED_MARK, read_module_outputs
 
     family = inputs.family
@@ -215,8 +227,8 @@ def _launch(runner, case: CaseSpec, inputs, work_dir: Path, request: CaptureRequ
     saved_path = Path(record.meta["infinitrain_save"])
     cap.loss = record.steps[0].loss
     cap.meta = {"recovery_lr": lr, "log": record.source, "case": case.to_dict()}
-    applied_step = request.step if request.start_state is not None and sgd else None
-    return lambda: _recover(builder, w0, saved_path, lr, sgd, family, inputs.model, applied_step)
+    applied_step = request.step if request.start_state is not None else None
+    return lambda: _recover(builder, w0, saved_path, lr, sgd, family, inputs.model, applied_step, before)
 
 
 # m = fp32((1 - beta1)·g) after one step from m = 0: g = m / (1 - beta1) within m's rounding (2^-24), and
@@ -226,21 +238,21 @@ PAIRING_SAMPLE = 4096  # elements of each tensor the moments are first paired on
 PAIRING_LIMIT = 1e-3  # |u(m) - (w0 - w1)/lr| for the pair: FP32's rounding of w1 at lr 1 (~1e-7), a sign flip is ~1
 
 
-def moment_gradients(opt_path: Path, w0: dict, w1: dict, lr: float, optimizer) -> dict[str, np.ndarray] | None:
-    """The gradients of InfiniTrain's first Adam step from the optimizer state it saved, canonical names:
-    g = m/(1 - beta1) of each `adam.m.<i>`. Its state is indexed by its own parameter order (Module::Parameters
-    walks hash maps), so each moment is paired with the parameter of its shape that moved by the update it
-    implies, lr·g/(|g| + eps). None when there is no such file or a moment pairs with no parameter (the
-    capture then compares the update's saturation, as without a saved state). Parameters without a moment
-    (frozen) and tensors of zeros (LoRA A at step 1) pair with any zero move: their gradients are zeros."""
+def read_moments(opt_path: Path) -> dict[int, np.ndarray] | None:
+    """The first moments `adam.m.<i>` of an InfiniTrain optimizer.ckpt, by index; None without the file."""
     from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint
 
     if not opt_path.is_file():
         return None
     state = read_infinitrain_checkpoint(opt_path)
-    moments = {int(k.rsplit(".", 1)[1]): a for k, a in state.items() if re.fullmatch(r"adam\.m\.\d+", k)}
-    if not moments:
-        return None
+    return {int(k.rsplit(".", 1)[1]): a for k, a in state.items() if re.fullmatch(r"adam\.m\.\d+", k)} or None
+
+
+def pair_moments(moments: dict[int, np.ndarray], w0: dict, w1: dict, lr: float, optimizer) -> dict[int, str] | None:
+    """InfiniTrain's parameter order from its first Adam step: each `adam.m.<i>` paired with the canonical
+    parameter of its shape that moved by the update it implies, lr·g/(|g| + eps) with g = m/(1 - beta1).
+    Its state is indexed by its own parameter order (Module::Parameters walks hash maps). None when a moment
+    pairs with no parameter. Tensors of zeros (LoRA A at step 1, a frozen parameter) pair with any zero move."""
     one_minus_beta1 = np.float32(1) - np.float32(optimizer.beta1)  # as its kernel computes (1 - beta1)
     by_shape: dict[tuple, list[str]] = {}
     for name, w in w0.items():
@@ -252,19 +264,70 @@ def moment_gradients(opt_path: Path, w0: dict, w1: dict, lr: float, optimizer) -
     def moved(name: str, sample: slice) -> np.ndarray:
         return (np.asarray(w0[name], np.float64).reshape(-1)[sample] - np.asarray(w1[name], np.float64).reshape(-1)[sample]) / lr
 
-    out: dict[str, np.ndarray] = {}
+    order: dict[int, str] = {}
     for i in sorted(moments):
-        g = np.asarray(moments[i], np.float64) / float(one_minus_beta1)
-        flat, head = g.reshape(-1), slice(0, PAIRING_SAMPLE)
-        free = [n for n in by_shape.get(tuple(g.shape), []) if n not in out and n in w1]
-        scored = sorted((float(np.max(np.abs(update(flat[head]) - moved(n, head)), initial=0.0)), n) for n in free)
+        g = np.asarray(moments[i], np.float64).reshape(-1) / float(one_minus_beta1)
+        head = slice(0, PAIRING_SAMPLE)
+        taken = set(order.values())
+        free = [n for n in by_shape.get(tuple(np.shape(moments[i])), []) if n not in taken and n in w1]
+        scored = sorted((float(np.max(np.abs(update(g[head]) - moved(n, head)), initial=0.0)), n) for n in free)
         if not scored or scored[0][0] > PAIRING_LIMIT:
             return None
         name = scored[0][1]
-        if float(np.max(np.abs(update(flat) - moved(name, slice(None))), initial=0.0)) > PAIRING_LIMIT:
+        if float(np.max(np.abs(update(g) - moved(name, slice(None))), initial=0.0)) > PAIRING_LIMIT:
             return None
-        out[name] = g.astype(np.float32)
-    return out
+        order[i] = name
+    return order
+
+
+def moment_gradients(opt_path: Path, w0: dict, w1: dict, lr: float, optimizer) -> dict[str, np.ndarray] | None:
+    """The gradients of InfiniTrain's first Adam step from the optimizer state it saved, canonical names:
+    g = m/(1 - beta1) of each `adam.m.<i>`, paired with its parameter (`pair_moments`). None when there is
+    no such file or a moment pairs with no parameter (the capture then compares the update's saturation,
+    as without a saved state). A parameter without a moment (frozen) has a gradient of zeros."""
+    moments = read_moments(opt_path)
+    order = pair_moments(moments, w0, w1, lr, optimizer) if moments else None
+    if order is None:
+        return None
+    one_minus_beta1 = np.float32(1) - np.float32(optimizer.beta1)
+    return {name: (np.asarray(moments[i], np.float64) / float(one_minus_beta1)).astype(np.float32)
+            for i, name in order.items()}
+
+
+def moments_step_gradient(m_after: np.ndarray, m_before: np.ndarray, optimizer) -> tuple[np.ndarray, float]:
+    """Step N+1's gradient from the first moment before it (loaded) and after it (saved): m' = beta1·m +
+    (1 - beta1)·g in FP32, so g = (m' - beta1·m)/(1 - beta1); and the bound on ||error||/||g|| that the
+    FP32 rounding of m' and of beta1·m allows (cancellation makes it larger than a first step's)."""
+    beta1 = np.float32(optimizer.beta1)
+    after, before = np.asarray(m_after, np.float64), np.asarray(m_before, np.float64)
+    g = (after - float(beta1) * before) / float(np.float32(1) - beta1)
+    g_norm = float(np.linalg.norm(g.ravel()))
+    bound = 2.0 ** -24 * (float(np.linalg.norm(after.ravel())) + float(beta1) * float(np.linalg.norm(before.ravel())))
+    bound = 2 * bound / float(np.float32(1) - beta1)
+    return g.astype(np.float32), (bound / g_norm if g_norm > 0 else 0.0)
+
+
+def probe_parameter_order(runner, case: CaseSpec, inputs, work_dir: Path) -> list[str]:
+    """InfiniTrain's parameter order (canonical names, optimizer.ckpt's index order), from one Adam step of
+    the case's own init that it saved with its optimizer state (`pair_moments`); its folder removed."""
+    plain = dataclasses.replace(inputs, capture=None)
+    probe = case.with_overrides(steps=1, lr=ADAM_RECOVERY_LR, name=f"{case.name}_parameter_order")
+    record = runner.run(probe, _saving(plain, KEEP_SAVE), work_dir)
+    if not record.ok:
+        raise RunError(f"InfiniTrain's parameter-order step failed: {record.error}")
+    saved_path = Path(record.meta["infinitrain_save"])
+    try:
+        ckpt = load_checkpoint(inputs.checkpoint)
+        w0 = split_canonical(ckpt.tensors, ckpt.config)
+        w1 = saved_weights(saved_path, inputs.family, inputs.model)
+        moments = read_moments(saved_path.with_name(OPTIMIZER_FILE))
+        order = pair_moments(moments, w0, w1, ADAM_RECOVERY_LR, inputs.family.optimizer) if moments else None
+    finally:
+        shutil.rmtree(saved_path.parent.parent, ignore_errors=True)
+    if order is None or sorted(order) != list(range(len(order))) or set(order.values()) != set(w0):
+        raise RunError("InfiniTrain's parameter order could not be learnt from its saved optimizer state "
+                       f"({saved_path.with_name(OPTIMIZER_FILE)}): a moment pairs with no parameter")
+    return [order[i] for i in range(len(order))]
 
 
 def saved_weights(saved_path: Path, family, model) -> dict[str, np.ndarray]:
@@ -279,7 +342,7 @@ def saved_weights(saved_path: Path, family, model) -> dict[str, np.ndarray]:
 
 
 def _recover(builder: CaptureBuilder, w0: dict, saved_path: Path, lr: float, sgd: bool, family, model,
-             applied_step: int | None = None) -> StepCapture:
+             applied_step: int | None = None, before=None) -> StepCapture:
     """The gradients (SGD) or Adam update signs recovered from InfiniTrain's saved weights, tensor by
     tensor, and the capture written; from a saved state (`applied_step`, SGD) the same gradients as
     the update applied per unit lr."""
@@ -292,28 +355,50 @@ def _recover(builder: CaptureBuilder, w0: dict, saved_path: Path, lr: float, sgd
     w1 = saved_weights(saved_path, family, model)
     moments = None if sgd or applied_step is not None else moment_gradients(saved_path.with_name(OPTIMIZER_FILE), w0,
                                                                             w1, lr, family.optimizer)
+    stepped = None  # Adam from a state: step N+1's gradients from the moments it loaded and saved
+    if not sgd and applied_step is not None:
+        order, m_before = before
+        saved_m = read_moments(saved_path.with_name(OPTIMIZER_FILE))
+        if saved_m is None or sorted(saved_m) != list(range(len(order))):
+            raise RunError(f"{saved_path.with_name(OPTIMIZER_FILE)}: InfiniTrain saved no first moment of each of its "
+                           f"{len(order)} parameters after step {applied_step}")
+        stepped = {name: moments_step_gradient(saved_m[i], m_before[name], family.optimizer)
+                   for i, name in enumerate(order)}
     shutil.rmtree(saved_path.parent.parent, ignore_errors=True)  # <case>.save/ (lockstep's own)
-    for name, before in w0.items():
+    applied_precision = {}
+    for name, before_w in w0.items():
         if name not in w1:
             raise RunError(f"{saved_path}: InfiniTrain's checkpoint has no tensor for {name}")
         after = w1.pop(name)
+        applied = None
         if sgd:
-            g, cap.grad_precision[name] = recover_sgd(before, after, lr)
+            g, cap.grad_precision[name] = recover_sgd(before_w, after, lr)
+            applied, applied_precision[name] = g, cap.grad_precision[name]  # SGD's update is the gradient
+        elif stepped is not None:
+            g, cap.grad_precision[name] = stepped.pop(name)
+            applied, applied_precision[name] = recover_sgd(before_w, after, lr)  # the update per unit lr
         elif moments is not None:
-            g, cap.grad_precision[name] = moments.pop(name, np.zeros_like(before)), MOMENT_PRECISION
+            g, cap.grad_precision[name] = moments.pop(name, np.zeros_like(before_w)), MOMENT_PRECISION
         else:
-            g = recover_adam_update(before, after, lr)
+            g = recover_adam_update(before_w, after, lr)
         builder.add("grad", name, g)
         if applied_step is not None:
-            cap.sketches[f"{APPLIED}/{name}"] = make_sketch(update_values(g))
+            cap.sketches[f"{APPLIED}/{name}"] = make_sketch(update_values(applied))
     if applied_step is not None:
-        cap.meta[APPLIED] = {"step": applied_step, "lr": lr, "precision": dict(cap.grad_precision)}
+        cap.meta[APPLIED] = {"step": applied_step, "lr": lr, "precision": applied_precision}
     if sgd:
         cap.grad_kind = GRAD_SGD_RECOVERED
         worst = max(cap.grad_precision.values(), default=0.0)
         cap.notes.append(f"infinitrain gradients recovered as (w0 - w1)/lr from one SGD step at lr {lr:g} (2^"
                          f"{int(np.log2(lr))}); w1's FP32 rounding bounds each tensor's relative error by "
                          f"{worst:.1e} at worst")
+    elif stepped is not None:
+        cap.grad_kind = GRAD_ADAM_MOMENT
+        worst = max(cap.grad_precision.values(), default=0.0)
+        cap.notes.append(f"infinitrain's step {applied_step} from the reference's Adam state (its moments written in "
+                         "its own parameter order, learnt from a probe step): gradients recovered as (m' - beta1·m)/"
+                         f"(1 - beta1) of the moments it loaded and saved, within {worst:.1e} relative (FP32 rounding), "
+                         f"and the update it applied as (w_before - w_after)/lr at lr {lr:g}")
     elif moments is not None:
         cap.grad_kind = GRAD_ADAM_MOMENT
         cap.notes.append(f"infinitrain gradients recovered as m/(1 - beta1) from the first moment its Adam step "

@@ -9,7 +9,7 @@ import numpy as np
 
 from lockstep.errors import LockstepError
 from lockstep.models.family import OptimizerSpec
-from lockstep.runners.infinitrain.families import InfiniTrainFamily, rename
+from lockstep.runners.infinitrain.families import InfiniTrainFamily, rename, unrename
 
 # Its llama3 example hard-codes the vocabulary-sized buffers of Llama 3 and its optimizer.
 LLAMA3_MIN_VOCAB = 128_256
@@ -27,6 +27,10 @@ class Llama3Family(InfiniTrainFamily):
     def canonical_state(self, state: dict[str, np.ndarray], config) -> dict[str, np.ndarray]:
         return rename(state, _LLAMA3_LAYER, _LLAMA3_TOP)
 
+    def native_state(self, canonical: dict[str, np.ndarray], config) -> dict[str, np.ndarray]:
+        """`canonical_state`'s inverse: its state dict holds its parameters only (no buffers; lm_head untied)."""
+        return unrename(canonical, _LLAMA3_LAYER, _LLAMA3_TOP)
+
     def preflight(self, model, checkpoint: Path, optimizer: OptimizerSpec) -> None:
         if model.vocab_size < LLAMA3_MIN_VOCAB:
             raise LockstepError(f"InfiniTrain's {self.executable} hard-codes buffers for a vocabulary of at least "
@@ -37,4 +41,8 @@ class Llama3Family(InfiniTrainFamily):
                                 f"the contract asks for {optimizer.label}")
 
 
-ADAPTER = Llama3Family("llama3", "llama3", flags=("--model", "llama3"))
+# example/llama3/main.cc writes its default config (Llama 3.2 1B) into a saved trainer_state.json, whatever
+# model --llmc_filepath loaded (seen in a save of llama3-tiny on b24d92f's CPU build).
+ADAPTER = Llama3Family("llama3", "llama3", flags=("--model", "llama3"),
+                       resume_shape=(("n_layer", 16), ("n_head", 32), ("n_kv_head", 8), ("n_embd", 2048),
+                                     ("vocab_size", 128256)))

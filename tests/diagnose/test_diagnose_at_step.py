@@ -111,18 +111,21 @@ def test_an_at_step_that_cannot_be_done_is_one_sentence_before_anything_trains(i
     assert "Traceback" not in captured.err and not (tmp_path / "diagnose" / "at_step_2").exists()
 
 
-def test_infinitrain_says_why_it_cannot_start_an_adam_case_from_the_state(inputs):
-    """It starts SGD families from the state (tests/runners/test_infinitrain_at_step.py), not Adam's."""
+def test_infinitrain_starts_adam_cases_from_the_state_but_not_lora_ones(inputs):
+    """It starts SGD and Adam families from the state (tests/runners/test_infinitrain_at_step.py: Adam's moments in
+    its own parameter order), not a LoRA case, whose adapters the reference's state does not hold apart."""
     from lockstep.runners import get_runner
 
-    from lockstep.cases.spec import CaseSpec
+    from lockstep.cases.spec import CaseSpec, LoraSpec
     from lockstep.runners.base import RunInputs
 
     ckpt, tokens, _ = inputs
     case = CaseSpec(name="adam", model="llama3", dtype="float32", micro_batch=2, seq_len=32, total_batch=64, steps=6,
                     lr=1e-4)
-    problem = get_runner("infinitrain").at_step_problem(case, RunInputs(ckpt, tokens, at_step.SMALL_LLAMA, "cpu"))
-    assert problem.startswith("InfiniTrain starts from the reference's state only for an SGD family")
+    runner, run_inputs = get_runner("infinitrain"), RunInputs(ckpt, tokens, at_step.SMALL_LLAMA, "cpu")
+    assert runner.at_step_problem(case, run_inputs) is None
+    lora = dataclasses.replace(case, lora=LoraSpec(rank=8, alpha=16.0, target_modules=("c_attn",)))
+    assert runner.at_step_problem(lora, run_inputs).startswith("InfiniTrain cannot start a LoRA case")
 
 
 def _uninterrupted_losses(inputs, out, steps: int) -> dict[int, float]:

@@ -56,6 +56,8 @@ DEFAULT_SHAPE = {"gpt2": "gpt2", "llama3": "llama3", "mixtral": "mixtral-l32-c51
 GROUPS_VARIABLE = {"gpt2": "GPT2_TEST_GROUPS", "llama3": "LLAMA3_TEST_GROUPS", "mixtral": "MIXTRAL_TEST_GROUPS"}
 DEFAULT_GROUPS = {"gpt2": ("basic", "zero", "lora", "checkpoint"), "llama3": ("basic", "zero", "lora", "checkpoint"),
                   "mixtral": ("moe",)}
+# In a file that sets no *_TEST_GROUPS variable (b24d92f's driver has none): None runs every group.
+GROUPS_WITHOUT_VARIABLES = {"gpt2": None, "llama3": None, "mixtral": DEFAULT_GROUPS["mixtral"]}
 # The args lockstep maps to a case, with the JSON type each must have (gflags' type of the flag).
 ARG_TYPES: dict[str, type] = {
     "nthread_per_process": int, "batch_size": int, "sequence_length": int, "total_batch_size": int,
@@ -68,6 +70,7 @@ MIXTRAL_ARG_TYPES: dict[str, type] = {
     "micro_batch_size": int, "global_batch_size": int, "sequence_length": int, "num_iteration": int,
     "learning_rate": float, "dtype": str,
 }
+ARG_TYPES_OF = {"gpt2": ARG_TYPES, "llama3": ARG_TYPES, "mixtral": MIXTRAL_ARG_TYPES}  # each example's own flags
 # Variables the driver itself reads, and what lockstep does instead.
 FAMILY_INPUT_VARIABLES = {"gpt2": ("GPT2_INPUT_BIN", "GPT2_LLMC_FILEPATH"),
                           "llama3": ("LLAMA3_INPUT_BIN", "LLAMA3_LLMC_FILEPATH"),
@@ -254,8 +257,9 @@ def _tests(raw_groups: list, source: str) -> list[tuple[str, str, dict]]:
 def _groups_of(fam: str, variables: dict[str, str], tags: list[str]) -> list[str]:
     """The groups the driver runs `fam`'s example for: its *_TEST_GROUPS variable (`*`: all), that
     variable's default when the file sets another example's, every group when it sets none (b24d92f)."""
-    if not any(v in variables for v in GROUPS_VARIABLE.values()) and fam in ("gpt2", "llama3"):
-        return list(tags)
+    if not any(v in variables for v in GROUPS_VARIABLE.values()):
+        runs = GROUPS_WITHOUT_VARIABLES[fam]
+        return list(tags) if runs is None else [t for t in tags if t in runs]
     raw = variables.get(GROUPS_VARIABLE[fam])
     if raw is None:
         return [t for t in tags if t in DEFAULT_GROUPS[fam]]
@@ -335,7 +339,7 @@ def _save_roots(tests, variables, source) -> dict[str, tuple[str, dict]]:
 
 
 def _arg_types(fam: str) -> dict[str, type]:
-    return MIXTRAL_ARG_TYPES if fam == "mixtral" else ARG_TYPES
+    return ARG_TYPES_OF[fam]
 
 
 def _case(group: str, test_id: str, args: dict, fam: str, shape: str, variables: dict[str, str],

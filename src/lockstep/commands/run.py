@@ -252,7 +252,7 @@ def timing_line(timing: dict) -> str:
         for name, s in pair["phases"].items():
             phases[name] = phases.get(name, 0.0) + s
     stages = ", ".join(f"{k} {v:.1f}" for k, v in timing["stages"].items())
-    # Runs that time no phases of their own (an external trainer's: InfiniTrain) add no phase part.
+    # Runs that time no phases of their own (an external trainer's) add no phase part.
     within = f"; the runs' phases: {', '.join(f'{k} {v:.1f}' for k, v in phases.items())}" if phases else ""
     from lockstep.report.tables import worker_startup_lines
 

@@ -238,6 +238,11 @@ PAIRING_SAMPLE = 4096  # elements of each tensor the moments are first paired on
 PAIRING_LIMIT = 1e-3  # |u(m) - (w0 - w1)/lr| for the pair: FP32's rounding of w1 at lr 1 (~1e-7), a sign flip is ~1
 
 
+def _one_minus_beta1(optimizer) -> float:
+    """1 - beta1 as InfiniTrain's Adam kernel computes it, in FP32 (0.9f -> 0.100000024)."""
+    return float(np.float32(1) - np.float32(optimizer.beta1))
+
+
 def read_moments(opt_path: Path) -> dict[int, np.ndarray] | None:
     """The first moments `adam.m.<i>` of an InfiniTrain optimizer.ckpt, by index; None without the file."""
     from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint
@@ -253,7 +258,7 @@ def pair_moments(moments: dict[int, np.ndarray], w0: dict, w1: dict, lr: float, 
     parameter of its shape that moved by the update it implies, lr·g/(|g| + eps) with g = m/(1 - beta1).
     Its state is indexed by its own parameter order (Module::Parameters walks hash maps). None when a moment
     pairs with no parameter. Tensors of zeros (LoRA A at step 1, a frozen parameter) pair with any zero move."""
-    one_minus_beta1 = np.float32(1) - np.float32(optimizer.beta1)  # as its kernel computes (1 - beta1)
+    one_minus_beta1 = _one_minus_beta1(optimizer)
     by_shape: dict[tuple, list[str]] = {}
     for name, w in w0.items():
         by_shape.setdefault(tuple(np.shape(w)), []).append(name)
@@ -266,7 +271,7 @@ def pair_moments(moments: dict[int, np.ndarray], w0: dict, w1: dict, lr: float, 
 
     order: dict[int, str] = {}
     for i in sorted(moments):
-        g = np.asarray(moments[i], np.float64).reshape(-1) / float(one_minus_beta1)
+        g = np.asarray(moments[i], np.float64).reshape(-1) / one_minus_beta1
         head = slice(0, PAIRING_SAMPLE)
         taken = set(order.values())
         free = [n for n in by_shape.get(tuple(np.shape(moments[i])), []) if n not in taken and n in w1]
@@ -289,8 +294,7 @@ def moment_gradients(opt_path: Path, w0: dict, w1: dict, lr: float, optimizer) -
     order = pair_moments(moments, w0, w1, lr, optimizer) if moments else None
     if order is None:
         return None
-    one_minus_beta1 = np.float32(1) - np.float32(optimizer.beta1)
-    return {name: (np.asarray(moments[i], np.float64) / float(one_minus_beta1)).astype(np.float32)
+    return {name: (np.asarray(moments[i], np.float64) / _one_minus_beta1(optimizer)).astype(np.float32)
             for i, name in order.items()}
 
 
@@ -298,12 +302,12 @@ def moments_step_gradient(m_after: np.ndarray, m_before: np.ndarray, optimizer) 
     """Step N+1's gradient from the first moment before it (loaded) and after it (saved): m' = beta1·m +
     (1 - beta1)·g in FP32, so g = (m' - beta1·m)/(1 - beta1); and the bound on ||error||/||g|| that the
     FP32 rounding of m' and of beta1·m allows (cancellation makes it larger than a first step's)."""
-    beta1 = np.float32(optimizer.beta1)
+    beta1 = float(np.float32(optimizer.beta1))
     after, before = np.asarray(m_after, np.float64), np.asarray(m_before, np.float64)
-    g = (after - float(beta1) * before) / float(np.float32(1) - beta1)
+    g = (after - beta1 * before) / _one_minus_beta1(optimizer)
     g_norm = float(np.linalg.norm(g.ravel()))
-    bound = 2.0 ** -24 * (float(np.linalg.norm(after.ravel())) + float(beta1) * float(np.linalg.norm(before.ravel())))
-    bound = 2 * bound / float(np.float32(1) - beta1)
+    bound = 2.0 ** -24 * (float(np.linalg.norm(after.ravel())) + beta1 * float(np.linalg.norm(before.ravel())))
+    bound = 2 * bound / _one_minus_beta1(optimizer)
     return g.astype(np.float32), (bound / g_norm if g_norm > 0 else 0.0)
 
 

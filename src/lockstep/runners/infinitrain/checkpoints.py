@@ -71,7 +71,6 @@ class InfiniTrainCheckpoints:
                                                and self.resume_folder.parent == self.save_root):
             shutil.rmtree(self.save_root, ignore_errors=True)
 
-
     def check_saved(self) -> None:
         """After a launch that exited 0: every step folder it saved must be a whole checkpoint. InfiniTrain
         does not check its writes: with the disk full (H200, 2026-12-03) it wrote 4.0 GB of an 18 GB

@@ -19,6 +19,7 @@ from lockstep.models import model_shape
 from lockstep.plan import RunPlan, RunRequest, default_frameworks
 from lockstep.runners import get_runner
 from lockstep.runners.base import FrameworkRunner, RunInputs, first_step
+from lockstep.stepcheck.request import certificate_request
 
 
 @dataclass
@@ -181,21 +182,8 @@ def inputs_for(plan: RunPlan, case: CaseSpec, runner: FrameworkRunner) -> RunInp
 
     A resumed case records nothing while it trains: its certified step is the first one after the
     resume point, captured by every framework after all runs from the reference's saved state
-    (pipeline.certify_outcomes), never its step 1 from the initial weights, which it does not train."""
+    (stepcheck/certificates.py), never its step 1 from the initial weights, which it does not train."""
     inputs = plan.inputs[case.name]
     if not plan.certifies(case) or first_step(case) > 1:
         return inputs
-    return dataclasses.replace(inputs, capture=capture_request(plan, case, runner))
-
-
-def capture_request(plan: RunPlan, case: CaseSpec, runner: FrameworkRunner):
-    """What the certificate asks `runner` to record of the case's step 1 (sketches, Adam's update)."""
-    from lockstep.capture.request import CAPTURE_ROWS, CaptureRequest
-
-    optimizer = plan.inputs[case.name].family.optimizer
-    baseline = plan.runners[0].name
-    return CaptureRequest(path=str(plan.capture_path(runner.name, case)),
-                          adam_eps=optimizer.eps if optimizer.kind == "adam" else None, rows=CAPTURE_ROWS,
-                          reference=str(plan.capture_path(baseline, case)) if runner.name != baseline else None)
-
-
+    return dataclasses.replace(inputs, capture=certificate_request(plan, case, runner.name))

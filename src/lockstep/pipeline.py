@@ -14,7 +14,6 @@ trains; the history gains the run only after run.json says it finished.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,17 +25,17 @@ from lockstep.compare.pairing import EVIDENCE_DIR, STEP1_DIR
 from lockstep.compare.run_dir import RunComparison, compare_run
 from lockstep.determinism import REPEATS_DIR
 from lockstep.errors import LockstepError, WriteError
-from lockstep.execute import CaseOutcome, capture_request, execute_plan
+from lockstep.execute import CaseOutcome, execute_plan
 from lockstep.formats import run_manifest
 from lockstep.formats.run_record import StepRecord
 from lockstep.fsutil import check_writable_target, os_problem
 from lockstep.outdir import CASE_OUTPUT_SUFFIXES, STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
 from lockstep.plan import RunPlan, RunRequest, plan_run
 from lockstep.run_verdict import RunVerdict, run_verdict
-from lockstep.runners import framework_names, get_runner, reference_framework
-from lockstep.runners.base import first_step
-from lockstep.runners.checkpoint_plan import plan_for
+from lockstep.runners import framework_names, reference_framework
+from lockstep.runners.reference import reference_services
 from lockstep.step_contract import Stopwatch
+from lockstep.stepcheck.certificates import certify_outcomes, certify_unexplained
 
 
 @dataclass
@@ -196,7 +195,10 @@ def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: boo
             result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options)
         with timing.stage("evidence"):
             more = gather_evidence(plan, result.comparison.summary, say=observer.say)
-        if more:  # the policy asked for evidence it did not have: judged again, with it
+        with timing.stage("certificates"):
+            late = certify_unexplained(plan, result.outcomes, result.comparison.summary, say=observer.say)
+            result.certificates += late
+        if more or late:  # the policy asked for evidence it did not have: judged again, with it
             with timing.stage("comparison"):
                 result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options)
         if repeat > 1:
@@ -287,7 +289,7 @@ def add_resume_verdicts(plan: RunPlan, result: RunResult, say=lambda text: None)
     from lockstep.compare.run_dir import SUMMARY_NAME
 
     records = {(o.framework, o.case.name): o.record for o in result.outcomes if o.record is not None}
-    reference = next((r for r in plan.runners if r.name == "pytorch"), None)
+    reference = reference_services() if reference_framework() in (r.name for r in plan.runners) else None
     alternatives: dict[str, list] = {}
     entries = []
     for o in result.outcomes:
@@ -302,11 +304,9 @@ def add_resume_verdicts(plan: RunPlan, result: RunResult, say=lambda text: None)
             if verdict.verdict is not ResumeVerdictClass.EXACT and reference is not None \
                     and records.get((reference.name, spec.resume_case)) is not None:
                 if o.case.name not in alternatives:
-                    from lockstep.runners.pytorch.alternatives import train_alternatives
-
                     say(f"resume of {o.framework}/{o.case.name} is not exact: training the reference's alternatives")
-                    alternatives[o.case.name] = train_alternatives(
-                        reference, o.case, plan.inputs[o.case.name],
+                    alternatives[o.case.name] = reference.train_resume_alternatives(
+                        o.case, plan.inputs[o.case.name],
                         plan.out_dir / reference.name / f"{o.case.name}.log", plan.out_dir / EVIDENCE_DIR / "resume")
                 verdict = judge_resume(source, o.record, alternatives[o.case.name])
             entries.append(resume_entry(o.framework, o.case.name, spec.resume_case, verdict))
@@ -348,95 +348,10 @@ def clear_node_logs(node_dir: Path, plan: RunPlan) -> None:
                     raise LockstepError(f"{path}: cannot remove the earlier run's log ({os_problem(e)})") from None
 
 
-def certify_outcomes(plan: RunPlan, outcomes: list[CaseOutcome], say=lambda text: None) -> list:
-    """Each certified pair's captures compared (certify/), the certificate written beside the test's
-    record for the comparison to read; a pair without both captures gets one saying why."""
-    from lockstep.certify.certificate import Certificate, certificate_path, certify, write_certificate
-    from lockstep.formats.step_capture import StepCapture
-
-    baseline = plan.runners[0].name
-    by_pair = {(o.case.name, o.framework): o for o in outcomes}
-    made = []
-    fp64s: dict = {}  # case -> the reference's step 1 in FP64, made once for every test framework
-    for case in plan.cases:
-        base = by_pair.get((case.name, baseline))
-        if not plan.certifies(case) or base is None or base.record is None or not base.record.ok:
-            continue
-        resumed = first_step(case) > 1
-        ref, ref_problem = resumed_capture(plan, case, plan.runners[0]) if resumed else _capture_of(base)
-        for runner in plan.runners[1:]:
-            test = by_pair.get((case.name, runner.name))
-            if test is None or test.record is None or not test.record.ok:
-                continue
-            cert = Certificate(case=case.name, baseline=baseline, test=runner.name, dtype=case.dtype,
-                               step=first_step(case))
-            other, other_problem = resumed_capture(plan, case, runner) if resumed else _capture_of(test)
-            if ref is None or other is None:
-                cert.problem = "; ".join(p for p in (ref_problem, other_problem) if p)
-            else:
-                optimizer = plan.inputs[case.name].family.optimizer
-                eps = optimizer.eps if optimizer.kind == "adam" else 1e-8
-                try:
-                    cert = certify(StepCapture.load(ref), StepCapture.load(other), case, adam_eps=eps)
-                    # (the FP64 run is of step 1: a resumed case's certified step is a later one)
-                    if cert.close_call and baseline == reference_framework() and not resumed:
-                        say(f"step-1 certificate {runner.name} vs {baseline} on {case.name}: a close call; measuring "
-                            "what FP32 moves the reference itself (its step 1 in FP64)")
-                        if case.name not in fp64s:
-                            fp64s[case.name] = fp64_capture(plan, case)
-                        cert = certify(StepCapture.load(ref), StepCapture.load(other), case, adam_eps=eps,
-                                       fp64=fp64s[case.name])
-                except (LockstepError, ValueError) as e:
-                    cert.problem = f"the captures cannot be compared: {e}"
-            write_certificate(certificate_path(plan.out_dir / runner.name, case.name), cert)
-            say(f"step-{cert.step} certificate {runner.name} vs {baseline} on {case.name}: {cert.summary_line()}")
-            made.append(cert)
-    return made
-
-
-def resumed_capture(plan: RunPlan, case: CaseSpec, runner) -> tuple[str | None, str | None]:
-    """A resumed case's certified step, as `_capture_of` gives step 1: the first step it trains
-    (resume point + 1), recorded by `runner` from the reference's saved state after the resume point
-    (its saving case's step folder, as `lockstep diagnose --at-step` starts from it), so both sides
-    of the certificate start the step from the same state; each framework's own resume is judged
-    by the resume verdict. Made after every run, when the reference's folder is there."""
-    reference = reference_framework()
-    if plan.runners[0].name != reference:
-        return None, (f"a resumed case is certified from the {reference} reference's saved state, and the "
-                      f"baseline is {plan.runners[0].name}")
-    inputs = plan.inputs[case.name]
-    problem = runner.at_step_problem(case, inputs)
-    if problem:
-        return None, f"{runner.name} cannot record step {first_step(case)} from the reference's saved state ({problem})"
-    resume = plan_for(case, plan.out_dir / reference / f"{case.name}.log").resume
-    request = dataclasses.replace(capture_request(plan, case, runner), start_step=resume.step,
-                                  start_state=resume.directory)
-    try:
-        runner.capture(case, dataclasses.replace(inputs, capture=request), Path(request.path).parent / "work", request)
-    except LockstepError as e:
-        return None, f"{runner.name} could not record step {request.step} from the reference's saved state ({e})"
-    return request.path, None
-
-
-def fp64_capture(plan: RunPlan, case: CaseSpec):
-    """The reference's step 1 of the case in FP64, sketched like the certificate's captures."""
-    reference = reference_framework()
-    return get_runner(reference).fp64_step1(case, plan.inputs[case.name], plan.capture_path(f"{reference}-fp64", case))
-
-
-def _capture_of(outcome: CaseOutcome) -> tuple[str | None, str | None]:
-    """(the capture's path from the record, None), or (None, a sentence saying why there is none)."""
-    meta = outcome.record.meta
-    path = meta.get("step1_capture")
-    if path and Path(path).is_file():
-        return path, None
-    return None, f"{outcome.framework} recorded no step 1 ({meta.get('step1_capture_error') or 'no capture written'})"
-
-
 def gather_evidence(plan: RunPlan, summary: dict, say=lambda text: None) -> bool:
     """Run what the policy asked for in `summary` (an FP64 reference run per case whose clean step 1
     may be Adam amplifying rounding); True when something new was written (compare again)."""
-    reference = reference_framework()
+    reference = reference_services()
     wanted = sorted({c["case"] for comp in summary.get("comparisons", []) for c in comp.get("cases", [])
                      if c.get("evidence_wanted") == "fp64-reference"})
     wrote = False
@@ -445,8 +360,9 @@ def gather_evidence(plan: RunPlan, summary: dict, say=lambda text: None) -> bool
         path = plan.out_dir / EVIDENCE_DIR / f"{name}.fp64.jsonl"
         if case is None or path.exists():
             continue
-        say(f"evidence: {name} in FP64 on the {reference} reference (is the FP32 difference Adam amplifying rounding?)")
-        record = get_runner(reference).train_fp64(case, plan.inputs[name], path)
+        say(f"evidence: {name} in FP64 on the {reference.name} reference (is the FP32 difference Adam amplifying "
+            "rounding?)")
+        record = reference.train_fp64(case, plan.inputs[name], path)
         if not record.ok:
             say(f"evidence for {name} could not be made: {record.error}")
         wrote = True

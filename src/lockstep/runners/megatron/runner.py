@@ -171,10 +171,10 @@ class MegatronRunner(FrameworkRunner):
         canonical names) written as this runner's own step folder for the case's layout, and the
         case as a resume of it that trains step N+1 (the step the capture records)."""
         from lockstep.runners.checkpoint_plan import CheckpointPlan, ResumePlan
-        from lockstep.runners.pytorch.canonical_state import read_canonical_state
+        from lockstep.runners.reference import SavedState, reference_services
 
         request = inputs.capture
-        state = read_canonical_state(request.start_state, request.start_step, case, str(inputs.checkpoint))
+        state = reference_services().read_state(SavedState(request.start_step, Path(request.start_state)), case, inputs)
         adam = ({"exp_avg": state.exp_avg, "exp_avg_sq": state.exp_avg_sq}
                 if inputs.family.optimizer.kind == "adam" else None)
         if adam is not None and state.adam_step != request.start_step:

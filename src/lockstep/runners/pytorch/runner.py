@@ -13,6 +13,7 @@ from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, St
                                    final_params_path, launch_meta, oversubscribed_env, run_in_process,
                                    write_record_or_fail)
 from lockstep.runners.launch import run_workers
+from lockstep.runners.pytorch.services import ReferenceServicesMixin
 from lockstep.runners.workers import WorkerGroup
 
 TRAIN_MODULE = "lockstep.runners.pytorch.train"
@@ -32,7 +33,7 @@ def reference_layout_note(case: CaseSpec) -> str | None:
     return f"DP{case.dp} (TP/SP/PP do not change the contract's arithmetic)"
 
 
-class PyTorchRunner(FrameworkRunner):
+class PyTorchRunner(ReferenceServicesMixin, FrameworkRunner):
     name = "pytorch"
     # Save/resume through torch.distributed.checkpoint (checkpoint.py, docs/reference/checkpoints.md);
     # LoRA through the reference models' adapter (models/lora.py, docs/reference/lora.md).

@@ -31,7 +31,7 @@ from lockstep.fsutil import atomic_write, check_free_space
 from lockstep.models import read_checkpoint_layout
 from lockstep.plan import RunRequest, plan_run
 from lockstep.runners import get_runner, reference_framework, spec_for
-from lockstep.runners.base import Background, RunInputs, unsupported_needs
+from lockstep.runners.base import Background, RunInputs, capture_problem, unsupported_needs
 from lockstep.runners.reference import SavedState, reference_services
 from lockstep.stepcheck.judge import Fp64Step, judge
 from lockstep.stepcheck.request import adam_eps as adam_eps_of
@@ -191,7 +191,7 @@ def step1_and_drift(plan: DiagnosePlan, fw: str, request: CaptureRequest, drift:
     seconds = {} if seconds is None else seconds
     start = time.perf_counter()
     runner = plan.runner(fw)
-    problem = runner.capture_problem(plan.case, plan.inputs)
+    problem = capture_problem(runner, plan.case, plan.inputs)
     if problem:
         raise LockstepError(f"diagnose cannot look inside {fw} on case {plan.case.name}: {problem}")
     lrs = drift_lrs(plan.case) if drift else []
@@ -349,6 +349,9 @@ def check_frameworks(plan: DiagnosePlan) -> None:
         lacking = unsupported_needs(plan.case, plan.runner(fw))
         if lacking:
             raise LockstepError(f"{fw} cannot run case {plan.case.name}: {lacking}")
+        problem = capture_problem(plan.runner(fw), plan.case, plan.inputs)
+        if problem:
+            raise LockstepError(f"diagnose cannot look inside {fw} on case {plan.case.name}: {problem}")
         if fw != reference_framework():
             reason = plan.runner(fw).skip_reason(plan.case, plan.inputs)
             if reason:

@@ -18,7 +18,7 @@ from lockstep.certify.certificate import Certificate, certificate_path, certify,
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import LockstepError
 from lockstep.formats.step_capture import StepCapture
-from lockstep.runners.base import first_step
+from lockstep.runners.base import at_step_problem, capture_problem, first_step
 from lockstep.runners.reference import ReferenceServices, SavedState, reference_services
 from lockstep.stepcheck.judge import Fp64Step, judge
 from lockstep.stepcheck.request import certificate_request
@@ -130,7 +130,7 @@ def recorded_after(plan, case: CaseSpec, runner, start: SavedState | None,
     if start_problem:
         return None, start_problem
     inputs = plan.inputs[case.name]
-    problem = runner.at_step_problem(case, inputs) if start else runner.capture_problem(case, inputs)
+    problem = at_step_problem(runner, case, inputs) if start else capture_problem(runner, case, inputs)
     step = start.step + 1 if start else 1
     if problem:
         origin = " from the reference's saved state" if start else ""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import LockstepError
+from lockstep.runners.base import at_step_problem
 from lockstep.runners.reference import ReferenceServices, SavedState
 
 
@@ -33,7 +34,7 @@ def check_at_step(case: CaseSpec, at_step: int, frameworks: list[str], runner_of
         raise LockstepError(f"--at-step {at_step}: case {case.name} saves or resumes itself (its checkpoint table); "
                             "diagnose --at-step makes the state it starts from: diagnose a case without one")
     for fw in frameworks:
-        problem = runner_of(fw).at_step_problem(case, inputs)
+        problem = at_step_problem(runner_of(fw), case, inputs)
         if problem:
             raise LockstepError(f"--at-step {at_step} on case {case.name}: {problem}")
 

@@ -40,7 +40,7 @@ from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint
 from lockstep.formats.logs import parse_infinitrain_log
 from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
-from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
+from lockstep.runners.base import (ExecuteResult, FrameworkRunner, StepInspector, RunInputs, StepCallback, final_params_path,
                                    first_step, write_final_params)
 from lockstep.runners.infinitrain.options import BUILD_ENV_VAR, COMMIT_FILE
 from lockstep.runners.infinitrain.capture import KEEP_SAVE, PRECISION_CHECK_DIR
@@ -61,7 +61,7 @@ DEFAULT_TIMEOUT_S = 1800.0
 INFINITRAIN_PROCESS_ENV = ("NNODES", "NPROC_PER_NODE", "PROC_WORLD_SIZE", "GLOBAL_PROC_RANK", "LOCAL_PROC_RANK")
 
 
-class InfiniTrainRunner(FrameworkRunner):
+class InfiniTrainRunner(StepInspector, FrameworkRunner):
     name = "infinitrain"
     # Its cross entropy adds the per-token losses one by one in FP32, and it prints 6 decimals.
     logged_loss = LOGGED_FP32_SEQUENTIAL

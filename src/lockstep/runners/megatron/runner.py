@@ -28,7 +28,7 @@ from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import NEEDS_CHECKPOINT, NEEDS_LORA, CaseSpec, CheckpointSpec
 from lockstep.errors import RunError
 from lockstep.formats.tokens import read_token_stream
-from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
+from lockstep.runners.base import (ExecuteResult, FrameworkRunner, StepInspector, RunInputs, StepCallback, final_params_path,
                                    launch_meta, oversubscribed_env)
 from lockstep.runners.checkpoint_plan import plan_for
 from lockstep.runners.launch import run_workers
@@ -55,7 +55,7 @@ def megatron_core_version() -> str:
     return getattr(megatron.core, "__version__", "unknown")
 
 
-class MegatronRunner(FrameworkRunner):
+class MegatronRunner(StepInspector, FrameworkRunner):
     name = "megatron"
     # Save/resume through megatron-core's dist_checkpointing (checkpoint.py, docs/reference/checkpoints.md);
     # LoRA through lockstep's own adapter on the parallel linears (lora.py, docs/reference/lora.md).

@@ -9,7 +9,7 @@ from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import NEEDS_CHECKPOINT, NEEDS_LORA, CaseSpec
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import RunRecord
-from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, base_meta,
+from lockstep.runners.base import (ExecuteResult, FrameworkRunner, StepInspector, RunInputs, StepCallback, base_meta,
                                    final_params_path, launch_meta, oversubscribed_env, run_in_process,
                                    write_record_or_fail)
 from lockstep.runners.launch import run_workers
@@ -33,7 +33,7 @@ def reference_layout_note(case: CaseSpec) -> str | None:
     return f"DP{case.dp} (TP/SP/PP do not change the contract's arithmetic)"
 
 
-class PyTorchRunner(ReferenceServicesMixin, FrameworkRunner):
+class PyTorchRunner(ReferenceServicesMixin, StepInspector, FrameworkRunner):
     name = "pytorch"
     # Save/resume through torch.distributed.checkpoint (checkpoint.py, docs/reference/checkpoints.md);
     # LoRA through the reference models' adapter (models/lora.py, docs/reference/lora.md).

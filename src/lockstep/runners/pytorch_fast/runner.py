@@ -8,11 +8,12 @@ import torch
 
 from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import CaseSpec
-from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback, run_in_process
+from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, StepInspector,
+                                   run_in_process)
 from lockstep.runners.pytorch_fast.train import train_fast
 
 
-class PyTorchFastRunner(FrameworkRunner):
+class PyTorchFastRunner(StepInspector, FrameworkRunner):
     name = "pytorch-fast"
 
     def __init__(self, compile_model: bool = True):

@@ -22,7 +22,7 @@ from pathlib import Path
 from lockstep.cases.spec import CaseSpec
 from lockstep.compare.options import CompareOptions
 from lockstep.compare.pairing import EVIDENCE_DIR, STEP1_DIR
-from lockstep.compare.run_dir import RunComparison, compare_run
+from lockstep.compare.run_dir import RunComparison, compare_run, write_summary
 from lockstep.determinism import REPEATS_DIR
 from lockstep.errors import LockstepError, WriteError
 from lockstep.execute import CaseOutcome, execute_plan
@@ -192,7 +192,7 @@ def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: boo
         with timing.stage("certificates"):
             result.certificates = certify_outcomes(plan, result.outcomes, say=observer.say)
         with timing.stage("comparison"):
-            result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options)
+            result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options, write=False)
         with timing.stage("evidence"):
             more = gather_evidence(plan, result.comparison.summary, say=observer.say)
         with timing.stage("certificates"):
@@ -200,11 +200,12 @@ def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: boo
             result.certificates += late
         if more or late:  # the policy asked for evidence it did not have: judged again, with it
             with timing.stage("comparison"):
-                result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options)
+                result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options, write=False)
         if repeat > 1:
             result.determinism = add_determinism(plan, result, repeat)
         with timing.stage("comparison"):
             add_resume_verdicts(plan, result, say=observer.say)
+            write_summary(plan.out_dir, result.summary)  # once, every section in it
         observer.compared(result)
         report_paths = report_paths_of(plan) if outputs.report and any(o.record is not None for o in result.outcomes) else []
         result.verdict = run_verdict(result.outcomes, result.summary, [r.name for r in plan.runners], plan.out_dir,
@@ -272,12 +273,11 @@ def append_to_history(result: RunResult, run, path: Path) -> str | None:
 
 def add_determinism(plan: RunPlan, result: RunResult, repeat: int):
     """Bitwise identical repeats per framework and case, into summary.json and the result's summary."""
-    from lockstep.compare.run_dir import SUMMARY_NAME
-    from lockstep.determinism import add_to_summary, analyse_repeats
+    from lockstep.determinism import analyse_repeats
 
     report = analyse_repeats(plan.out_dir, [(o.framework, o.case.name) for o in result.outcomes if not o.skipped],
                              repeat, baseline=plan.runners[0].name)
-    result.comparison.summary = add_to_summary(plan.out_dir / SUMMARY_NAME, report)
+    result.comparison.summary["determinism"] = report.to_json()
     return report
 
 
@@ -285,8 +285,7 @@ def add_resume_verdicts(plan: RunPlan, result: RunResult, say=lambda text: None)
     """Every resumed case judged against the run of the case that saved it, per framework
     (compare/resume.py), into summary.json's "resumes"; a resume that is not exact is judged
     again with the reference's alternatives (trained then, under evidence/resume/) to tell its cause."""
-    from lockstep.compare.resume import ResumeVerdictClass, add_to_summary, judge_resume, resume_entry
-    from lockstep.compare.run_dir import SUMMARY_NAME
+    from lockstep.compare.resume import ResumeVerdictClass, judge_resume, resume_entry
 
     records = {(o.framework, o.case.name): o.record for o in result.outcomes if o.record is not None}
     reference = reference_services() if reference_framework() in (r.name for r in plan.runners) else None
@@ -317,7 +316,7 @@ def add_resume_verdicts(plan: RunPlan, result: RunResult, say=lambda text: None)
         if entries[-1]["passed"]:
             say(f"resume {o.framework}/{o.case.name} (from {spec.resume_case}): {entries[-1]['sentence']}")
     if entries and result.comparison is not None:
-        result.comparison.summary = add_to_summary(plan.out_dir / SUMMARY_NAME, entries)
+        result.comparison.summary["resumes"] = entries
     return entries
 
 

@@ -33,8 +33,9 @@ def compare_run_dir(run_dir: str | os.PathLike, baseline_framework: str = "pytor
 
 
 def compare_run(run_dir: str | os.PathLike, baseline_framework: str = "pytorch",
-                options: CompareOptions | None = None) -> RunComparison:
-    """`compare_run_dir`, keeping each framework's ComparisonReport beside the summary."""
+                options: CompareOptions | None = None, write: bool = True) -> RunComparison:
+    """`compare_run_dir`, keeping each framework's ComparisonReport beside the summary. `write`
+    False leaves summary.json to the caller (`lockstep run` writes it once, with every section)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FormatError(run_dir, "is not a run directory")
@@ -60,10 +61,17 @@ def compare_run(run_dir: str | os.PathLike, baseline_framework: str = "pytorch",
         verdicts = [c["passed"] for c in summary["comparisons"] if c["passed"] is not None]
         if verdicts:
             summary["passed"] = all(verdicts)
-    with atomic_write(run_dir / SUMMARY_NAME, "w", what="run summary") as f:
+    if write:
+        write_summary(run_dir, summary)
+    return RunComparison(summary, reports)
+
+
+def write_summary(run_dir: str | os.PathLike, summary: dict) -> Path:
+    path = Path(run_dir) / SUMMARY_NAME
+    with atomic_write(path, "w", what="run summary") as f:
         json.dump(summary, f, indent=2, allow_nan=True)
         f.write("\n")
-    return RunComparison(summary, reports)
+    return path
 
 
 def compare_frameworks_in_run(run_dir: str | os.PathLike, baseline_framework: str, test_framework: str,

@@ -37,7 +37,7 @@ class PyTorchFastRunner(StepInspector, FrameworkRunner):
         """Its model (SDPA attention) captured eagerly: torch.compile changes fusion and rounding, not
         the math, and hooks inside a compiled graph would break it up. From a saved state (diagnose
         --at-step) its own fused optimizer loads the state and makes the update."""
-        from lockstep.runners.pytorch.train import capture_case
+        from lockstep.runners.pytorch import capture_case
         from lockstep.runners.pytorch_fast import train as fast
 
         def fast_optimizer(spec, params, lr):

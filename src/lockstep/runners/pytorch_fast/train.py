@@ -31,8 +31,7 @@ from lockstep.models import family as model_family
 from lockstep.models import load_checkpoint
 from lockstep.models.family import OptimizerSpec
 from lockstep.runners.memory import peak_memory_info
-from lockstep.runners.pytorch import step as reference_step
-from lockstep.runners.pytorch.step import MicroBatch
+from lockstep.runners import pytorch as reference_step
 from lockstep.step_contract import Phases, StepClock, after_warmup, fp32_matmul_precision, fp32_sequential_of_tensors, step_loss_fp64
 
 
@@ -144,7 +143,7 @@ def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
         def micro_batches():
             for micro in range(case.accum):
                 x, y = batches.micro_batch(step, micro)
-                yield MicroBatch(x.to(device, non_blocking=True), y.to(device, non_blocking=True), 0, micro)
+                yield reference_step.MicroBatch(x.to(device, non_blocking=True), y.to(device, non_blocking=True), 0, micro)
 
         with StepClock(device) as clock:
             micro_losses = reference_step.contract_step(micro_batches(), lambda mb: forward(mb.x, mb.y), case.accum,

@@ -27,6 +27,7 @@ from lockstep.determinism import REPEATS_DIR
 from lockstep.errors import LockstepError, WriteError
 from lockstep.execute import CaseOutcome, execute_plan
 from lockstep.formats import run_manifest
+from lockstep.formats.logs import ParsedRuns
 from lockstep.formats.run_record import StepRecord
 from lockstep.fsutil import check_writable_target, os_problem
 from lockstep.outdir import CASE_OUTPUT_SUFFIXES, STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
@@ -171,6 +172,7 @@ def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: boo
     if not plan.nodes.writes_records:
         return follow_plan(plan, observer, repeat, timing)
     result = RunResult(plan=plan, outcomes=[])
+    files = ParsedRuns()  # every record parsed once, whichever stage reads it first
     names = [*dict.fromkeys([*framework_names(), *(r.name for r in plan.runners)])]
     with open_run_dir(plan.out_dir, [*names, REPEATS_DIR, STEP1_DIR, EVIDENCE_DIR], run_manifest.manifest_of(plan),
                       force=force) as run_dir:
@@ -192,7 +194,8 @@ def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: boo
         with timing.stage("certificates"):
             result.certificates = certify_outcomes(plan, result.outcomes, say=observer.say)
         with timing.stage("comparison"):
-            result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options, write=False)
+            result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options, write=False,
+                                            files=files)
         with timing.stage("evidence"):
             more = gather_evidence(plan, result.comparison.summary, say=observer.say)
         with timing.stage("certificates"):
@@ -200,7 +203,8 @@ def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: boo
             result.certificates += late
         if more or late:  # the policy asked for evidence it did not have: judged again, with it
             with timing.stage("comparison"):
-                result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options, write=False)
+                result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options, write=False,
+                                            files=files)
         if repeat > 1:
             result.determinism = add_determinism(plan, result, repeat)
         with timing.stage("comparison"):
@@ -223,7 +227,7 @@ def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: boo
         history_run = None
         if outputs.history is not None:
             try:
-                history_run = history_run_of(result)
+                history_run = history_run_of(result, files)
             except LockstepError as e:
                 result.history_error = str(e)  # said at the end; the run's own outputs stand
         if report_paths:
@@ -231,7 +235,7 @@ def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: boo
             from lockstep.report.data import gather
 
             data = gather(plan.out_dir, baseline_framework=baseline, options=options,
-                          comparisons=result.comparison.reports)
+                          comparisons=result.comparison.reports, files=files)
             data.run_lines = list(result.verdict.lines)
             data.timing = result.timing
             result.report_paths = list(write_report(plan.out_dir, baseline_framework=baseline, options=options,
@@ -251,11 +255,11 @@ def report_paths_of(plan: RunPlan) -> list[Path]:
     return [plan.out_dir / HTML_NAME, plan.out_dir / MARKDOWN_NAME]
 
 
-def history_run_of(result: RunResult):
+def history_run_of(result: RunResult, files: ParsedRuns | None = None):
     """The history's row of this run (a RunRow)."""
     from lockstep.history import run_from_summary
 
-    return run_from_summary(result.summary, result.plan.out_dir)
+    return run_from_summary(result.summary, result.plan.out_dir, files)
 
 
 def append_to_history(result: RunResult, run, path: Path) -> str | None:

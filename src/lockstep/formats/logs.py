@@ -442,3 +442,26 @@ def load_run(path: str | os.PathLike, seq_length: int | None = None) -> RunRecor
     if path.suffix == ".jsonl":
         return read_run_record(path)
     return parse_log_file(path, seq_length=seq_length)
+
+
+class ParsedRuns:
+    """The run files of one `lockstep run`, each parsed once however many of its stages read it (the
+    comparison's metadata and pairs, a second comparison after evidence, the report, the history):
+    keyed by the file's path, size and modification time, so a file written again is read again.
+    Callers treat what it returns as read-only."""
+
+    def __init__(self):
+        self._parsed: dict[tuple, RunRecord] = {}
+
+    def load(self, path: str | os.PathLike, seq_length: int | None = None) -> RunRecord:
+        path = Path(path)
+        st = path.stat()
+        key = (str(path.absolute()), seq_length, st.st_mtime_ns, st.st_size)
+        if key not in self._parsed:
+            self._parsed[key] = load_run(path, seq_length)
+        return self._parsed[key]
+
+
+def load_with(files: "ParsedRuns | None", path: str | os.PathLike, seq_length: int | None = None) -> RunRecord:
+    """`load_run`, through `files` where the caller keeps one."""
+    return files.load(path, seq_length) if files is not None else load_run(path, seq_length)

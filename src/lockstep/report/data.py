@@ -104,7 +104,7 @@ def interrupted_pairs(run_dir: Path, data: "ReportData") -> dict[str, list[str]]
 
 def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
            options: CompareOptions | None = None,
-           comparisons: dict[str, ComparisonReport] | None = None) -> ReportData:
+           comparisons: dict[str, ComparisonReport] | None = None, files=None) -> ReportData:
     """What the report shows. `comparisons`: each test framework's comparison as the run already
     made it (lockstep run compares once); without it, the records are compared here."""
     run_dir = Path(run_dir)
@@ -118,7 +118,7 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
         raise FormatError(run_dir, f"has no case files for the baseline framework {baseline_framework} "
                                    f"(frameworks present: {', '.join(present)}); choose one with --baseline")
     frameworks = [baseline_framework] + [f for f in present if f != baseline_framework]
-    data = ReportData(run_dir, baseline_framework, frameworks, metadata=collect_run_metadata(run_dir),
+    data = ReportData(run_dir, baseline_framework, frameworks, metadata=collect_run_metadata(run_dir, files),
                       options=options)
     try:
         data.skipped = skipped_pairs(run_dir)
@@ -134,7 +134,7 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
         tree = collect_cases(run_dir / fw)
         data.problems += tree.unreadable
         for case, case_file in tree.files.items():
-            side = load_side(case_file, options)
+            side = load_side(case_file, options, files)
             if side.record is not None:
                 data.records.setdefault(case, {})[fw] = side.record
             else:

@@ -171,12 +171,39 @@ def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: boo
         early_groups.clear()  # the plan's now: execute_plan takes or stops them
     if not plan.nodes.writes_records:
         return follow_plan(plan, observer, repeat, timing)
-    result = RunResult(plan=plan, outcomes=[])
-    files = ParsedRuns()  # every record parsed once, whichever stage reads it first
+    stages = RunStages(plan, options, outputs, observer, timing, RunResult(plan=plan, outcomes=[]))
     names = [*dict.fromkeys([*framework_names(), *(r.name for r in plan.runners)])]
     with open_run_dir(plan.out_dir, [*names, REPEATS_DIR, STEP1_DIR, EVIDENCE_DIR], run_manifest.manifest_of(plan),
                       force=force) as run_dir:
         observer.opened(plan, run_dir)
+        stages.run_pairs(run_dir, repeat)
+        stages.judge(repeat)
+        history_run = stages.write_outputs(run_dir)
+    result = stages.result
+    if history_run is not None:
+        # Only now: a run that run.json does not call finished is never in the history.
+        result.history_error = append_to_history(result, history_run, Path(outputs.history))
+    return result
+
+
+@dataclass
+class RunStages:
+    """One run's stages after its plan, in order: run the pairs, judge them (certificates, the one
+    comparison, evidence, resumes, summary.json once), write the verdict's outputs."""
+
+    plan: RunPlan
+    options: CompareOptions
+    outputs: RunOutputs
+    observer: RunObserver
+    timing: "RunTiming"
+    result: RunResult
+    files: ParsedRuns = field(default_factory=ParsedRuns)  # every record parsed once, whichever stage reads it first
+
+    @property
+    def baseline(self) -> str:
+        return self.plan.runners[0].name
+
+    def run_pairs(self, run_dir: RunDir, repeat: int) -> None:
         skipped: list[dict] = []
 
         def ended(outcome: CaseOutcome) -> None:
@@ -184,69 +211,81 @@ def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: boo
                 # In run.json at once, so that even an interrupted run's manifest lists its skips.
                 skipped.append(run_manifest.skip_entry(outcome.case.name, outcome.framework, outcome.skipped))
                 run_dir.update_manifest(skipped=skipped)
-            observer.ended(outcome)
+            self.observer.ended(outcome)
 
-        with timing.stage("runs"), observer.running():
-            result.outcomes = execute_plan(plan, on_start=observer.started, on_step=observer.step, on_end=ended,
-                                           repeat=repeat, on_groups=observer.waiting_on_groups)
-        observer.ran(result.outcomes)
-        baseline = plan.runners[0].name
-        with timing.stage("certificates"):
-            result.certificates = certify_outcomes(plan, result.outcomes, say=observer.say)
-        with timing.stage("comparison"):
-            result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options, write=False,
-                                            files=files)
-        with timing.stage("evidence"):
-            more = gather_evidence(plan, result.comparison.summary, say=observer.say)
-        with timing.stage("certificates"):
-            late = certify_unexplained(plan, result.outcomes, result.comparison.summary, say=observer.say)
+        with self.timing.stage("runs"), self.observer.running():
+            self.result.outcomes = execute_plan(self.plan, on_start=self.observer.started, on_step=self.observer.step,
+                                                on_end=ended, repeat=repeat, on_groups=self.observer.waiting_on_groups)
+        self.observer.ran(self.result.outcomes)
+
+    def compare(self) -> None:
+        with self.timing.stage("comparison"):
+            self.result.comparison = compare_run(self.plan.out_dir, baseline_framework=self.baseline,
+                                                 options=self.options, write=False, files=self.files)
+
+    def judge(self, repeat: int) -> None:
+        plan, result, say = self.plan, self.result, self.observer.say
+        with self.timing.stage("certificates"):
+            result.certificates = certify_outcomes(plan, result.outcomes, say=say)
+        self.compare()
+        with self.timing.stage("evidence"):
+            more = gather_evidence(plan, result.comparison.summary, say=say)
+        with self.timing.stage("certificates"):
+            late = certify_unexplained(plan, result.outcomes, result.comparison.summary, say=say)
             result.certificates += late
-        if more or late:  # the policy asked for evidence it did not have: judged again, with it
-            with timing.stage("comparison"):
-                result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options, write=False,
-                                            files=files)
+        if more or late:  # the policy asked for evidence or a certificate it did not have: judged again, with it
+            self.compare()
         if repeat > 1:
             result.determinism = add_determinism(plan, result, repeat)
-        with timing.stage("comparison"):
-            add_resume_verdicts(plan, result, say=observer.say)
+        with self.timing.stage("comparison"):
+            add_resume_verdicts(plan, result, say=say)
             write_summary(plan.out_dir, result.summary)  # once, every section in it
-        observer.compared(result)
+        self.observer.compared(result)
+
+    def write_outputs(self, run_dir: RunDir):
+        """The verdict, JUnit, timing, report and run.json's finish; returns the history row to append."""
+        plan, result, outputs = self.plan, self.result, self.outputs
         report_paths = report_paths_of(plan) if outputs.report and any(o.record is not None for o in result.outcomes) else []
         result.verdict = run_verdict(result.outcomes, result.summary, [r.name for r in plan.runners], plan.out_dir,
                                      report_paths)
         if outputs.junit is not None:
-            from lockstep.report.junit import cases_from_comparisons, write_junit
-
-            write_junit(outputs.junit, cases_from_comparisons(result.summary.get("comparisons", []),
-                                                              nothing_compared_is_error=not result.summary.get("determinism")))
-            result.junit_path = Path(outputs.junit)
+            self.write_junit()
         # One account of the run's time, frozen here: run.json, the report and the terminal show it.
-        result.timing = timing.to_json(result.outcomes)
+        result.timing = self.timing.to_json(result.outcomes)
         run_dir.update_manifest(timing=result.timing)
         # The history row is made now (the report's trends show it) and appended once the run finished.
         history_run = None
         if outputs.history is not None:
             try:
-                history_run = history_run_of(result, files)
+                history_run = history_run_of(result, self.files)
             except LockstepError as e:
                 result.history_error = str(e)  # said at the end; the run's own outputs stand
         if report_paths:
-            from lockstep.report import write_report
-            from lockstep.report.data import gather
-
-            data = gather(plan.out_dir, baseline_framework=baseline, options=options,
-                          comparisons=result.comparison.reports, files=files)
-            data.run_lines = list(result.verdict.lines)
-            data.timing = result.timing
-            result.report_paths = list(write_report(plan.out_dir, baseline_framework=baseline, options=options,
-                                                    history_path=outputs.history, data=data,
-                                                    pending_history=history_run))
+            self.write_report(history_run)
         run_dir.mark(STATUS_FINISHED, verdict=result.verdict.word, verdict_lines=result.verdict.lines,
                      timing=result.timing)
-    if history_run is not None:
-        # Only now: a run that run.json does not call finished is never in the history.
-        result.history_error = append_to_history(result, history_run, Path(outputs.history))
-    return result
+        return history_run
+
+    def write_junit(self) -> None:
+        from lockstep.report.junit import cases_from_comparisons, write_junit
+
+        summary = self.result.summary
+        write_junit(self.outputs.junit, cases_from_comparisons(summary.get("comparisons", []),
+                                                               nothing_compared_is_error=not summary.get("determinism")))
+        self.result.junit_path = Path(self.outputs.junit)
+
+    def write_report(self, history_run) -> None:
+        from lockstep.report import write_report
+        from lockstep.report.data import gather
+
+        result = self.result
+        data = gather(self.plan.out_dir, baseline_framework=self.baseline, options=self.options,
+                      comparisons=result.comparison.reports, files=self.files)
+        data.run_lines = list(result.verdict.lines)
+        data.timing = result.timing
+        result.report_paths = list(write_report(self.plan.out_dir, baseline_framework=self.baseline,
+                                                options=self.options, history_path=self.outputs.history, data=data,
+                                                pending_history=history_run))
 
 
 def report_paths_of(plan: RunPlan) -> list[Path]:

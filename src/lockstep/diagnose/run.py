@@ -194,30 +194,8 @@ def step1_and_drift(plan: DiagnosePlan, fw: str, request: CaptureRequest, drift:
     problem = capture_problem(runner, plan.case, plan.inputs)
     if problem:
         raise LockstepError(f"diagnose cannot look inside {fw} on case {plan.case.name}: {problem}")
-    lrs = drift_lrs(plan.case) if drift else []
-    got: dict[float, dict[int, float]] = {}
-    todo, note = [], ""
-    for lr in lrs:
-        reused = _run_dir_losses(plan, fw) if lr == plan.case.lr else None
-        if reused is not None:
-            got[lr] = reused
-            continue
-        drift_case = plan.case.with_overrides(lr=lr, steps=min(steps, plan.case.steps), name=f"{plan.case.name}_lr{lr:g}")
-        if fw == reference_framework() and (drift_case.tp > 1 or drift_case.pp > 1):
-            # The reference trains the same global batch on one device (its step-1 capture does too).
-            drift_case = drift_case.with_overrides(tp=1, pp=1, vpp=1, sp=False, pp_layout=None)
-        reason = runner.skip_reason(drift_case, plan.inputs)
-        if reason:
-            note = f"drift not measured: {fw} cannot run case {plan.case.name} here ({reason})"
-            todo = []
-            break
-        todo.append((lr, drift_case))
-    step1 = plan.case.with_overrides(steps=1, name=f"{plan.case.name}_step1")
-    if request.start_state is not None:
-        # A runner that captures as it trains (megatron's workers) resumes from the state: the case
-        # it runs is a resume at the state's step that trains the one step after it.
-        step1 = dataclasses.replace(plan.case, steps=request.step, name=f"{plan.case.name}_step{request.step}",
-                                    checkpoint=CheckpointSpec(resume_from=request.start_step))
+    got, todo, note = drift_runs(plan, fw, steps) if drift else ({}, [], "")
+    step1 = captured_case(plan, request)
     key = runner.worker_group_key(step1, plan.inputs)
     together = (key is not None and runner.skip_reason(step1, plan.inputs) is None
                 and all(runner.worker_group_key(c, plan.inputs) == key for _, c in todo))
@@ -232,22 +210,53 @@ def step1_and_drift(plan: DiagnosePlan, fw: str, request: CaptureRequest, drift:
     drift_start = time.perf_counter()
     records = runner.run_many(pairs, [plan.out_dir / "drift"], persistent=len(keys) == 1 and None not in keys)
     seconds["capture and drift" if together else "drift"] = time.perf_counter() - drift_start
-    if not together:
-        waited = time.perf_counter()
-        capture.result()
-        if capture.in_background:
-            seconds["capture reading"] = time.perf_counter() - waited
     if together:
         (first, *_), records = records[0], records[1:]
         if not first.ok or not first.meta.get("step1_capture"):
             raise LockstepError(f"{fw}'s step 1 could not be captured: "
                                 f"{first.error or first.meta.get('step1_capture_error') or 'no capture written'}")
+    else:
+        waited = time.perf_counter()
+        capture.result()
+        if capture.in_background:
+            seconds["capture reading"] = time.perf_counter() - waited
     for (lr, _), (record, *_) in zip(todo, records):
         if not record.ok:
             note = f"drift not measured from lr {lr:g} on: {fw} failed ({record.error})"
             break
         got[lr] = {s.step: s.loss for s in record.steps}
     return StepCapture.load(request.path), got, note
+
+
+def drift_runs(plan: DiagnosePlan, fw: str, steps: int) -> tuple[dict, list, str]:
+    """The drift losses the run directory already holds, the drift cases still to run ((lr, case)),
+    and why none can run (or "")."""
+    runner = plan.runner(fw)
+    got: dict[float, dict[int, float]] = {}
+    todo = []
+    for lr in drift_lrs(plan.case):
+        reused = _run_dir_losses(plan, fw) if lr == plan.case.lr else None
+        if reused is not None:
+            got[lr] = reused
+            continue
+        drift_case = plan.case.with_overrides(lr=lr, steps=min(steps, plan.case.steps), name=f"{plan.case.name}_lr{lr:g}")
+        if fw == reference_framework() and (drift_case.tp > 1 or drift_case.pp > 1):
+            # The reference trains the same global batch on one device (its step-1 capture does too).
+            drift_case = drift_case.with_overrides(tp=1, pp=1, vpp=1, sp=False, pp_layout=None)
+        reason = runner.skip_reason(drift_case, plan.inputs)
+        if reason:
+            return got, [], f"drift not measured: {fw} cannot run case {plan.case.name} here ({reason})"
+        todo.append((lr, drift_case))
+    return got, todo, ""
+
+
+def captured_case(plan: DiagnosePlan, request: CaptureRequest) -> CaseSpec:
+    """The case a runner that captures as it trains (megatron's workers) runs: step 1 alone, or from a
+    saved state a resume at the state's step that trains the one step after it."""
+    if request.start_state is None:
+        return plan.case.with_overrides(steps=1, name=f"{plan.case.name}_step1")
+    return dataclasses.replace(plan.case, steps=request.step, name=f"{plan.case.name}_step{request.step}",
+                               checkpoint=CheckpointSpec(resume_from=request.start_step))
 
 
 def drift_lrs(case) -> list[float]:

@@ -93,7 +93,7 @@ def plan_bisect(req: BisectRequest) -> BisectPlan:
     under_test = frameworks[-1]
     framework = built_framework(under_test, req.run.framework_options)
     if framework is None:
-        built = [n for n, s in built_frameworks().items() if s.frameworks is None]
+        built = [n for n, s in built_frameworks().items() if n in s.names()]
         raise BisectError(f"--frameworks {','.join(frameworks)}: the framework under test (the last one) must run "
                           f"from a build directory ({', '.join(built)}, or a --command-runner trainer), "
                           f"not {under_test}")

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from lockstep.compare.policy import VerdictClass
 from lockstep.compare import CompareOptions, ComparisonReport, compare_paths
-from lockstep.compare.options import STEP2_MODES
+from lockstep.compare.options import EXPECT_WITHIN_THRESHOLD, EXPECTATIONS, STEP2_MODES
 from lockstep.commands.ci_options import add_history_arguments, add_junit_argument, append_history
 from lockstep.compare.throughput import NOISY_CV, format_memory, format_mfu, format_tokens_per_s
 from lockstep.compare.verdict import CaseVerdict
@@ -91,6 +91,10 @@ def add_parser(subparsers) -> None:
                    help="sequence length for Megatron-LM logs that state none (for tok/s)")
     p.add_argument("--peak-tflops", type=_positive_float, default=None, metavar="X",
                    help="per-device peak TFLOP/s for MFU (default: the known-device table; none on CPU)")
+    p.add_argument("--expect", choices=EXPECTATIONS, default=EXPECT_WITHIN_THRESHOLD,
+                   help="what the test must be to pass: its loss within the dtype's threshold (default), or identical "
+                        "to the baseline bit for bit (every step's loss and the step-1 captures' tensors: two builds "
+                        "of one framework, a refactor, recompute); NOT IDENTICAL names the first step and tensor")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
     add_junit_argument(p)
     add_history_arguments(p)
@@ -102,7 +106,7 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
                           warmup_steps=args.warmup_steps, min_tps_ratio=args.min_tps_ratio,
                           include_prefixes=args.include_prefix, include_cases=args.include_cases,
                           megatron_step2_correction=args.megatron_step2_correction, seq_length=args.seq_length,
-                          peak_tflops=args.peak_tflops)
+                          peak_tflops=args.peak_tflops, expect=args.expect)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -138,7 +138,7 @@ def _plan_from_run_dir(req: DiagnoseRequest) -> DiagnosePlan:
         spec = spec_for(fw, options)
         recorded = _recorded_meta(run_dir, fw, case.name)
         if spec.from_record is not None and recorded is not None:
-            options[spec.name] = spec.from_record(spec.options(options.get(spec.name)), recorded)
+            options[spec.name] = spec.from_record(spec.options(options.get(spec.name)), {**recorded, "framework": fw})
         get_runner(fw, framework_options=options).preflight(inputs)  # e.g. no build at all: said now, before any capture
     return DiagnosePlan(case=case, inputs=inputs, frameworks=frameworks, out_dir=run_dir / DIAGNOSE_DIR,
                         run_dir=run_dir, options=options)

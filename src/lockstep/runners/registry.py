@@ -223,6 +223,9 @@ def spec_for(framework: str, framework_options: FrameworkOptions | None = None) 
     for spec in all_specs.values():
         if spec.frameworks is not None and framework in spec.names(options_for(spec, framework_options)):
             return spec
+    base = framework.partition("@")[0]
+    if base != framework and base in all_specs and all_specs[base].frameworks is not None:
+        return all_specs[base]  # a named build (`infinitrain@NAME`) its options do not hold yet (a run dir's)
     raise LockstepError(f"unknown framework {framework!r}; known: {', '.join(framework_names(framework_options))} "
                         "(a trainer of a --command-runner TOML file is known once the file is given)")
 
@@ -257,9 +260,10 @@ def default_frameworks(framework_options: FrameworkOptions | None = None,
     first), and a note for each that would have been used but cannot be here."""
     names = []
     for spec in sorted(specs().values(), key=lambda s: not s.capabilities.reference):
-        use = spec.default(options_for(spec, framework_options))
+        options = options_for(spec, framework_options)
+        use = spec.default(options)
         if use is True:
-            names.append(spec.name)
+            names += spec.names(options)
         elif isinstance(use, str) and notes is not None:
             notes.append(use)
     return names

@@ -69,8 +69,9 @@ class InfiniTrainRunner(StepInspector, FrameworkRunner):
     # own --save/--load checkpoints (checkpoints.py).
     supports = frozenset({NEEDS_LORA, NEEDS_CHECKPOINT})
 
-    def __init__(self, build_dir: str | os.PathLike | None = None):
-        given = build_dir if build_dir else os.environ.get(BUILD_ENV_VAR)
+    def __init__(self, build_dir: str | os.PathLike | None = None, name: str | None = None):
+        self.name = name or type(self).name  # `infinitrain@NAME` for a named build (options.py)
+        given = build_dir if build_dir else (None if name and "@" in name else os.environ.get(BUILD_ENV_VAR))
         self.build_dir: Path | None = Path(given).expanduser() if given else None
         self._facts: dict[Path, ExecutableFacts] = {}  # what each probed executable said (probe.py)
 

@@ -25,6 +25,7 @@ class IdentityVerdict:
     loss_delta: float | None = None  # by how much, at that step
     tensor: TensorDifference | None = None  # the first differing tensor of the step-1 captures
     captures: str = ""  # how the captures were compared, or why not
+    printed: float | None = None  # the coarsest loss digit a side's log prints (None: records' FP64 losses)
 
     @property
     def identical(self) -> bool:
@@ -36,17 +37,18 @@ class IdentityVerdict:
         return 1 if self.tensor is not None else self.loss_step
 
     def sentence(self) -> str:
+        same = "bit for bit" if self.printed is None else f"to the {self.printed:.0e} its log prints"
         if self.identical:
-            return f"IDENTICAL: every step's loss bit for bit; {self.captures}"
+            return f"IDENTICAL: every step's loss {same}; {self.captures}"
         losses = (f"loss first differs at step {self.loss_step} (by {self.loss_delta:.3e})" if self.loss_step
-                  else "every step's loss bit for bit")
+                  else f"every step's loss {same}")
         where = (f"step 1's {self.tensor.line} is the first tensor that differs" if self.tensor is not None
                  else self.captures)
         return f"NOT IDENTICAL from step {self.first_step}: {where}; {losses}"
 
     def to_json(self) -> dict:
         return {"identical": self.identical, "first_step": self.first_step, "loss_step": self.loss_step,
-                "loss_delta": self.loss_delta,
+                "loss_delta": self.loss_delta, "loss_printed_to": self.printed,
                 "tensor": self.tensor.to_json() if self.tensor else None, "captures": self.captures,
                 "sentence": self.sentence()}
 
@@ -59,7 +61,8 @@ def judge_identity(baseline: RunRecord, test: RunRecord) -> IdentityVerdict:
     """The losses step by step, then the step-1 captures the two runs recorded (where both did)."""
     b = {s.step: s.loss for s in baseline.steps}
     t = {s.step: s.loss for s in test.steps}
-    verdict = IdentityVerdict()
+    quanta = [r.meta.get("loss_quantum") for r in (baseline, test) if r.meta.get("loss_quantum")]
+    verdict = IdentityVerdict(printed=max(quanta) if quanta else None)
     for step in sorted(set(b) | set(t)):
         if step not in b or step not in t:
             verdict.loss_step, verdict.loss_delta = step, float("nan")

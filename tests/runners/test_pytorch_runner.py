@@ -234,3 +234,10 @@ def test_a_tp_case_at_its_dp_layout_still_sees_a_shifted_data_order(inputs, tmp_
     rec = PyTorchRunner().run(dataclasses.replace(case("gpt2_4", steps=3, B=2), tp=2), inputs, tmp_path)
     assert rec.ok, rec.error
     assert max(abs(a - b) for a, b in zip(rec.losses(), dp_only.losses())) > LOSS_LIMIT
+
+
+def test_the_fp64_evidence_record_says_when_it_finished(tiny_checkpoint, training_tokens, tmp_path):
+    inputs = RunInputs(checkpoint=tiny_checkpoint, tokens=training_tokens, model=TINY, device="cpu")
+    rec = PyTorchRunner().train_fp64(case(steps=2, B=2, T=32, total=64), inputs, tmp_path / "fp64" / "c.jsonl")
+    written = read_run_record(tmp_path / "fp64" / "c.jsonl")
+    assert rec.ok and written.meta["finished_at"] >= written.meta["started_at"]

@@ -10,8 +10,8 @@ from lockstep.cases.spec import NEEDS_CHECKPOINT, NEEDS_LORA, CaseSpec
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import RunRecord
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, base_meta,
-                                   final_params_path, launch_meta, oversubscribed_env, run_in_process,
-                                   write_record_or_fail)
+                                   final_params_path, launch_meta, now_iso, oversubscribed_env,
+                                   run_in_process, write_record_or_fail)
 from lockstep.runners.launch import run_workers
 from lockstep.runners.workers import WorkerGroup
 
@@ -91,6 +91,7 @@ class PyTorchRunner(FrameworkRunner):
                                       lora_seed=inputs.lora_seed)
         except (LockstepError, torch.cuda.OutOfMemoryError) as e:
             record.status, record.error = "failed", str(e)
+        record.meta["finished_at"] = now_iso()  # as every runner's record (FrameworkRunner.run)
         Path(record_path).parent.mkdir(parents=True, exist_ok=True)
         write_record_or_fail(Path(record_path), record)
         return record

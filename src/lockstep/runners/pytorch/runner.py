@@ -4,6 +4,7 @@ with persistent workers (runners/workers.py) one torchrun runs every DP case of 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import NEEDS_CHECKPOINT, NEEDS_LORA, CaseSpec
@@ -16,6 +17,7 @@ from lockstep.runners.launch import run_workers
 from lockstep.runners.workers import WorkerGroup
 
 TRAIN_MODULE = "lockstep.runners.pytorch.train"
+T = TypeVar("T")
 
 
 def reference_layout(case: CaseSpec) -> CaseSpec:
@@ -30,6 +32,44 @@ def reference_layout_note(case: CaseSpec) -> str | None:
     if case.tp == 1 and case.pp == 1:
         return None
     return f"DP{case.dp} (TP/SP/PP do not change the contract's arithmetic)"
+
+
+def released_after(train: Callable[[], T]) -> T:
+    """`train()` in this process, then the device memory it held given back, whether it finished
+    or failed: lockstep's own process must not keep a card the next framework's workers need.
+
+    A failure's traceback holds the frames that hold the model, so its frames are dropped (its
+    type and message kept, all that a record says of it) before the memory is released."""
+    try:
+        result = train()
+    except Exception as e:
+        failure = _without_frames(e)
+    else:
+        release_device_memory()
+        return result
+    release_device_memory()
+    raise failure
+
+
+def _without_frames(error: BaseException) -> BaseException:
+    seen = error
+    while seen is not None:
+        seen.__traceback__ = None
+        seen = seen.__cause__ or seen.__context__
+    return error
+
+
+def release_device_memory() -> None:
+    """What is no longer referenced freed now (a collection, for what only a cycle still held),
+    and torch's cached device blocks handed back to the driver: the caching allocator keeps them
+    reserved for this process otherwise, where no other process can use them."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 class PyTorchRunner(FrameworkRunner):
@@ -62,8 +102,8 @@ class PyTorchRunner(FrameworkRunner):
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
         from lockstep.runners.pytorch.train import capture_case
 
-        return capture_case(reference_layout(case), str(inputs.checkpoint), str(inputs.tokens), inputs.device, request,
-                            lora_seed=inputs.lora_seed)
+        return released_after(lambda: capture_case(reference_layout(case), str(inputs.checkpoint), str(inputs.tokens),
+                                                   inputs.device, request, lora_seed=inputs.lora_seed))
 
     def fp64_step1(self, case: CaseSpec, inputs: RunInputs, path: Path):
         """Step 1 of the case in FP64, sketched (first sequences' outputs, as certificates keep them):
@@ -71,9 +111,10 @@ class PyTorchRunner(FrameworkRunner):
         from lockstep.capture.request import CAPTURE_ROWS
         from lockstep.runners.pytorch.train import capture_case
 
-        return capture_case(reference_layout(case), str(inputs.checkpoint), str(inputs.tokens), inputs.device,
-                            CaptureRequest(path=str(path), rows=CAPTURE_ROWS), framework="pytorch-fp64", float64=True,
-                            lora_seed=inputs.lora_seed)
+        return released_after(lambda: capture_case(
+            reference_layout(case), str(inputs.checkpoint), str(inputs.tokens), inputs.device,
+            CaptureRequest(path=str(path), rows=CAPTURE_ROWS), framework="pytorch-fp64", float64=True,
+            lora_seed=inputs.lora_seed))
 
     def train_fp64(self, case: CaseSpec, inputs: RunInputs, record_path: Path) -> RunRecord:
         """The case in FP64 (the policy's evidence of Adam amplification), as a record at `record_path`."""
@@ -87,8 +128,9 @@ class PyTorchRunner(FrameworkRunner):
         if note := reference_layout_note(case):
             record.meta["reference_layout"] = note
         try:
-            record.steps = train_fp64(reference_layout(case), str(inputs.checkpoint), str(inputs.tokens), inputs.device,
-                                      lora_seed=inputs.lora_seed)
+            record.steps = released_after(lambda: train_fp64(reference_layout(case), str(inputs.checkpoint),
+                                                             str(inputs.tokens), inputs.device,
+                                                             lora_seed=inputs.lora_seed))
         except (LockstepError, torch.cuda.OutOfMemoryError) as e:
             record.status, record.error = "failed", str(e)
         record.meta["finished_at"] = now_iso()  # as every runner's record (FrameworkRunner.run)
@@ -123,10 +165,10 @@ class PyTorchRunner(FrameworkRunner):
             checkpoints.clear_earlier_saves()  # a resume after a failed save must not find an older run's
         if case.world_size == 1:
             # One process: step 1 is recorded as it trains (several ranks capture after the run).
-            result = run_in_process(log_path, on_step, lambda emit, log: train_case(
+            result = released_after(lambda: run_in_process(log_path, on_step, lambda emit, log: train_case(
                 case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, ProcessGroupInfo(), emit, log,
                 final_params_path=params_path, capture=inputs.capture, checkpoints=checkpoints,
-                lora_seed=inputs.lora_seed))
+                lora_seed=inputs.lora_seed)))
             result.meta.update(layout_meta)
             return result
         job = {"case": case.to_dict(), "checkpoint": str(inputs.checkpoint), "tokens": str(inputs.tokens),

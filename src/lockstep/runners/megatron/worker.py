@@ -705,6 +705,9 @@ class PersistentTraining:
 
 
 def main(argv: list[str]) -> int:
+    from lockstep.runners.launch import end_with_parent
+
+    end_with_parent()  # first: a killed lockstep or torchrun must not leave this rank training, saving into --out
     from lockstep.runners.megatron.parallel import shutdown, start_process_group
     from lockstep.runners.test_plugins import apply_test_plugins
     from lockstep.runners.mkl_vml import settle_mkl_vml_dispatch

@@ -497,7 +497,8 @@ class CheckpointSaver:
 
         began = time.perf_counter()
         mcheckpoint.save_training_state(self.plan, step, run.chunks, run.optimizer, run.scheduler, run.layout,
-                                        run.case.zero, consumed_samples=step * run.global_batch)
+                                        run.case.zero, consumed_samples=step * run.global_batch,
+                                        on_dead_writer=partial(_end_rank, run.job))
         run.info["checkpoint_save_s"] = round(run.info.get("checkpoint_save_s", 0.0) + time.perf_counter() - began, 3)
 
 
@@ -650,6 +651,15 @@ def final_canonical_params(chunks: list, shards: list, model, adapter, layout: P
     for part in everything:
         out.update(part)
     return out
+
+
+def _end_rank(job: MegatronJob, text: str) -> None:
+    """End this rank now with `text` as its error (from a watcher thread: the main thread is blocked
+    where nothing else would end it); torchrun, or the worker group, ends the others."""
+    print(f"{LOG_MARKER}: error: {text}", flush=True)
+    _write_error(job, text)
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _write_error(job: MegatronJob, text: str) -> None:

@@ -239,15 +239,21 @@ def _llmc_steps(lines: list[str], source: str, glog: bool) -> tuple[list[StepRec
             step_ms=_number(m["ms"], source, lineno, "step time"),
             tokens_per_s=_number(m["tps"], source, lineno, "tok/s"),
             lr=_number(m["lr"], source, lineno, "learning rate"),
-            peak_mem_mb=float(m["peak_used"]) if m["peak_used"] else None))
+            peak_mem_mb=_peak_mb(m["peak_used"])))
         _note_quantum(extra, m["loss"])
         extra["steps_planned"] = max(extra.get("steps_planned", 0), _count(m["steps"], source, lineno, "planned steps"))
-        if m["peak_reserved"]:
+        if _peak_mb(m["peak_reserved"]) is not None:
             extra["peak_reserved_mb"] = max(extra.get("peak_reserved_mb", 0.0), float(m["peak_reserved"]))
         if m["parallel"] and m["parallel"] != parallel_text:
             parallel_text = m["parallel"]
             extra["parallel"] = _parse_parallel(parallel_text)
     return steps, extra
+
+
+def _peak_mb(text: str | None) -> float | None:
+    """A peak-memory figure of a step line; "0 MB" is a build that tracks none (no training step
+    peaks at nothing), so unknown, not 0."""
+    return float(text) if text and int(text) > 0 else None
 
 
 def _fill_from_perf(steps: list[StepRecord], perf: dict[int, _PerfStep]) -> None:

@@ -33,7 +33,8 @@ from lockstep.runners.base import (ExecuteResult, FrameworkRunner, StepInspector
 from lockstep.runners.checkpoint_plan import plan_for
 from lockstep.runners.launch import run_workers
 from lockstep.runners.megatron.options import INSTALL_HINT, megatron_core_installed  # noqa: F401 (also read from here)
-from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions, missing_checkpoint
+from lockstep.runners.megatron.job import (DEFAULT_TIMEOUT_S, WORKER_MODULE, MegatronJob, MegatronOptions,
+                                          missing_checkpoint)
 from lockstep.runners.workers import WorkerGroup, WorkerGroupDied
 
 def apex_installed() -> bool:
@@ -53,6 +54,11 @@ def megatron_core_version() -> str:
     import megatron.core  # a source checkout without distribution metadata
 
     return getattr(megatron.core, "__version__", "unknown")
+
+
+def worker_timeout(inputs: RunInputs) -> float:
+    """--timeout, or the default every runner has: a hung rank never holds the run forever."""
+    return inputs.timeout_s if inputs.timeout_s is not None else DEFAULT_TIMEOUT_S
 
 
 class MegatronRunner(StepInspector, FrameworkRunner):
@@ -209,10 +215,10 @@ class MegatronRunner(StepInspector, FrameworkRunner):
             env = oversubscribed_env(case, inputs)
             try:
                 if workers is not None:
-                    steps, info = workers.run_job(job.to_dict(), log_path, timeout_s=inputs.timeout_s, on_step=on_step)
+                    steps, info = workers.run_job(job.to_dict(), log_path, timeout_s=worker_timeout(inputs), on_step=on_step)
                 else:
                     steps, info = run_workers(WORKER_MODULE, job.to_dict(), nproc=case.world_size, log_path=log_path,
-                                              timeout_s=inputs.timeout_s, on_step=on_step, env=env, nodes=inputs.nodes)
+                                              timeout_s=worker_timeout(inputs), on_step=on_step, env=env, nodes=inputs.nodes)
             except RunError as e:
                 # A worker that failed with a known cause left one sentence naming it (tensor, rank, ...).
                 if error_path.is_file() and error_path.read_text().strip():
@@ -292,10 +298,10 @@ def write_megatron_checkpoint(canonical_params: dict, adam_state: dict | None, s
         log_path = dest / f"write_step_{step:06d}.log"
         try:
             if workers is not None:
-                _, info = workers.run_job(job.to_dict(), log_path, timeout_s=inputs.timeout_s)
+                _, info = workers.run_job(job.to_dict(), log_path, timeout_s=worker_timeout(inputs))
             else:
                 _, info = run_workers(WORKER_MODULE, job.to_dict(), nproc=case.world_size, log_path=log_path,
-                                      timeout_s=inputs.timeout_s, env=oversubscribed_env(case, inputs), nodes=inputs.nodes)
+                                      timeout_s=worker_timeout(inputs), env=oversubscribed_env(case, inputs), nodes=inputs.nodes)
         except RunError as e:
             if error_path.is_file() and error_path.read_text().strip():
                 raise RunError(f"{log_path}: {error_path.read_text().strip()}") from None

@@ -366,10 +366,11 @@ class PersistentTraining:
 def main(argv: list[str]) -> int:
     """torchrun entry point: `python -m lockstep.runners.pytorch.train JOB.json`, or
     `... --serve QUEUE_DIR` as a persistent worker."""
-    from lockstep.runners.launch import ResultsWriter
+    from lockstep.runners.launch import ResultsWriter, end_with_parent
     from lockstep.runners.test_plugins import apply_test_plugins
     from lockstep.runners.workers import StartupTimeline, serve_arguments, serve_jobs
 
+    end_with_parent()  # first: a killed lockstep or torchrun must not leave this rank training
     apply_test_plugins()
     pg = ProcessGroupInfo.from_env()
     serving = serve_arguments(argv)

@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from lockstep.errors import RunError
 # The plan (folders, intervals, what-ifs) is every framework's; re-exported here for the trainer.
@@ -82,10 +83,14 @@ def load_training_state(plan: ResumePlan, model: torch.nn.Module, optimizer: tor
         raise RunError(f"{folder}: no checkpoint of step {plan.step} there (no DCP .metadata); "
                        "the saving case must run first, with a save_interval that reaches the step")
     state = _state(model, optimizer, plan.step)
-    saved_optimizer = _has_optimizer_state(folder)
-    if not saved_optimizer:
-        del state["optim"]
-    dcp.load(state, checkpoint_id=str(folder))
+    try:
+        saved_optimizer = _has_optimizer_state(folder)
+        if not saved_optimizer:
+            del state["optim"]
+        dcp.load(state, checkpoint_id=str(folder))
+    # DCP's CheckpointException is a BaseException: uncaught, it would end lockstep itself, not this case.
+    except (Exception, CheckpointException) as e:
+        raise RunError(unreadable_checkpoint(folder, plan.step, e)) from None
     trainer = state["trainer"]
     if trainer.get("format") != FORMAT or int(trainer["step"]) != plan.step:
         raise RunError(f"{folder}: holds step {trainer.get('step')} ({trainer.get('format')}), "
@@ -103,6 +108,19 @@ def load_training_state(plan: ResumePlan, model: torch.nn.Module, optimizer: tor
     torch.set_rng_state(trainer["rng_torch"])
     data_next = int(trainer["data_next_step"]) if plan.data_step is None else plan.data_step
     return data_next - plan.step
+
+
+def unreadable_checkpoint(folder: Path, step: int, error: BaseException) -> str:
+    """One sentence for a step folder DCP cannot load: damaged, or not a checkpoint of this model.
+    DCP wraps each rank's failure (`CheckpointException.failures`: rank -> (exception, traceback));
+    the first one is the reason."""
+    failures = getattr(error, "failures", None)
+    if failures:
+        first = next(iter(failures.values()))
+        error = first[0] if isinstance(first, tuple) else first
+    reason = (str(error).strip().splitlines() or [""])[0][:300]
+    return (f"{folder}: the checkpoint of step {step} cannot be loaded ({type(error).__name__}"
+            + (f": {reason}" if reason else "") + "); it is damaged or was written for another model")
 
 
 def _has_optimizer_state(folder: Path) -> bool:

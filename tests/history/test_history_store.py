@@ -217,3 +217,11 @@ def test_appending_to_someone_elses_sqlite_file_refuses_it(tmp_path):
         HistoryStore(theirs).append(RunRow("x", "2026-11-30T00:00:00+00:00", "run", "src"))
     assert (theirs.read_bytes(), theirs.stat().st_mtime_ns) == before
 
+
+
+def test_reading_an_empty_file_says_so_and_writes_nothing_into_it(tmp_path, capsys):
+    empty = tmp_path / "history.sqlite"
+    empty.write_bytes(b"")
+    assert main(["history", "--history", str(empty)]) == 1
+    assert "an empty file, no lockstep history yet" in capsys.readouterr().err
+    assert empty.read_bytes() == b"" and sorted(p.name for p in tmp_path.iterdir()) == ["history.sqlite"]

@@ -256,7 +256,10 @@ class HistoryStore:
                                 f"{shown}); it was left untouched, choose another with --history")
 
     def _check_version(self, conn: sqlite3.Connection) -> None:
-        row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone() if self._has_version(conn) else None
+        if not self._has_version(conn):  # only a reader gets here without the schema: it never writes one
+            raise LockstepError(f"{self.path}: an empty file, no lockstep history yet (lockstep run and compare "
+                                "write it; --history FILE or LOCKSTEP_HISTORY choose another)")
+        row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
         if row is None or row[0] != SCHEMA_VERSION:
             raise LockstepError(f"{self.path}: history schema version {row[0] if row else None}, this lockstep "
                                 f"reads version {SCHEMA_VERSION}; use a matching lockstep or another --history file")

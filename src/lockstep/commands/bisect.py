@@ -11,7 +11,7 @@ from rich.table import Table
 
 from lockstep.compare.options import EXPECT_WITHIN_THRESHOLD, EXPECTATIONS
 from lockstep.bisect.build import DEFAULT_BUILD_TIMEOUT_S
-from lockstep.commands.arguments import seed_argument, split_list
+from lockstep.commands.arguments import seed_argument, split_list, timeout_argument
 from lockstep.runners import add_runner_arguments, framework_options_from
 
 
@@ -52,7 +52,8 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, help="override every case's step count")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--seed", type=seed_argument, default=42, help="seed of the llm.c init when no --llmc is given")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per case and framework before it fails")
+    p.add_argument("--timeout", type=timeout_argument, default=None,
+                   help="seconds per case and framework before it fails")
     p.add_argument("--out", default="lockstep-bisect", help="where the builds, runs and result go "
                                                             "(default: lockstep-bisect)")
     p.add_argument("--expect", choices=EXPECTATIONS, default=EXPECT_WITHIN_THRESHOLD,

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from lockstep.commands.arguments import seed_argument, split_list
+from lockstep.commands.arguments import seed_argument, split_list, timeout_argument
 from lockstep.commands.ci_options import add_history_arguments, add_junit_argument, history_path
 from lockstep.compare.options import EXPECT_WITHIN_THRESHOLD, EXPECTATIONS, CompareOptions
 from lockstep.compare.policy import class_of
@@ -47,7 +47,8 @@ def add_parser(sub) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--out", default="lockstep-out", help="run directory (default: lockstep-out)")
     p.add_argument("--seed", type=seed_argument, default=42, help="seed of the llm.c init when no --llmc is given")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per case and framework before it fails")
+    p.add_argument("--timeout", type=timeout_argument, default=None,
+                   help="seconds per case and framework before it fails")
     add_runner_arguments(p)  # each runner's own flags (--infinitrain-build, --megatron-native-bf16, --command-runner)
     p.add_argument("--expect", choices=EXPECTATIONS, default=EXPECT_WITHIN_THRESHOLD,
                    help="what the test must be to pass: its loss within the dtype's threshold (default), or identical "

@@ -13,8 +13,11 @@ them; a framework's own resume always loads everything.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import warnings
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -26,6 +29,20 @@ from lockstep.runners.checkpoint_plan import (STEP_PREFIX, WHAT_IF_OPTIMIZER, Ch
                                               partial_dir, plan_for, prune, step_dir)
 
 FORMAT = "lockstep-pytorch-dcp-1"
+# DCP's UserWarning at every save and load of a single-process run (no process group): a case on
+# one device is meant to be one process, so it says nothing to the user.
+SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
+
+
+@contextlib.contextmanager
+def _single_process_dcp() -> Iterator[None]:
+    """Around one dcp.save/dcp.load: that warning only, and only without a process group."""
+    import torch.distributed as dist
+
+    with warnings.catch_warnings():
+        if not (dist.is_available() and dist.is_initialized()):
+            warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING, category=UserWarning)
+        yield
 
 
 def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, step: int) -> dict:
@@ -58,7 +75,8 @@ def save_training_state(plan: SavePlan, step: int, model: torch.nn.Module, optim
     if dist.is_initialized():
         dist.barrier()
     try:
-        dcp.save(_state(model, optimizer if plan.optimizer else None, step), checkpoint_id=str(partial))
+        with _single_process_dcp():
+            dcp.save(_state(model, optimizer if plan.optimizer else None, step), checkpoint_id=str(partial))
     except OSError as e:
         raise RunError(f"{partial}: could not save the checkpoint of step {step} ({e})") from None
     if dist.is_initialized():
@@ -87,7 +105,8 @@ def load_training_state(plan: ResumePlan, model: torch.nn.Module, optimizer: tor
         saved_optimizer = _has_optimizer_state(folder)
         if not saved_optimizer:
             del state["optim"]
-        dcp.load(state, checkpoint_id=str(folder))
+        with _single_process_dcp():
+            dcp.load(state, checkpoint_id=str(folder))
     # DCP's CheckpointException is a BaseException: uncaught, it would end lockstep itself, not this case.
     except (Exception, CheckpointException) as e:
         raise RunError(unreadable_checkpoint(folder, plan.step, e)) from None

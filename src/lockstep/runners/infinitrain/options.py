@@ -14,3 +14,9 @@ COMMIT_FILE = "INFINITRAIN_COMMIT"
 @dataclass(frozen=True)
 class InfiniTrainOptions:
     build_dir: str | None = None  # None: LOCKSTEP_INFINITRAIN_BUILD
+# The flags of a build with an lr schedule (feat/lr_scheduler's example mains); a case with a
+# schedule is skipped on a build without them.
+LR_SCHEDULE_FLAGS = ("lr_decay_style", "lr_warmup_iters", "lr_warmup_init", "lr_decay_iters", "min_lr")
+# Significant digits of the lr InfiniTrain's step line prints ("lr %.2e"): the comparison checks
+# its lr to these.
+LOGGED_LR_DIGITS = 3

@@ -181,14 +181,15 @@ def wrap_for_training(config, chunks: list, precision: Precision, zero: int = 0)
 
 
 def build_optimizer(case: CaseSpec, chunks: list, precision: Precision, spec: OptimizerSpec):
-    """megatron's optimizer (the family's contract optimizer) and a constant-lr parameter scheduler."""
+    """megatron's optimizer (the family's contract optimizer) and its lr scheduler (schedule.py)."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    from lockstep.runners.megatron.schedule import build_scheduler, lr_bounds
 
     opt_config = OptimizerConfig(
         optimizer=spec.kind,  # "sgd" | "adam" (megatron's Adam is AdamW: decoupled decay, here 0)
-        lr=case.lr,
-        min_lr=case.lr,
+        lr=lr_bounds(case)[0],
+        min_lr=lr_bounds(case)[1],  # the param groups' max_lr / min_lr the scheduler reads
         weight_decay=spec.weight_decay,
         sgd_momentum=0.0,
         adam_beta1=spec.beta1,
@@ -200,8 +201,4 @@ def build_optimizer(case: CaseSpec, chunks: list, precision: Precision, spec: Op
         use_distributed_optimizer=case.zero >= 1,
     )
     optimizer = get_megatron_optimizer(opt_config, chunks)
-    scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=case.lr, max_lr=case.lr, min_lr=case.lr, lr_warmup_steps=0,
-        lr_decay_steps=max(case.steps, 1), lr_decay_style="constant", start_wd=0.0, end_wd=0.0,
-        wd_incr_steps=max(case.steps, 1), wd_incr_style="constant")
-    return optimizer, scheduler
+    return optimizer, build_scheduler(optimizer, case)

@@ -330,10 +330,11 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
                     recorder.keep_weights()
                 info["step1_capture"] = job.capture.path
                 info["step1_capture_seconds"] = round(time.perf_counter() - began, 3)
+            step_lr = float(optimizer.param_groups[0]["lr"])  # this step's; the scheduler then sets the next
             _update_ok, grad_norm = optimizer_step(optimizer)
             if recorder is not None and applied:
                 began = time.perf_counter()
-                recorder.finish_applied(case.lr, step + 1)
+                recorder.finish_applied(step_lr, step + 1)
                 info["step1_capture_seconds"] += round(time.perf_counter() - began, 3)
             scheduler.step(increment=1)
         elapsed_s = clock.seconds
@@ -359,7 +360,7 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
         times_ms.append(step_ms)
         rates.append(tokens_per_s)
         if layout.reports:
-            lr = float(optimizer.param_groups[0]["lr"])
+            lr = step_lr
             stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
             norm = float(grad_norm) if grad_norm is not None else None
             print(megatron_iteration_line(stamp, step + 1, case.steps, (step + 1) * global_batch, step_ms, lr,

@@ -26,8 +26,9 @@ def case_inputs_sha256(meta: dict) -> str | None:
     spec = inputs.get("case_spec")
     if isinstance(spec, dict):
         # The display name is not an input; the rest of the spec is (steps, lr, batch, layout).
-        # Fields added later at their default (ep = 1) leave the digest of older records' cases as it was.
-        inputs["case_spec"] = {k: v for k, v in spec.items() if k != "name" and not (k == "ep" and v == 1)}
+        # Fields added later at their default (ep = 1, no lr_schedule) leave the digest of older records' cases as it was.
+        inputs["case_spec"] = {k: v for k, v in spec.items()
+                               if k != "name" and not (k == "ep" and v == 1) and not (k == "lr_schedule" and v is None)}
     model = inputs.get("model")
     if isinstance(model, dict):
         inputs["model"] = {k: v for k, v in model.items() if k != "name"}

@@ -76,3 +76,35 @@ def test_round_trip_through_dict():
     assert CaseSpec.from_dict(c.to_dict()) == c
     with pytest.raises(CaseError, match="lr_schedule: unknown field"):
         CaseSpec.from_dict({**c.to_dict(), "lr_schedule": {"style": "cosine"}})
+
+
+def test_a_toml_matrix_carries_the_schedule_as_a_sub_table():
+    from lockstep.cases.matrix import parse_matrix
+
+    text = """
+[defaults]
+model = "gpt2-tiny"
+dtype = "float32"
+seq_len = 8
+steps = 6
+lr = 1e-4
+micro_batch = 1
+total_batch = 8
+
+[[case]]
+name = "warm"
+[case.lr_schedule]
+lr_decay_style = "linear"
+lr_warmup_iters = 2
+min_lr = 1e-5
+
+[[case]]
+name = "flat"
+"""
+    warm, flat = parse_matrix(text, source="m.toml")
+    assert warm.lr_schedule == LRSchedule("linear", 2, 0.0, 0, 1e-5)
+    assert flat.lr_schedule is None
+    assert lr_at(warm, 1) == 0.0
+    with pytest.raises(CaseError, match="m.toml: case bad: lr_schedule.lr_warmup_iters = 'x'"):
+        parse_matrix(text.replace('name = "flat"', 'name = "bad"\nlr_schedule = {lr_warmup_iters = "x"}'),
+                     source="m.toml")

@@ -82,6 +82,8 @@ class CheckpointSpec:
 
 
 LR_DECAY_STYLES = ("none", "constant", "linear", "cosine", "inverse-square-root")
+RECOMPUTE_GRANULARITIES = ("none", "full", "selective")
+RECOMPUTE_METHODS = ("none", "uniform", "block")
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,12 @@ class CaseSpec:
     ep: int = 1
     # The lr per step; None: the constant `lr` at every step (as style "none").
     lr_schedule: LRSchedule | None = None
+    # Activation recompute (InfiniTrain's flags and defaults; megatron-core's TransformerConfig
+    # names): it trades compute for memory and must not change a bit of the math.
+    activation_recompute: bool = False
+    recompute_granularity: str = "full"  # none | full | selective
+    recompute_method: str = "none"  # none | uniform | block
+    recompute_num_layers: int = 0  # transformer layers per recompute region (uniform / block)
 
     @property
     def needs(self) -> frozenset[str]:
@@ -219,6 +227,10 @@ class CaseSpec:
             parts.append(self.checkpoint.label)
         if self.lr_schedule is not None:
             parts.append(self.lr_schedule.label)
+        if self.activation_recompute:
+            parts.append(f"recompute {self.recompute_granularity}"
+                         + (f" {self.recompute_method} {self.recompute_num_layers}" if self.recompute_method != "none"
+                            else ""))
         return " ".join(parts)
 
     def check(self, max_seq_len: int | None = None, available_tokens: int | None = None) -> "CaseSpec":
@@ -240,6 +252,14 @@ class CaseSpec:
         if self.dp % self.ep:
             raise CaseError(f"case {n}: expert parallelism splits the data-parallel ranks, so ep={self.ep} "
                             f"must divide dp={self.dp}")
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            raise CaseError(f"case {n}: recompute_granularity {self.recompute_granularity!r} is not one of "
+                            f"{', '.join(RECOMPUTE_GRANULARITIES)}")
+        if self.recompute_method not in RECOMPUTE_METHODS:
+            raise CaseError(f"case {n}: recompute_method {self.recompute_method!r} is not one of "
+                            f"{', '.join(RECOMPUTE_METHODS)}")
+        if self.recompute_num_layers < 0:
+            raise CaseError(f"case {n}: recompute_num_layers is {self.recompute_num_layers}, must not be negative")
         if self.zero not in ZERO_STAGES:
             raise CaseError(f"case {n}: zero is {self.zero}, must be one of {', '.join(map(str, ZERO_STAGES))}")
         if self.zero and self.dp == 1:
@@ -340,7 +360,9 @@ def _sub_table(cls: type, d: dict, label: str):
 FIELD_TYPES: dict[str, type] = {"name": str, "model": str, "dtype": str, "micro_batch": int, "seq_len": int,
                                 "total_batch": int, "steps": int, "lr": float, "dp": int, "tp": int, "pp": int,
                                 "vpp": int, "sp": bool, "zero": int, "pp_layout": str, "lora": dict,
-                                "checkpoint": dict, "group": str, "ep": int, "lr_schedule": dict}
+                                "checkpoint": dict, "group": str, "ep": int, "lr_schedule": dict,
+                                "activation_recompute": bool, "recompute_granularity": str, "recompute_method": str,
+                                "recompute_num_layers": int}
 # Fields whose "not set" is None (a record's case, written back by to_dict()); TOML never writes None.
 OPTIONAL_FIELDS = frozenset({"pp_layout", "lora", "checkpoint", "group", "lr_schedule"})
 

@@ -20,3 +20,5 @@ LR_SCHEDULE_FLAGS = ("lr_decay_style", "lr_warmup_iters", "lr_warmup_init", "lr_
 # Significant digits of the lr InfiniTrain's step line prints ("lr %.2e"): the comparison checks
 # its lr to these.
 LOGGED_LR_DIGITS = 3
+# The activation-recompute flags (feat/activation_checkpointing's example mains).
+RECOMPUTE_FLAGS = ("activation_recompute", "recompute_granularity", "recompute_method", "recompute_num_layers")

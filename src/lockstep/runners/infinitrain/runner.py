@@ -42,7 +42,7 @@ from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
                                    first_step, write_final_params)
-from lockstep.runners.infinitrain.options import BUILD_ENV_VAR, COMMIT_FILE, LOGGED_LR_DIGITS, LR_SCHEDULE_FLAGS
+from lockstep.runners.infinitrain.options import BUILD_ENV_VAR, COMMIT_FILE, LOGGED_LR_DIGITS, LR_SCHEDULE_FLAGS, RECOMPUTE_FLAGS
 from lockstep.runners.infinitrain.capture import KEEP_SAVE, PRECISION_CHECK_DIR
 from lockstep.runners.infinitrain.checkpoints import checkpoint_load_seconds, checkpoint_save_seconds, checkpoints_for
 from lockstep.runners.infinitrain.families import adapter_for
@@ -252,7 +252,7 @@ class InfiniTrainRunner(FrameworkRunner):
                 args += ["--zero_stage", str(case.zero)]
             else:  # older builds: DistributedOptimizer on or off, which is ZeRO-1 (_flag_skip_reason)
                 args += ["--use_distributed_optimizer=true"]
-        args += lr_schedule_flags(case)
+        args += lr_schedule_flags(case) + recompute_flags(case)
         if case.lora is not None or case.checkpoint is not None:
             if run_dir is None:
                 raise ValueError(f"case {case.name}'s LoRA init and checkpoints go beside its log: give run_dir")
@@ -358,6 +358,14 @@ def lr_schedule_flags(case: CaseSpec) -> list[str]:
             "--lr_decay_iters", str(schedule.decay_iters(case.steps)), "--min_lr", repr(float(schedule.min_lr))]
 
 
+def recompute_flags(case: CaseSpec) -> list[str]:
+    """The case's activation recompute as InfiniTrain's flags of the same names (none when off)."""
+    if not case.activation_recompute:
+        return []
+    return ["--activation_recompute=true", "--recompute_granularity", case.recompute_granularity,
+            "--recompute_method", case.recompute_method, "--recompute_num_layers", str(case.recompute_num_layers)]
+
+
 def _flag_skip_reason(case: CaseSpec, facts: ExecutableFacts) -> str | None:
     """A case the probed executable has no flag for."""
     if case.lora is not None and not (facts.has_flag("lora_rank") and facts.has_flag("lora_load_path")):
@@ -371,6 +379,10 @@ def _flag_skip_reason(case: CaseSpec, facts: ExecutableFacts) -> str | None:
         lacking = [f"--{f}" for f in LR_SCHEDULE_FLAGS if not facts.has_flag(f)]
         if lacking:
             return f"this InfiniTrain build's {facts.path.name} has no {', '.join(lacking)} (the case's lr schedule)"
+    if case.activation_recompute:
+        lacking = [f"--{f}" for f in RECOMPUTE_FLAGS if not facts.has_flag(f)]
+        if lacking:
+            return f"this InfiniTrain build's {facts.path.name} has no {', '.join(lacking)} (the case's recompute)"
     if case.zero and not facts.has_flag("zero_stage"):
         if not facts.has_flag("use_distributed_optimizer"):
             return f"this InfiniTrain build's {facts.path.name} has no ZeRO flag"

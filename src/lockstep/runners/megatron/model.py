@@ -82,6 +82,16 @@ def pipeline_p2p(case: CaseSpec) -> PipelineP2P:
     return PipelineP2P(batch=True, overlap=False)
 
 
+def recompute_overrides(case: CaseSpec) -> dict:
+    """The case's activation recompute as TransformerConfig's fields ("none" is its None)."""
+    if not case.activation_recompute or case.recompute_granularity == "none":
+        return {}
+    selective = case.recompute_granularity == "selective"
+    return {"recompute_granularity": case.recompute_granularity,
+            "recompute_method": None if case.recompute_method == "none" else case.recompute_method,
+            "recompute_num_layers": None if selective else case.recompute_num_layers}
+
+
 def transformer_config(case: CaseSpec, model, adapter: MegatronFamily, precision: Precision, on_cpu: bool):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -104,6 +114,7 @@ def transformer_config(case: CaseSpec, model, adapter: MegatronFamily, precision
         # this (their gradients then reduce over the expert-data-parallel ranks only)
         expert_model_parallel_size=case.ep,
         sequence_parallel=case.sp,
+        **recompute_overrides(case),
         # the family's math (norm, activation, biases, RoPE pairing, QK-norm)
         **adapter.config_overrides(model),
         attention_softmax_in_fp32=True,

@@ -132,7 +132,9 @@ def launch_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Capture
     else:
         lr = ADAM_RECOVERY_LR
     at = f"_step{start + 1}" if start else ""
-    step_case = case.with_overrides(steps=1, lr=lr, name=f"{case.name}{at}_recovery_lr{lr:g}")
+    # The recovery step trains at its own lr, so no schedule (a warm-up from 0 would move nothing).
+    step_case = dataclasses.replace(case.with_overrides(steps=1, lr=lr, name=f"{case.name}{at}_recovery_lr{lr:g}"),
+                                    lr_schedule=None)
     rows = request.rows
     # The dumps come from the recovery step itself, or from one micro batch of `rows` sequences (the
     # same first sequences: a sequence's forward does not depend on the others in its batch).

@@ -54,3 +54,11 @@ def parse_builds(values: list[str] | None) -> InfiniTrainOptions:
         raise LockstepError(f"--infinitrain-build is given {len(bare)} unnamed builds ({', '.join(bare)}): name "
                             "each one NAME=DIR to run several builds (frameworks infinitrain@NAME)")
     return InfiniTrainOptions(build_dir=bare[0] if bare else None, builds=tuple(named.items()))
+# The flags of a build with an lr schedule (feat/lr_scheduler's example mains); a case with a
+# schedule is skipped on a build without them.
+LR_SCHEDULE_FLAGS = ("lr_decay_style", "lr_warmup_iters", "lr_warmup_init", "lr_decay_iters", "min_lr")
+# Significant digits of the lr InfiniTrain's step line prints ("lr %.2e"): the comparison checks
+# its lr to these.
+LOGGED_LR_DIGITS = 3
+# The activation-recompute flags (feat/activation_checkpointing's example mains).
+RECOMPUTE_FLAGS = ("activation_recompute", "recompute_granularity", "recompute_method", "recompute_num_layers")

@@ -198,6 +198,7 @@ class StepOutcome:
     results: list  # the schedule's per-micro-batch loss values
     seconds: float  # this rank's step time
     grad_norm: float | None
+    lr: float  # the lr the step trained at (read before the scheduler sets the next step's)
 
 
 @dataclass
@@ -474,11 +475,11 @@ class CaptureRecorder:
         self.run.info["step1_capture"] = self.request.path
         self.run.info["step1_capture_seconds"] = round(time.perf_counter() - began, 3)
 
-    def after_update(self, step: int) -> None:
+    def after_update(self, step: int, lr: float) -> None:
         if self.recorder is None or not self.applied:
             return
         began = time.perf_counter()
-        self.recorder.finish_applied(self.run.case.lr, step + 1)
+        self.recorder.finish_applied(lr, step + 1)
         self.run.info["step1_capture_seconds"] += round(time.perf_counter() - began, 3)
 
 
@@ -523,10 +524,11 @@ def train_step(run: Training, data: Data, step: int, capture: CaptureRecorder) -
             forward_only=False,
         )
         capture.after_backward(results)
+        lr = float(run.optimizer.param_groups[0]["lr"])  # this step's; the scheduler then sets the next
         _update_ok, grad_norm = optimizer_step(run.optimizer)
-        capture.after_update(step)
+        capture.after_update(step, lr)
         run.scheduler.step(increment=1)
-    return StepOutcome(results=results, seconds=clock.seconds, grad_norm=grad_norm)
+    return StepOutcome(results=results, seconds=clock.seconds, grad_norm=grad_norm, lr=lr)
 
 
 def step_loss(run: Training, results: list) -> tuple[float, float, float]:
@@ -564,7 +566,7 @@ def record_step(run: Training, step: int, outcome: StepOutcome, writer: ResultsW
     log.rates.append(tokens_per_s)
     if not layout.reports:
         return
-    lr = float(run.optimizer.param_groups[0]["lr"])
+    lr = outcome.lr
     stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
     norm = float(outcome.grad_norm) if outcome.grad_norm is not None else None
     print(megatron_iteration_line(stamp, step, case.steps, step * run.global_batch, step_ms, lr,

@@ -2,7 +2,7 @@
 
 Follows the training contract (docs/reference/training-contract.md) line by line: the contract's data order,
 mean CE / accum summed over micro steps and averaged over DP ranks, the family's optimizer
-(SGD for GPT-2, Adam for Llama 3 / Qwen3) at a constant lr, FP32 with TF32 off or bf16
+(SGD for GPT-2, Adam for Llama 3 / Qwen3) at the contract's lr of each step (cases/lr_schedule.py), FP32 with TF32 off or bf16
 autocast around the forward with FP32 parameters, and a step time measured between two device
 synchronizations (slowest rank). The model is the family's reference module (models/<family>/).
 """
@@ -20,6 +20,7 @@ from typing import Callable, TextIO
 import torch
 import torch.distributed as dist
 
+from lockstep.cases.lr_schedule import lr_at
 from lockstep.cases.spec import CaseSpec
 from lockstep.data.loader import TokenBatches
 from lockstep.errors import RunError
@@ -241,6 +242,7 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     with fp32_matmul_precision(enabled_tf32=False), phases("training"):
         for step in range(first_step, case.steps):
             recorder = StepRecorder(model, case, capture) if (capture is not None and step == 0) else None
+            lr = reference_step.set_lr(optimizer, lr_at(case, step + 1))
             try:
                 with StepClock(device) as clock:
                     micro_losses = reference_step.contract_step(micro_batches(step), losses_of, case.accum, optimizer,
@@ -267,8 +269,8 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
             peak = peak if device.type == "cuda" else None
             if pg.reports:
                 rec = StepRecord(step=step + 1, loss=loss_value, step_ms=step_ms, tokens_per_s=tokens_per_s,
-                                 lr=case.lr, peak_mem_mb=peak, loss_fp32_sum=fp32_sum)
-                print(llmc_step_line(step + 1, case.steps, loss_value, case.lr, step_ms, tokens_per_s), file=log, flush=True)
+                                 lr=lr, peak_mem_mb=peak, loss_fp32_sum=fp32_sum)
+                print(llmc_step_line(step + 1, case.steps, loss_value, lr, step_ms, tokens_per_s), file=log, flush=True)
                 emit(rec)
             if checkpoints is not None and checkpoints.save is not None and checkpoints.save.due(step + 1, case.steps):
                 began = time.perf_counter()
@@ -423,6 +425,7 @@ def train_fp64(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
 
     steps = []
     for step in range(case.steps):
+        lr = reference_step.set_lr(optimizer, lr_at(case, step + 1))
         micro_losses = reference_step.contract_step(
             micro_batches(step), lambda mb: reference_step.token_losses(model, mb.x, mb.y, bf16=False), divisor,
             optimizer)
@@ -430,5 +433,5 @@ def train_fp64(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
         loss = 0.0
         for losses in micro_losses:
             loss += float(losses.mean().item()) / divisor
-        steps.append(StepRecord(step=step + 1, loss=loss, lr=case.lr))
+        steps.append(StepRecord(step=step + 1, loss=loss, lr=lr))
     return steps

@@ -33,7 +33,16 @@ from lockstep.cases.spec import CaseSpec, CheckpointSpec, LoraSpec
 from lockstep.errors import CaseError, LockstepError
 from lockstep.fsutil import read_text
 
-TOP_LEVEL_KEYS = ("variables", "basic_compile_commands", "test_groups")
+TOP_LEVEL_KEYS = ("variables", "basic_compile_commands", "builds", "test_groups", "tests")
+FLAT_TESTS_TAG = "tests"  # the one group of a file with a flat `tests` list (release-0.5.0, the MetaX branches)
+# arg -> (CaseSpec field, gflags type) of the args copied straight into a case's field. An arg neither
+# here nor among the example's own flags (its adapter's test_config.arg_types) skips its test with
+# the arg named. A CaseSpec field for a flag InfiniTrain has is one line here, e.g.
+# "lr_decay_style": ("lr_decay_style", str).
+CASE_FIELD_ARGS: dict[str, tuple[str, type]] = {}
+# Args read but not mapped to a case field: what lockstep does instead, said in the plan's notes.
+NOTED_ARGS = {"lora_load_path": "not read: lockstep starts LoRA from its own seeded init (the same in every framework)"}
+SHELL_VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
 GROUP_KEYS = ("tag", "tests")
 TEST_KEYS = ("id", "args")
 # What each example is run as by the driver (its log name's prefix, default model, groups, flags and
@@ -77,7 +86,16 @@ DRIVER_VARIABLES = {
                        "compares two run directories)",
     "RUN_CTEST": "lockstep does not run InfiniTrain's ctest",
     "RUN_PROFILE_TEST": "lockstep does not run InfiniTrain's profiling build",
+    "CTEST_CMD": "lockstep does not run InfiniTrain's ctest",
+    "DEVICE_BACKEND": "InfiniTrain's driver passes it to the examples as --device; lockstep trains on the run's "
+                      "--device (cpu or cuda), and cannot run another backend",
 }
+
+
+class TestSkipped(Exception):
+    """A test lockstep cannot run: it is left out of the cases, named with the reason (the rest runs)."""
+
+    __test__ = False
 STEP_DIR = re.compile(r"^(?P<root>.*)/checkpoint_step_(?P<step>\d+)/?$")
 VARIABLE_REF = re.compile(r"@([A-Za-z_][A-Za-z0-9_]*)@")
 
@@ -97,6 +115,7 @@ class InfiniTrainMatrix:
     cases: list[CaseSpec]
     notes: list[str] = field(default_factory=list)
     inputs: dict[str, FamilyInputs] = field(default_factory=dict)  # family -> the variables' paths found here
+    skipped: dict[str, str] = field(default_factory=dict)  # case name -> why lockstep cannot run that test
 
 
 def looks_like_test_config(name_or_path: str) -> bool:
@@ -126,6 +145,10 @@ def parse_test_config(doc, source: str, model: str | None = None, groups: list[s
     families = _families(model, source)
     notes: list[str] = []
     variables = _variables(doc.get("variables", {}), source)
+    if "builds" in doc:
+        if not isinstance(doc["builds"], list):
+            raise CaseError(f"{source}: builds is {_json_type(doc['builds'])}, but it must be an array")
+        notes.append(f"{source}: builds ({len(doc['builds'])}) not run: lockstep runs an existing InfiniTrain build")
     if "basic_compile_commands" in doc:
         if not isinstance(doc["basic_compile_commands"], list):
             raise CaseError(f"{source}: basic_compile_commands is {_json_type(doc['basic_compile_commands'])}, "
@@ -134,7 +157,11 @@ def parse_test_config(doc, source: str, model: str | None = None, groups: list[s
     for name, instead in DRIVER_VARIABLES.items():
         if variables.get(name):
             notes.append(f"{source}: variables.{name} = {variables[name]!r} not used: {instead}")
+    if "tests" in doc and "test_groups" in doc:
+        raise CaseError(f"{source}: holds both tests and test_groups; an InfiniTrain test config holds one of them")
     raw_groups = doc.get("test_groups")
+    if "tests" in doc:  # the flat list of release-0.5.0's driver: one group, run by gpt2 and llama3
+        raw_groups = [{"tag": FLAT_TESTS_TAG, "tests": doc["tests"]}]
     if not isinstance(raw_groups, list) or not raw_groups:
         what = "missing" if raw_groups is None else f"{_json_type(raw_groups)}" + (" with no groups" if raw_groups == [] else "")
         raise CaseError(f"{source}: test_groups is {what}, but it must be an array of groups")
@@ -154,19 +181,38 @@ def parse_test_config(doc, source: str, model: str | None = None, groups: list[s
                          f"{_example(fam).log_prefix} runs group(s) {_listed(runs[fam])}")
     inputs = _inputs(variables, families, source, notes)
     saves = _save_roots(tests, variables, source)
-    cases = []
+    cases, skipped = [], {}
+    zero_stage_build = any("zero_stage" in args for _, _, args in tests)
     for group, test_id, args in tests:
         if groups and group not in groups:
             continue
         for fam, shape in families:
-            if group in runs[fam]:
-                cases.append(_case(group, test_id, args, fam, shape, variables, saves, source, notes))
+            if group not in runs[fam]:
+                continue
+            name = f"{_example(fam).log_prefix}_{test_id}"
+            try:
+                case = _case(group, test_id, args, fam, shape, variables, saves, source, notes, zero_stage_build)
+                if case.checkpoint is not None and case.checkpoint.resume_case in skipped:
+                    raise TestSkipped(f"it resumes from {case.checkpoint.resume_case}, which is skipped")
+                cases.append(case)
+            except TestSkipped as e:
+                skipped[name] = str(e)
+    notes.extend(_skip_notes(skipped, source))
     if not cases:
         raise LockstepError(f"{source}: the selected groups hold no tests"
                             + (f" that {' or '.join(_example(f).log_prefix for f, _ in families)} runs ("
                                f"{'; '.join(f'{_example(f).log_prefix} runs group(s) {_listed(runs[f])}' for f, _ in families)})"
                                if families else ""))
-    return InfiniTrainMatrix(source=source, groups=tags, cases=cases, notes=list(dict.fromkeys(notes)), inputs=inputs)
+    return InfiniTrainMatrix(source=source, groups=tags, cases=cases, notes=list(dict.fromkeys(notes)), inputs=inputs,
+                             skipped=skipped)
+
+
+def _skip_notes(skipped: dict[str, str], source: str) -> list[str]:
+    """One line per reason, with its count and the tests it skips."""
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in skipped.items():
+        by_reason.setdefault(reason, []).append(name)
+    return [f"{source}: {len(names)} test(s) skipped: {reason}: {', '.join(names)}" for reason, names in by_reason.items()]
 
 
 def _families(model: str | None, source: str) -> list[tuple[str, str]]:
@@ -333,16 +379,39 @@ def _save_roots(tests, variables, source) -> dict[str, tuple[str, dict]]:
 
 
 def _arg_types(fam: str) -> dict[str, type]:
-    return _example(fam).arg_types
+    return {**_example(fam).arg_types, **{k: t for k, (_, t) in CASE_FIELD_ARGS.items()}}
+
+
+def _known_args(args: dict, fam: str, test_id: str, source: str, notes: list[str], zero_stage_build: bool) -> dict:
+    """The test's args lockstep maps, after the ones it notes, converts or skips the test for."""
+    args = dict(args)
+    for key, instead in NOTED_ARGS.items():
+        if key in args:
+            notes.append(f"{source}: test {test_id}: arg {key} = {args.pop(key)!r} {instead}")
+    if "use_distributed_optimizer" in args and "zero_stage" not in _example(fam).arg_types:
+        raise TestSkipped(f"arg use_distributed_optimizer is not a flag of {_example(fam).log_prefix}")
+    if "use_distributed_optimizer" in args:
+        if zero_stage_build:  # the file's build has zero_stage; the flag is a newer build's
+            raise TestSkipped("arg use_distributed_optimizer: the file's other tests use zero_stage, so its own "
+                              "build has no use_distributed_optimizer flag")
+        on = args.pop("use_distributed_optimizer")
+        if not isinstance(on, bool):
+            raise CaseError(f"{source}: test {test_id}: arg use_distributed_optimizer = {on!r} is "
+                            f"{_json_type(on)}, but it must be a boolean")
+        args.setdefault("zero_stage", 1 if on else 0)  # ZeRO-1: optimizer state sharded over DP
+    unknown = [k for k in args if k not in _arg_types(fam)]
+    if unknown:
+        raise TestSkipped(f"arg {unknown[0]} is not one lockstep maps to a case yet" if len(unknown) == 1 else
+                          f"args {', '.join(sorted(unknown))} are not ones lockstep maps to a case yet")
+    for key, value in args.items():
+        if isinstance(value, str) and SHELL_VARIABLE.search(value):
+            raise TestSkipped(f"arg {key} = {value!r} names a shell variable of InfiniTrain's driver")
+    return args
 
 
 def _case(group: str, test_id: str, args: dict, fam: str, shape: str, variables: dict[str, str],
-          saves: dict, source: str, notes: list[str]) -> CaseSpec:
-    types = _arg_types(fam)
-    unknown = [k for k in args if k not in types]
-    if unknown:
-        raise CaseError(f"{source}: test {test_id}: arg {unknown[0]!r} is not one lockstep maps to a "
-                        f"{_example(fam).log_prefix} case (it maps: {', '.join(types)})")
+          saves: dict, source: str, notes: list[str], zero_stage_build: bool = False) -> CaseSpec:
+    args = _known_args(args, fam, test_id, source, notes, zero_stage_build)
 
     def arg(key):
         return _arg(args, key, fam, test_id, source, variables)
@@ -363,7 +432,8 @@ def _case(group: str, test_id: str, args: dict, fam: str, shape: str, variables:
                     lr=arg("learning_rate"), dp=world // (tp * pp), tp=tp, pp=pp,
                     vpp=arg("virtual_pipeline_parallel"), sp=arg("sequence_parallel"), zero=arg("zero_stage"),
                     lora=_lora(args, arg, fam, test_id, source, notes),
-                    checkpoint=_checkpoint(args, arg, fam, test_id, saves, variables, source), group=group)
+                    checkpoint=_checkpoint(args, arg, fam, test_id, saves, variables, source), group=group,
+                    **{f: arg(k) for k, (f, _) in CASE_FIELD_ARGS.items() if k in args})
     try:
         return case.check()
     except CaseError as e:
@@ -415,6 +485,9 @@ def _checkpoint(args: dict, arg, fam: str, test_id: str, saves: dict, variables:
     resume_from = resume_case = None
     if "load" in args:
         load = arg("load")
+        if save and (load.rstrip("/") + "/").startswith(save.rstrip("/") + "/"):
+            raise CaseError(f"{where}: arg load = {load!r} is inside the test's own save folder {save!r}; "
+                            "a test cannot resume from the checkpoints it is writing")
         m = STEP_DIR.match(load)
         if not m:
             raise CaseError(f"{where}: arg load = {load!r} is not a <save folder>/checkpoint_step_NNNNNN "

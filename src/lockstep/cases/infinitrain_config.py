@@ -14,8 +14,8 @@ read as b24d92f's driver reads it: gpt2 and llama3 run every group. A test id ma
 groups that no example shares (b7e0760's `1` is in basic and in moe); within one example's groups
 it may not, since its logs would overwrite each other.
 
-An arg is mapped to a `CaseSpec` field when lockstep has one for it; any other arg is an error
-naming the file, the test and the key, never dropped. Args a test leaves out take the
+An arg is mapped to a `CaseSpec` field when lockstep has one for it; a test with any other arg is
+skipped with a reason naming the arg (the plan's notes, one line per reason), never run without it. Args a test leaves out take the
 defaults of the examples' flags (example/<family>/main.cc, DEFINE_*), so that a case trains
 what InfiniTrain's run of the same test trains.
 """

@@ -136,10 +136,26 @@ class RunnerSpec:
             raise LockstepError(f"{self.name} cannot train model family {family!r}: {reason}")
         if caps.family_adapters is None:
             raise LockstepError(f"{self.name} has no per-family adapters")
-        module = f"{caps.family_adapters}.{family}"
-        if not module_exists(module):
-            raise LockstepError(f"{self.name} has no adapter for model family {family!r} (no module {module})")
+        module = adapter_module(self, family)
+        if module is None:
+            raise LockstepError(f"{self.name} has no adapter for model family {family!r} (no module "
+                                f"{' or '.join(adapter_modules(self, family))})")
         return importlib.import_module(module).ADAPTER
+
+
+def adapter_modules(spec: RunnerSpec, family: str) -> list[str]:
+    """Where a runner's adapter for the family may be: its own package's `<family>` module, or, for a
+    family from outside lockstep, the module named after the runner in the family's folder."""
+    from lockstep.models import FAMILY_MODULES
+
+    out = [f"{spec.capabilities.family_adapters}.{family}"]
+    if family in FAMILY_MODULES and not FAMILY_MODULES[family].startswith("lockstep."):
+        out.append(f"{FAMILY_MODULES[family]}.{spec.name}")
+    return out
+
+
+def adapter_module(spec: RunnerSpec, family: str) -> str | None:
+    return next((m for m in adapter_modules(spec, family) if module_exists(m)), None)
 
 
 def module_exists(name: str) -> bool:
@@ -192,10 +208,11 @@ def family_gaps(families: Iterable[str], specs: Iterable[RunnerSpec]) -> list[st
                 continue
             if caps.family_adapters is None:
                 continue
-            module = f"{caps.family_adapters}.{family}"
-            if not module_exists(module):
-                gaps.append(f"{spec.name} has no adapter for model family {family!r}: add {module} (defining "
-                            f"ADAPTER), or say why not in the family's unsupported_runners")
+            module = adapter_module(spec, family)
+            if module is None:
+                gaps.append(f"{spec.name} has no adapter for model family {family!r}: add "
+                            f"{' or '.join(adapter_modules(spec, family))} (defining ADAPTER), or say why not in "
+                            "the family's unsupported_runners")
             elif not hasattr(importlib.import_module(module), "ADAPTER"):
                 gaps.append(f"{module} defines no ADAPTER")
     return gaps

@@ -429,9 +429,8 @@ def test_shell_variables_lora_load_path_noted_and_a_shell_variable_arg_skipped()
 def test_unknown_args_skip_their_tests_grouped_by_reason():
     m = _read("unknown_arg.json")
     assert [c.name for c in m.cases] == ["gpt2_1"]
-    assert m.skipped == {"gpt2_2_recompute": "args activation_recompute, recompute_granularity are not ones lockstep "
-                                             "maps to a case yet",
-                         "gpt2_3_cosine": "arg lr_decay_style is not one lockstep maps to a case yet"}
+    assert m.skipped == {"gpt2_2_cp": "args context_parallel, cp_comm_type are not ones lockstep maps to a case yet",
+                         "gpt2_3_typo": "arg bacth_size is not one lockstep maps to a case yet"}
     skips = [n for n in m.notes if "skipped" in n]
     assert len(skips) == 2 and all(" 1 test(s) skipped: " in n for n in skips)
 
@@ -478,3 +477,21 @@ def test_every_branchs_test_config_plans_naming_each_test_it_cannot_run(tmp_path
             line = next(n for n in matrix.notes if f"skipped: {reason}: " in n)
             printed = " ".join((out + err).split())  # the plan's notes are wrapped to the terminal
             assert name in line and " ".join(line.split()) in printed, (path.name, name)
+
+
+def test_lr_schedule_and_recompute_args_become_case_fields():
+    """feat/lr_scheduler's and feat/activation_checkpointing's args, one table each (CASE_FIELD_ARGS,
+    LR_SCHEDULE_ARGS): the schedule's unset args at InfiniTrain's defaults."""
+    from lockstep.cases.spec import LRSchedule
+
+    config = {"test_groups": [{"tag": "lr", "tests": [
+        {"id": "1_cosine", "args": {"num_iteration": 6, "lr_decay_style": "cosine", "lr_warmup_iters": 2,
+                                    "min_lr": 1e-5}},
+        {"id": "2_recompute", "args": {"activation_recompute": True, "recompute_granularity": "full",
+                                       "recompute_method": "uniform", "recompute_num_layers": 1}}]}]}
+    cases = {c.name: c for c in parse_test_config(config, "t.json").cases}
+    assert cases["gpt2_1_cosine"].lr_schedule == LRSchedule(lr_decay_style="cosine", lr_warmup_iters=2, min_lr=1e-5)
+    assert cases["llama3_1_cosine"].lr_schedule.lr_warmup_init == 0.0
+    r = cases["gpt2_2_recompute"]
+    assert (r.activation_recompute, r.recompute_granularity, r.recompute_method, r.recompute_num_layers) == (
+        True, "full", "uniform", 1) and r.lr_schedule is None

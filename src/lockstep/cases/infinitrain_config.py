@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.cases.lora_targets import unmatched_targets
-from lockstep.cases.spec import CaseSpec, CheckpointSpec, LoraSpec
+from lockstep.cases.spec import CaseSpec, CheckpointSpec, LoraSpec, LRSchedule
 from lockstep.errors import CaseError, LockstepError
 from lockstep.fsutil import read_text
 
@@ -39,7 +39,16 @@ FLAT_TESTS_TAG = "tests"  # the one group of a file with a flat `tests` list (re
 # here nor among the example's own flags (its adapter's test_config.arg_types) skips its test with
 # the arg named. A CaseSpec field for a flag InfiniTrain has is one line here, e.g.
 # "lr_decay_style": ("lr_decay_style", str).
-CASE_FIELD_ARGS: dict[str, tuple[str, type]] = {}
+CASE_FIELD_ARGS: dict[str, tuple[str, type]] = {
+    # feat/activation_checkpointing: recompute must leave every bit of training unchanged
+    "activation_recompute": ("activation_recompute", bool),
+    "recompute_granularity": ("recompute_granularity", str),
+    "recompute_method": ("recompute_method", str),
+    "recompute_num_layers": ("recompute_num_layers", int),
+}
+# feat/lr_scheduler (merged upstream): the args of the case's LRSchedule, its fields of the same names.
+LR_SCHEDULE_ARGS: dict[str, type] = {"lr_decay_style": str, "lr_warmup_iters": int, "lr_warmup_init": float,
+                                     "lr_decay_iters": int, "min_lr": float}
 # Args read but not mapped to a case field: what lockstep does instead, said in the plan's notes.
 NOTED_ARGS = {"lora_load_path": "not read: lockstep starts LoRA from its own seeded init (the same in every framework)"}
 SHELL_VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
@@ -379,7 +388,7 @@ def _save_roots(tests, variables, source) -> dict[str, tuple[str, dict]]:
 
 
 def _arg_types(fam: str) -> dict[str, type]:
-    return {**_example(fam).arg_types, **{k: t for k, (_, t) in CASE_FIELD_ARGS.items()}}
+    return {**_example(fam).arg_types, **{k: t for k, (_, t) in CASE_FIELD_ARGS.items()}, **LR_SCHEDULE_ARGS}
 
 
 def _known_args(args: dict, fam: str, test_id: str, source: str, notes: list[str], zero_stage_build: bool) -> dict:
@@ -433,11 +442,18 @@ def _case(group: str, test_id: str, args: dict, fam: str, shape: str, variables:
                     vpp=arg("virtual_pipeline_parallel"), sp=arg("sequence_parallel"), zero=arg("zero_stage"),
                     lora=_lora(args, arg, fam, test_id, source, notes),
                     checkpoint=_checkpoint(args, arg, fam, test_id, saves, variables, source), group=group,
+                    lr_schedule=_lr_schedule(args, arg),
                     **{f: arg(k) for k, (f, _) in CASE_FIELD_ARGS.items() if k in args})
     try:
         return case.check()
     except CaseError as e:
         raise CaseError(f"{source}: test {test_id}: {e}") from None
+
+
+def _lr_schedule(args: dict, arg) -> LRSchedule | None:
+    """The test's LR schedule where it sets any of its args (the others at InfiniTrain's defaults)."""
+    given = {k: arg(k) for k in LR_SCHEDULE_ARGS if k in args}
+    return LRSchedule(**given) if given else None
 
 
 def _sequence_batch_case(group: str, test_id: str, arg, fam: str, shape: str, source: str) -> CaseSpec:

@@ -23,6 +23,7 @@ PUBLIC = {
     "MicroBatch": "lockstep.runners.pytorch.step",
     "contract_step": "lockstep.runners.pytorch.step",
     "token_losses": "lockstep.runners.pytorch.step",
+    "set_lr": "lockstep.runners.pytorch.step",
     "capture_case": "lockstep.runners.pytorch.train",
 }
 

@@ -104,7 +104,7 @@ def test_adam_first_step_shows_its_update(gpt2_tiny, token_ids, gpt2_case):
     bad = gpt2_with(tensors, config, c_attn=True)
     w1_bad, _ = one_step(bad, gpt2_case(), token_ids, torch.optim.Adam(bad.parameters(), lr=lr, eps=1e-8))
     test.grads = {n: weights_only.recover_adam_update(w0[n], w1_bad[n], lr) for n in w0}
-    assert [(f.kind, f.where) for f in diagnose_captures(cap, test, gpt2_case()).findings] == [(GRADIENT_ONLY,
+    assert [(f.kind, f.where) for f in diagnose_captures(cap, test, gpt2_case(), adam_eps=1e-8).findings] == [(GRADIENT_ONLY,
                                                                                                 "qkvb[0..1]")]
 
 

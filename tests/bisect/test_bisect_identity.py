@@ -13,20 +13,13 @@ from pathlib import Path
 import pytest
 
 from support.fake_framework import git
+from test_bisect_command_runner import BUILD, TOML, TRAINER
 from lockstep.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-TRAINER = Path(__file__).parents[1] / "runners" / "command_trainer" / "train_gpt2.py"
 EXACT_LOG = ("train loss {total:.6f}", "train loss {total:.17g}")
 SCALE = ("att = (q @ k.transpose(-1, -2)) / math.sqrt(hd)", "att = (q / math.sqrt(hd)) @ k.transpose(-1, -2)")
-TOML = """[frameworks.toy]
-command = "{python} {build}/train_gpt2.py --llmc {llmc} --tokens {tokens} -B {B} -T {T} --accum {accum} --steps {steps} --lr {lr}"
-families = ["gpt2"]
-devices = ["cpu"]
-dtypes = ["float32"]
-"""
-BUILD = 'cp train_gpt2.py "$LOCKSTEP_BISECT_BUILD"/'
 
 
 def make_repo(path: Path) -> list[str]:

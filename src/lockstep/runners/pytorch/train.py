@@ -203,22 +203,38 @@ def step_record(case: CaseSpec, step: int, micro_losses: list, lr: float, second
                       peak_mem_mb=peak if device.type == "cuda" else None, loss_fp32_sum=fp32_sum)
 
 
-def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, pg: ProcessGroupInfo,
-               emit: Callable[[StepRecord], None], log: TextIO, final_params_path: str | None = None,
-               capture: CaptureRequest | None = None, checkpoints: CheckpointPlan | None = None,
-               lora_seed: int = DEFAULT_LORA_SEED) -> dict:
-    """Train `case.steps` steps; rank 0 calls `emit` per step and writes llm.c-style log lines.
+@dataclass
+class Trainee:
+    """What `train_case` trains: the family's reference model (and its DDP wrapper on several ranks), the
+    case's batches for this rank and the optimizer over the trained parameters."""
 
-    With `final_params_path`, rank 0 writes every parameter after the last step there, under
-    its canonical LLMC name (DDP keeps the replicas equal, so rank 0's are the model's). With
-    `capture` (one process only), step 1 is recorded from inside as it trains (runners/pytorch/
-    capture.py): its gradients are read before the optimizer step, nothing else changes. With
-    `checkpoints` (runners/pytorch/checkpoint.py), it first loads the resume's step folder and
-    trains the steps after it, and saves a step folder after every save-interval step. A LoRA
-    case trains its adapters only (A then B per layer, module order), from the init of `lora_seed`."""
-    import_optimizer_machinery()  # before the device: see there why
+    case: CaseSpec
+    device: torch.device
+    model: torch.nn.Module
+    ddp: torch.nn.Module | None
+    batches: object
+    optimizer: torch.optim.Optimizer
+    zero: int
+
+    @property
+    def train_model(self) -> torch.nn.Module:
+        return self.ddp or self.model
+
+    def micro_batches(self, step: int):
+        """The step's micro batches in the contract's order; DDP syncs gradients on the last one only."""
+        case, ddp = self.case, self.ddp
+        for micro in range(case.accum):
+            x, y = self.batches.micro_batch(step, micro)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            last = micro == case.accum - 1
+            yield MicroBatch(x, y, 0, micro, no_sync(ddp, case) if (ddp is not None and not last)
+                             else contextlib.nullcontext())
+
+
+def set_up_trainee(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, pg: ProcessGroupInfo,
+                   lora_seed: int, phases: Phases, log: TextIO) -> Trainee:
+    """Weights, data and optimizer of the case on this rank (each in its timed phase); rank 0 logs the header."""
     device = rank_device(device_kind, pg)
-    phases = Phases()
     with phases("weights"):
         ckpt = load_checkpoint(checkpoint)
         family = model_family(ckpt.family)
@@ -228,80 +244,111 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
         batches = TokenBatches(stream.tokens, case, dp_rank=pg.rank)
     with phases("weights"):
         model, adapters = build_reference(ckpt, case, device, lora_seed)
-        ddp = None
-        if pg.world > 1:
-            ddp = wrap_data_parallel(model, case, device)
-        train_model = ddp or model
+        ddp = wrap_data_parallel(model, case, device) if pg.world > 1 else None
         zero = case.zero if pg.world > 1 else 0
         # LoRA: the optimizer sees only the adapters (InfiniTrain's GetLoRAParameters), frozen base.
-        trained = adapters.parameters() if adapters is not None else train_model.parameters()
+        trained = adapters.parameters() if adapters is not None else (ddp or model).parameters()
         optimizer = build_sharded_optimizer(family.optimizer, trained, case.lr, zero)
     if pg.reports:
         print(header_line(case, ckpt, family, device, lora_seed), file=log, flush=True)
-    if capture is not None and pg.world > 1:
-        raise ValueError("in-run capture is for one process; several ranks capture with capture_step")
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times_ms, tps = [], []
-    info: dict = {}
-    first_step = 0
-    if checkpoints is not None and checkpoints.resume is not None:
-        with phases("weights"):
-            batches = resumed(checkpoints.resume, train_model, optimizer, batches, info)
-        first_step = checkpoints.resume.step
-    recorder: StepRecorder | None = None  # set on step 1 of an in-run capture
+    return Trainee(case, device, model, ddp, batches, optimizer, zero)
 
-    # One step of the contract (runners/pytorch/step.py).
-    def micro_batches(step: int):
-        for micro in range(case.accum):
-            x, y = batches.micro_batch(step, micro)
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            last = micro == case.accum - 1
-            yield MicroBatch(x, y, 0, micro, no_sync(ddp, case) if (ddp is not None and not last)
-                             else contextlib.nullcontext())
 
-    def losses_of(mb: MicroBatch) -> torch.Tensor:
+class InRunCapture:
+    """Step 1 recorded from inside as it trains (runners/pytorch/capture.py): its gradients are read before the
+    optimizer step, nothing else changes. Inactive (every call a no-op) without a capture request or after step 1."""
+
+    def __init__(self, trainee: Trainee, capture: CaptureRequest | None, info: dict):
+        self.trainee, self.capture, self.info = trainee, capture, info
+        self.recorder: StepRecorder | None = None
+
+    def begin(self, step: int) -> None:
+        active = self.capture is not None and step == 0
+        self.recorder = StepRecorder(self.trainee.model, self.trainee.case, self.capture) if active else None
+
+    def close(self) -> None:
+        if self.recorder:
+            self.recorder.close()
+
+    def losses_of(self, mb: MicroBatch) -> torch.Tensor:
+        recorder, case = self.recorder, self.trainee.case
         if recorder:
             recorder.micro_batch(mb.dp_rank, mb.micro)
-        return reference_step.token_losses(train_model, mb.x, mb.y, case.is_bf16,
+        return reference_step.token_losses(self.trainee.train_model, mb.x, mb.y, case.is_bf16,
                                            recorder.loss if recorder else None)
 
-    def record_step1(micro_losses: list, first_x: torch.Tensor) -> None:
+    def after_backward(self):
+        """The contract step's hook before the optimizer, or None when nothing is recorded."""
+        return self._record_step1 if self.recorder else None
+
+    def _record_step1(self, micro_losses: list, first_x: torch.Tensor) -> None:
         # Step 1 is warm-up (not in tok/s): reading the gradients here costs no measured time.
         try:
             began = time.perf_counter()
-            recorder.finish(float(step_loss_fp64(micro_losses, case.accum).item()), first_x)
-            info["step1_capture"] = capture.path
-            info["step1_capture_seconds"] = round(time.perf_counter() - began, 3)
+            self.recorder.finish(float(step_loss_fp64(micro_losses, self.trainee.case.accum).item()), first_x)
+            self.info["step1_capture"] = self.capture.path
+            self.info["step1_capture_seconds"] = round(time.perf_counter() - began, 3)
         except Exception as e:  # a capture that fails costs the certificate, never the run
-            info["step1_capture_error"] = f"{type(e).__name__}: {e}"
+            self.info["step1_capture_error"] = f"{type(e).__name__}: {e}"
 
+
+def train_step(trainee: Trainee, step: int, inside: InRunCapture) -> tuple[list, float, float]:
+    """One step of the contract (runners/pytorch/step.py) at its lr: (micro losses, lr, seconds)."""
+    lr = reference_step.set_lr(trainee.optimizer, lr_at(trainee.case, step + 1))
+    inside.begin(step)
+    try:
+        with StepClock(trainee.device) as clock:
+            micro_losses = reference_step.contract_step(trainee.micro_batches(step), inside.losses_of,
+                                                        trainee.case.accum, trainee.optimizer,
+                                                        inside.after_backward())
+    finally:
+        inside.close()
+    return micro_losses, lr, clock.seconds
+
+
+def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, pg: ProcessGroupInfo,
+               emit: Callable[[StepRecord], None], log: TextIO, final_params_path: str | None = None,
+               capture: CaptureRequest | None = None, checkpoints: CheckpointPlan | None = None,
+               lora_seed: int = DEFAULT_LORA_SEED) -> dict:
+    """Train `case.steps` steps; rank 0 calls `emit` per step and writes llm.c-style log lines.
+
+    With `final_params_path`, rank 0 writes every parameter after the last step there, under
+    its canonical LLMC name (DDP keeps the replicas equal, so rank 0's are the model's). With
+    `capture` (one process only), step 1 is recorded from inside as it trains. With
+    `checkpoints` (runners/pytorch/checkpoint.py), it first loads the resume's step folder and
+    trains the steps after it, and saves a step folder after every save-interval step. A LoRA
+    case trains its adapters only (A then B per layer, module order), from the init of `lora_seed`."""
+    if capture is not None and pg.world > 1:
+        raise ValueError("in-run capture is for one process; several ranks capture with capture_step")
+    import_optimizer_machinery()  # before the device: see there why
+    phases, info = Phases(), {}
+    trainee = set_up_trainee(case, checkpoint, tokens_path, device_kind, pg, lora_seed, phases, log)
+    if trainee.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(trainee.device)
+    first_step = 0
+    if checkpoints is not None and checkpoints.resume is not None:
+        with phases("weights"):
+            trainee.batches = resumed(checkpoints.resume, trainee.train_model, trainee.optimizer, trainee.batches, info)
+        first_step = checkpoints.resume.step
+    inside = InRunCapture(trainee, capture, info)
+    records = []
     with fp32_matmul_precision(enabled_tf32=False), phases("training"):
         for step in range(first_step, case.steps):
-            recorder = StepRecorder(model, case, capture) if (capture is not None and step == 0) else None
-            lr = reference_step.set_lr(optimizer, lr_at(case, step + 1))
-            try:
-                with StepClock(device) as clock:
-                    micro_losses = reference_step.contract_step(micro_batches(step), losses_of, case.accum, optimizer,
-                                                                record_step1 if recorder else None)
-            finally:
-                if recorder:
-                    recorder.close()
-            rec = step_record(case, step, micro_losses, lr, clock.seconds, device, pg,
+            micro_losses, lr, seconds = train_step(trainee, step, inside)
+            rec = step_record(case, step, micro_losses, lr, seconds, trainee.device, pg,
                               info if checkpoints is not None else None)
-            step_ms, tokens_per_s = rec.step_ms, rec.tokens_per_s
             if pg.reports:
-                print(llmc_step_line(step + 1, case.steps, rec.loss, lr, step_ms, tokens_per_s), file=log, flush=True)
+                print(llmc_step_line(step + 1, case.steps, rec.loss, lr, rec.step_ms, rec.tokens_per_s),
+                      file=log, flush=True)
                 emit(rec)
-            save_if_due(checkpoints, case, step + 1, train_model, optimizer, pg, info)
-            times_ms.append(step_ms)
-            tps.append(tokens_per_s)
+            save_if_due(checkpoints, case, step + 1, trainee.train_model, trainee.optimizer, pg, info)
+            records.append(rec)
     with phases("teardown"):
         if final_params_path and pg.reports:
-            write_final_params(final_params_path, final_state(model))
+            write_final_params(final_params_path, final_state(trainee.model))
     if pg.reports:
-        print(perf_summary(times_ms, tps), file=log, flush=True)
-    return {**info, **phases.report(), **run_facts(device, pg, zero)}
+        print(perf_summary([r.step_ms for r in records], [r.tokens_per_s for r in records]), file=log, flush=True)
+    return {**info, **phases.report(), **run_facts(trainee.device, pg, trainee.zero)}
 
 
 def save_if_due(checkpoints: CheckpointPlan | None, case: CaseSpec, step: int, model, optimizer, pg, info: dict) -> None:

@@ -98,14 +98,73 @@ def compiler_available() -> str | None:
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:200]
 
 
-def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str,
-               emit: Callable[[StepRecord], None], log: TextIO, compile_model: bool = True) -> dict:
-    """Train `case.steps` steps on one device; `emit` gets each step's record."""
-    phases = Phases()
-    torch._dynamo.reset()  # each case compiles afresh: no cache (or recompile limit) carried between cases
-    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+class FastForward:
+    """The reference's forward and loss, under torch.compile where it works here; the fallback is said."""
+
+    def __init__(self, model: torch.nn.Module, case: CaseSpec, settings: FastSettings, compile_model: bool):
+        self.model, self.case, self.settings = model, case, settings
+        self.forward = self.eager
+        if not compile_model:
+            settings.notes.append("torch.compile off (asked)")
+            return
+        why_not = compiler_available()
+        if why_not is None:
+            self.forward, settings.compiled = torch.compile(self.eager), True
+        else:
+            settings.notes.append(f"torch.compile unavailable here, eager instead ({why_not})")
+
+    def eager(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return reference_step.token_losses(self.model, x, y, self.case.is_bf16)
+
+    def fall_back(self, e: Exception, log: TextIO) -> None:
+        """Eager from now on, after the compiled forward failed at its first call; said in the log."""
+        self.forward, self.settings.compiled = self.eager, False
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+        self.settings.notes.append(f"torch.compile failed at step 1, eager instead ({type(e).__name__}: {first})")
+        print(f"note: {self.settings.notes[-1]}", file=log, flush=True)
+
+
+@dataclass
+class FastTrainee:
+    """The case's model, optimizer and batches on one device, the way the fast loop trains them."""
+
+    case: CaseSpec
+    device: torch.device
+    batches: TokenBatches
+    optimizer: torch.optim.Optimizer
+    forward: FastForward
+
+    def step(self, step: int) -> tuple[float, list[torch.Tensor]]:
+        """One contract step at its lr: (seconds, micro losses)."""
+        case, device = self.case, self.device
+
+        def micro_batches():
+            for micro in range(case.accum):
+                x, y = self.batches.micro_batch(step, micro)
+                yield reference_step.MicroBatch(x.to(device, non_blocking=True), y.to(device, non_blocking=True), 0, micro)
+
+        reference_step.set_lr(self.optimizer, lr_at(case, step + 1))
+        with StepClock(device) as clock:
+            micro_losses = reference_step.contract_step(micro_batches(), lambda mb: self.forward.forward(mb.x, mb.y),
+                                                        case.accum, self.optimizer)
+        return clock.seconds, micro_losses
+
+    def step_or_retry(self, step: int, log: TextIO) -> tuple[float, list[torch.Tensor]]:
+        try:
+            return self.step(step)
+        except Exception as e:
+            # Compilation happens at the first call; a compiler that fails there (after the
+            # probe passed) leaves the weights untouched: retry the step eagerly, say so.
+            if not (self.forward.settings.compiled and step == 0):
+                raise
+            self.forward.fall_back(e, log)
+            return self.step(step)
+
+
+def set_up_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device: torch.device, compile_model: bool,
+                phases: Phases, log: TextIO) -> tuple[FastTrainee, FastSettings]:
+    """Weights and data of the case (each in its timed phase), SDPA, the fused optimizer, the compiled forward;
+    the log's header and notes say what was used."""
     ckpt = load_checkpoint(checkpoint)
     family = model_family(ckpt.family)
     phases.lap("weights")
@@ -118,20 +177,7 @@ def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     if not use_sdpa(model):
         settings.attention = "the reference's (no attention kernel hook in this model)"
     optimizer = build_fast_optimizer(family.optimizer, model.parameters(), case.lr, settings)
-    batches = TokenBatches(stream.tokens, case)
-
-    def token_losses(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return reference_step.token_losses(model, x, y, case.is_bf16)  # the reference's forward and loss
-
-    forward = token_losses
-    if compile_model:
-        why_not = compiler_available()
-        if why_not is None:
-            forward, settings.compiled = torch.compile(token_losses), True
-        else:
-            settings.notes.append(f"torch.compile unavailable here, eager instead ({why_not})")
-    else:
-        settings.notes.append("torch.compile off (asked)")
+    forward = FastForward(model, case, settings, compile_model)
     print(f"lockstep pytorch-fast runner | case {case.name} | {case.parallel_label} | dtype {case.dtype} | "
           f"B={case.micro_batch} T={case.seq_len} tokens/step={case.total_batch} accum={case.accum} | "
           f"{family.title} {ckpt.config.describe()} | {family.optimizer.label} ({settings.optimizer_impl}) lr {case.lr:g} | "
@@ -139,51 +185,42 @@ def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
           f"device {device} | torch {torch.__version__}", file=log, flush=True)
     for note in settings.notes:
         print(f"note: {note}", file=log, flush=True)
+    return FastTrainee(case, device, TokenBatches(stream.tokens, case), optimizer, forward), settings
 
-    def one_step(step: int) -> tuple[float, list[torch.Tensor]]:
-        def micro_batches():
-            for micro in range(case.accum):
-                x, y = batches.micro_batch(step, micro)
-                yield reference_step.MicroBatch(x.to(device, non_blocking=True), y.to(device, non_blocking=True), 0, micro)
 
-        reference_step.set_lr(optimizer, lr_at(case, step + 1))
-        with StepClock(device) as clock:
-            micro_losses = reference_step.contract_step(micro_batches(), lambda mb: forward(mb.x, mb.y), case.accum,
-                                                        optimizer)
-        return clock.seconds, micro_losses
+def fast_step_record(case: CaseSpec, step: int, elapsed_s: float, micro_losses: list, device) -> StepRecord:
+    """The step's record after its clock stopped: the logged loss is the reference's FP64 mean of the FP32 token
+    losses, computed after the stop."""
+    loss = float(step_loss_fp64(micro_losses, case.accum).item())
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    return StepRecord(step=step + 1, loss=loss, step_ms=elapsed_s * 1e3, tokens_per_s=case.total_batch / elapsed_s,
+                      lr=lr_at(case, step + 1), peak_mem_mb=peak,
+                      loss_fp32_sum=fp32_sequential_of_tensors(micro_losses))
 
+
+def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str,
+               emit: Callable[[StepRecord], None], log: TextIO, compile_model: bool = True) -> dict:
+    """Train `case.steps` steps on one device; `emit` gets each step's record."""
+    phases = Phases()
+    torch._dynamo.reset()  # each case compiles afresh: no cache (or recompile limit) carried between cases
+    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    trainee, settings = set_up_fast(case, checkpoint, tokens_path, device, compile_model, phases, log)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     phases.lap("weights")  # the model, and torch.compile's wrapper (compiling happens in step 1)
-    times_ms, rates = [], []
+    records = []
     with fp32_matmul_precision(enabled_tf32=False):
         for step in range(case.steps):
-            try:
-                elapsed_s, micro_losses = one_step(step)
-            except Exception as e:
-                # Compilation happens at the first call; a compiler that fails there (after the
-                # probe passed) leaves the weights untouched: retry the step eagerly, say so.
-                if not (settings.compiled and step == 0):
-                    raise
-                forward, settings.compiled = token_losses, False
-                settings.notes.append(f"torch.compile failed at step 1, eager instead ({type(e).__name__}: "
-                                      f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''})")
-                print(f"note: {settings.notes[-1]}", file=log, flush=True)
-                elapsed_s, micro_losses = one_step(step)
-            # After the stop: the logged loss, the reference's FP64 mean of the FP32 token losses.
-            loss_sum = step_loss_fp64(micro_losses, case.accum)
-            step_ms = elapsed_s * 1e3
-            tokens_per_s = case.total_batch / elapsed_s
-            loss = float(loss_sum.item())
-            peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-            lr = lr_at(case, step + 1)  # the lr one_step set
-            print(llmc_step_line(step + 1, case.steps, loss, lr, step_ms, tokens_per_s), file=log, flush=True)
-            emit(StepRecord(step=step + 1, loss=loss, step_ms=step_ms, tokens_per_s=tokens_per_s, lr=lr,
-                            peak_mem_mb=peak, loss_fp32_sum=fp32_sequential_of_tensors(micro_losses)))
-            times_ms.append(step_ms)
-            rates.append(tokens_per_s)
+            elapsed_s, micro_losses = trainee.step_or_retry(step, log)
+            rec = fast_step_record(case, step, elapsed_s, micro_losses, device)
+            print(llmc_step_line(rec.step, case.steps, rec.loss, rec.lr, rec.step_ms, rec.tokens_per_s),
+                  file=log, flush=True)
+            emit(rec)
+            records.append(rec)
     phases.lap("training")
-    measured_ms, measured_rates = after_warmup(times_ms), after_warmup(rates)
+    measured_ms, measured_rates = after_warmup([r.step_ms for r in records]), after_warmup([r.tokens_per_s for r in records])
     print(perf_summary_line(len(measured_ms), sum(measured_ms) / len(measured_ms),
                             sum(measured_rates) / len(measured_rates)), file=log, flush=True)
     return {**phases.report(), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

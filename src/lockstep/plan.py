@@ -290,15 +290,52 @@ def plan_run(req: RunRequest, repeat: int = 1, make_files: bool = True) -> RunPl
 
 def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes: list[str]) -> RunPlan:
     cache = Path(req.cache_dir) if req.cache_dir else default_cache_dir()
-
     all_cases = load_matrix(req.matrix, model=req.model, groups=req.groups, notes=notes)
     cases = select_cases(all_cases, req.cases, source=f"matrix {req.matrix}")
     if req.steps is not None:
         cases = [c.with_overrides(steps=req.steps) for c in cases]
     cases, models = resolve_case_models(cases, req, device, notes)
-
     # What this machine cannot run at all is known before any file is made (an 8B init is 32 GB).
     nodes = req.nodes.check()
+    fit = _machine_fit(req, cases, models, device, nodes, notes)
+    runners = _runners(req, notes)
+    # The pairs are judged before any file is made (a seeded init is not made yet: on its shape), and
+    # again below on the real inputs.
+    placeholders = {c.name: fit.inputs(req, models[c.model], Path("-")) for c in cases}
+    skip_unpaired_baselines(cases, runners, pair_skips(cases, runners, placeholders, fit.unrunnable), repeat)
+    tokens = _prepare_tokens(req, cache, cases, models, notes) if make_files else {}
+    if make_files:
+        _make_weights(req, cache, cases, models, fit.unrunnable, notes)
+    inputs = _case_inputs(req, cases, models, tokens, fit, cache, make_files)
+    # Every pair that will not run here, with the reason (the runners judge the real inputs).
+    skips = pair_skips(cases, runners, inputs, fit.unrunnable)
+    notes.extend(skip_unpaired_baselines(cases, runners, skips, repeat))
+    out_dir = Path(req.out) if req.out else Path("lockstep-out")
+    for runner in runners:
+        for m in {i.model_name: i for c, i in inputs.items() if c not in fit.unrunnable}.values():
+            runner.preflight(m)  # e.g. a missing InfiniTrain binary stops here, before any run
+    return RunPlan(out_dir=out_dir, device=device, cases=cases, inputs=inputs, runners=runners, notes=notes,
+                   unrunnable=fit.unrunnable, nodes=nodes, persistent_workers=req.persistent_workers,
+                   certify=req.certify, certify_bf16=req.certify_bf16, skips=skips)
+
+
+@dataclass(frozen=True)
+class MachineFit:
+    """What this machine can run: the cases it cannot run at all (with why), and how ranks are placed."""
+
+    device: str
+    nodes: NodeLayout
+    oversubscribe: bool
+    unrunnable: dict[str, str]
+
+    def inputs(self, req: RunRequest, m: PlannedModel, tokens: Path, **files) -> RunInputs:
+        """A case's inputs on this machine; `files` names the prepared files' digests and corpus."""
+        return RunInputs(checkpoint=m.checkpoint if m.checkpoint is not None else Path("-"), tokens=tokens,
+                         model=m.config, device=self.device, model_name=m.name, timeout_s=req.timeout_s,
+                         oversubscribe=self.oversubscribe, nodes=self.nodes, **files)
+
+
+def _machine_fit(req: RunRequest, cases: list[CaseSpec], models: dict, device: str, nodes, notes: list[str]) -> MachineFit:
     if nodes.multi_node:
         notes.append(f"nodes: {nodes.label}" + ("" if nodes.writes_records else
                                                  "; node 0 writes the records, the comparison and the report"))
@@ -312,25 +349,22 @@ def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes:
         notes.append(f"--oversubscribe: {', '.join(c.name for c in crowded)} run "
                      f"{max(nodes.procs_per_node(c.world_size) for c in crowded)} ranks on "
                      f"{available_devices(device)} CPU cores (gloo, 1 torch thread per rank): slower, same arithmetic")
+    return MachineFit(device, nodes, oversubscribe, unrunnable)
 
-    # The runners, and for every pair whether it runs here (known before any file is made).
+
+def _runners(req: RunRequest, notes: list[str]) -> list[FrameworkRunner]:
     frameworks = req.frameworks or default_frameworks(notes, req.framework_options)
     if len(set(frameworks)) != len(frameworks):
         raise LockstepError(f"--frameworks lists a framework twice: {','.join(frameworks)}")
-    runners = [get_runner(name, req.framework_options) for name in frameworks]
-    # (A seeded init is not made yet: the pairs are judged on its shape, and again below on the file.)
-    placeholders = {c.name: RunInputs(checkpoint=models[c.model].checkpoint or Path("-"), tokens=Path("-"),
-                                      model=models[c.model].config, device=device, model_name=models[c.model].name,
-                                      timeout_s=req.timeout_s, oversubscribe=oversubscribe, nodes=nodes)
-                    for c in cases}
-    skips = pair_skips(cases, runners, placeholders, unrunnable)
-    skip_unpaired_baselines(cases, runners, skips, repeat)
-    running = [c for c in cases if any((c.name, r.name) not in skips for r in runners)]
+    return [get_runner(name, req.framework_options) for name in frameworks]
 
-    # Tokens: the user's token file, or Tiny Shakespeare (or the named offline corpus) prepared
-    # once per tokenizer the cases' families use.
-    tokens: dict[str, tuple[Path, str, str]] = {}  # tokenizer -> (path, corpus, sha256)
-    for case in cases if make_files else []:
+
+def _prepare_tokens(req: RunRequest, cache: Path, cases: list[CaseSpec], models: dict,
+                    notes: list[str]) -> dict[str, tuple[Path, str, str]]:
+    """tokenizer -> (path, corpus, sha256): the user's token file, or Tiny Shakespeare (or the named offline
+    corpus) prepared once per tokenizer the cases' families use."""
+    tokens: dict[str, tuple[Path, str, str]] = {}
+    for case in cases:
         fam = family(models[case.model].family)
         if fam.tokenizer in tokens:
             continue
@@ -343,46 +377,39 @@ def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes:
                      f"{prepared.train_tokens:,} tokens ({prepared.train_path})")
         if not prepared.is_tiny_shakespeare:
             notes.append(f"corpus: {prepared.corpus_description}")
+    return tokens
 
-    # Weights: a seeded llm.c init per shape that some case will run here (cached), or the user's file.
+
+def _make_weights(req: RunRequest, cache: Path, cases: list[CaseSpec], models: dict, unrunnable: dict[str, str],
+                  notes: list[str]) -> None:
+    """A seeded llm.c init per shape that some case will run here (cached), unless the user gave the file."""
     for name, m in list(models.items()):
-        if make_files and m.checkpoint is None and any(c.model == name and c.name not in unrunnable for c in cases):
+        if m.checkpoint is None and any(c.model == name and c.name not in unrunnable for c in cases):
             path = ensure_initial_checkpoint(cache, name, family(m.family), m.config, req.seed)
             models[name] = PlannedModel(name, m.family, m.config, path, req.seed)
             notes.append(f"weights: llm.c init of {name} (seed {req.seed}), {path}")
 
-    # Every case is checked against its model and token file before anything runs.
+
+def _case_inputs(req: RunRequest, cases: list[CaseSpec], models: dict, tokens: dict, fit: MachineFit, cache: Path,
+                 make_files: bool) -> dict[str, RunInputs]:
+    """Every case checked against its model and token file before anything runs, and its inputs.
+    --dry-run: no token file, no weights made (a --llmc file is named)."""
     inputs: dict[str, RunInputs] = {}
     lengths: dict[tuple[Path, int], int] = {}
     for case in cases:
         m = models[case.model]
-        if not make_files:  # --dry-run: no token file, no weights made (a --llmc file is named)
+        if not make_files:
             case.check(max_seq_len=m.config.max_seq_len)
-            inputs[case.name] = RunInputs(checkpoint=m.checkpoint or Path("-"), tokens=Path(req.data or "-"),
-                                          model=m.config, device=device, model_name=m.name, timeout_s=req.timeout_s,
-                                          oversubscribe=oversubscribe, nodes=nodes)
+            inputs[case.name] = fit.inputs(req, m, Path(req.data or "-"))
             continue
         path, corpus, sha = tokens[family(m.family).tokenizer]
         if (path, m.config.vocab_size) not in lengths:
             lengths[(path, m.config.vocab_size)] = len(read_token_stream(path, vocab_size=m.config.vocab_size))
         case.check(max_seq_len=m.config.max_seq_len, available_tokens=lengths[(path, m.config.vocab_size)])
-        inputs[case.name] = RunInputs(
-            checkpoint=m.checkpoint if m.checkpoint is not None else Path("-"), tokens=path, model=m.config,
-            device=device, model_name=m.name,
-            checkpoint_sha256=checkpoint_digest(m.checkpoint, cache) if m.checkpoint is not None else "",
-            tokens_sha256=sha, corpus=corpus, timeout_s=req.timeout_s, oversubscribe=oversubscribe, nodes=nodes,
-            lora_seed=req.seed)
-
-    # Every pair that will not run here, with the reason (the runners judge the real inputs).
-    skips = pair_skips(cases, runners, inputs, unrunnable)
-    notes.extend(skip_unpaired_baselines(cases, runners, skips, repeat))
-    out_dir = Path(req.out) if req.out else Path("lockstep-out")
-    for runner in runners:
-        for m in {i.model_name: i for c, i in inputs.items() if c not in unrunnable}.values():
-            runner.preflight(m)  # e.g. a missing InfiniTrain binary stops here, before any run
-    return RunPlan(out_dir=out_dir, device=device, cases=cases, inputs=inputs, runners=runners, notes=notes,
-                   unrunnable=unrunnable, nodes=nodes, persistent_workers=req.persistent_workers,
-                   certify=req.certify, certify_bf16=req.certify_bf16, skips=skips)
+        digest = checkpoint_digest(m.checkpoint, cache) if m.checkpoint is not None else ""
+        inputs[case.name] = fit.inputs(req, m, path, checkpoint_sha256=digest, tokens_sha256=sha, corpus=corpus,
+                                       lora_seed=req.seed)
+    return inputs
 
 
 def pair_skips(cases: list[CaseSpec], runners: list[FrameworkRunner], inputs: dict[str, RunInputs],

@@ -163,36 +163,19 @@ class WorkerGroup:
         self.next_job += 1
         self.position += 1
         results_path = self.queue_dir / f"results-{n}.jsonl"
-        job = {**job, "results_path": str(results_path), "log_path": str(log_path)}
         group_log = self.queue_dir / "group.log"
         group_log_offset = group_log.stat().st_size
         with open_for_streaming(log_path, "native log") as log:
             log.write(f"[COMMAND] {shlex.join(self.command)}\n"
                       f"[WORKER] persistent worker group {self.starts} ({self.label}, started {self.started_at}), "
                       f"case {self.position} in this group\n")
-        _write_atomically(self.queue_dir / f"job-{n}.json", json.dumps(job))
+        _write_atomically(self.queue_dir / f"job-{n}.json",
+                          json.dumps({**job, "results_path": str(results_path), "log_path": str(log_path)}))
         handed_wall = time.time()
         steps: list[StepRecord] = []
-        info: dict = {"worker_command": shlex.join(self.command),
-                      "persistent_worker": {"group": self.starts, "position": self.position,
-                                            "group_started_at": self.started_at}}
         done: dict = {}
-        seen = 0
-        start = time.monotonic()
-        timed_out = False
         try:
-            while True:
-                seen = _drain(results_path, seen, steps, done, on_step)
-                if "ok" in done:
-                    break
-                if self.proc.poll() is not None:
-                    seen = _drain(results_path, seen, steps, done, on_step)
-                    break
-                if timeout_s is not None and time.monotonic() - start > timeout_s:
-                    timed_out = True
-                    kill_process_group(self.proc)
-                    break
-                time.sleep(POLL_S)
+            timed_out = self._follow(results_path, steps, done, on_step, timeout_s)
         except BaseException:
             # A signal (KeyboardInterrupt) or a failing progress callback: the ranks run in their
             # own session and would train on (holding devices) after lockstep is gone.
@@ -200,6 +183,36 @@ class WorkerGroup:
             raise
         finally:
             _copy_new_bytes(group_log, group_log_offset, log_path)
+        info = self._job_info(done, handed_wall)
+        if done.get("group_ends"):
+            self._discard()  # its ranks are ending; the next job must not be handed to them
+        if "ok" in done:
+            if done["ok"]:
+                return steps, info
+            raise RunError(f"{log_path}: {done.get('error') or 'the case failed in the worker'}")
+        raise self._died(log_path, timed_out, timeout_s, len(steps))
+
+    def _follow(self, results_path: Path, steps: list[StepRecord], done: dict,
+                on_step: Callable[[StepRecord], None] | None, timeout_s: float | None) -> bool:
+        """Read the job's results as the ranks write them until it is done, the group exits, or the
+        timeout (the group is then killed); True when it timed out."""
+        seen, start = 0, time.monotonic()
+        while True:
+            seen = _drain(results_path, seen, steps, done, on_step)
+            if "ok" in done:
+                return False
+            if self.proc.poll() is not None:
+                _drain(results_path, seen, steps, done, on_step)
+                return False
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                kill_process_group(self.proc)
+                return True
+            time.sleep(POLL_S)
+
+    def _job_info(self, done: dict, handed_wall: float) -> dict:
+        info: dict = {"worker_command": shlex.join(self.command),
+                      "persistent_worker": {"group": self.starts, "position": self.position,
+                                            "group_started_at": self.started_at}}
         info.update({k: v for k, v in done.items() if k not in ("ok", "error", "group_ends")})
         if not self.startup_read:
             # The first case a group ran carries where the group's start-up went (it waited for it).
@@ -210,19 +223,17 @@ class WorkerGroup:
                 startup["case_waited_s"] = round(max(ready - handed_wall, 0.0), 3)
                 info["worker_startup"] = startup
                 self.startup_read = True
-        if done.get("group_ends"):
-            self._discard()  # its ranks are ending; the next job must not be handed to them
-        if "ok" in done:
-            if done["ok"]:
-                return steps, info
-            raise RunError(f"{log_path}: {done.get('error') or 'the case failed in the worker'}")
+        return info
+
+    def _died(self, log_path: Path, timed_out: bool, timeout_s: float | None, steps: int) -> "WorkerGroupDied":
+        """The error of a job whose group ended (or was stopped) before it was done; the group is discarded."""
         rc = self.proc.wait()
         self._discard()
         if timed_out:
-            raise WorkerGroupDied(log_path, f"timed out after {timeout_s:.0f} s at step {len(steps)} (the worker "
-                                  "group was stopped; the next case starts a fresh one)", _tail(log_path))
-        raise WorkerGroupDied(log_path, f"the worker group exited with status {rc} during this case, after "
-                              f"{len(steps)} step(s)", _tail(log_path))
+            return WorkerGroupDied(log_path, f"timed out after {timeout_s:.0f} s at step {steps} (the worker "
+                                   "group was stopped; the next case starts a fresh one)", _tail(log_path))
+        return WorkerGroupDied(log_path, f"the worker group exited with status {rc} during this case, after "
+                               f"{steps} step(s)", _tail(log_path))
 
     def close(self) -> None:
         """Ask the ranks to stop and wait for them (killed after STOP_GRACE_S)."""

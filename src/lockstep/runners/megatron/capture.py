@@ -266,34 +266,62 @@ class StepRecorder:
         for router in self.routers:
             del router.gating  # the class's method again
         layout = self.layout
-        gather_tp = self.gather_tp
+        builder = CaptureBuilder(self.request, "megatron")
+        whole = self._whole_outputs()
+        grads = self._gradient_entries()
+        self._routing_decisions(builder, self.gather_tp)
+        losses, token_losses, step_loss = self._losses(results)
+        shares = {k: (v.cpu().numpy(), n2, shape) for k, (v, n2, shape) in self.shares.items()}
+        mine = {"whole": whole if layout.dp_rank == 0 else {}, "order": self.order, "shares": shares,
+                "grads": grads, "losses": losses, "token_losses": token_losses,
+                "routing": dict(builder.capture.routing) if layout.tp_rank == 0 else {}}
+        if layout.world == 1:
+            everyone = [mine]  # no pickling of a 1B model's gradients through a collective to itself
+        else:
+            everyone = [None] * layout.world if layout.rank == 0 else None
+            dist.gather_object(mine, everyone, dst=0)
+        if layout.rank != 0:
+            return
+        _assemble(builder, everyone)
+        cap = builder.capture
+        cap.loss = float(step_loss.item())
+        cap.meta = {"case": self.case.to_dict(), "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp}
+        self.builder = builder
+        if write:
+            builder.finish()
 
+    def _whole_outputs(self) -> dict[str, np.ndarray]:
+        """The recorded whole forward outputs, TP pieces gathered, [B, T, ...] as the capture holds them."""
         whole: dict[str, np.ndarray] = {}
         for name, t in sorted(self.whole.items()):  # the same order on every TP rank: gathers pair up
             if name.split("[")[0] in TP_SPLIT_OUTPUTS:
-                t = torch.cat(gather_tp(t), dim=-1)
+                t = torch.cat(self.gather_tp(t), dim=-1)
             if name == "logits":
                 t = t[..., : self.model.vocab_size]
             t = t.transpose(0, 1)
             if self.request.rows is not None:
                 t = t[: self.request.rows]
             whole[name] = t.cpu().numpy()
+        return whole
 
-        builder = CaptureBuilder(self.request, "megatron")
-        mine_grads: dict[str, object] = {}
+    def _gradient_entries(self) -> dict[str, object]:
+        """This rank's gradients under canonical names: whole ("grad/") or sketched ("sk/grad/"), and the
+        sketch of Adam's first update where the request names its eps."""
+        entries: dict[str, object] = {}
         grads = self.canonical(lambda p: (p.main_grad if getattr(p, "main_grad", None) is not None
                                           else torch.zeros_like(p)).detach().float())
         for name, g in grads.items():
             if self.request.full:
-                mine_grads[f"grad/{name}"] = g.cpu().numpy()
+                entries[f"grad/{name}"] = g.cpu().numpy()
             else:
-                mine_grads[f"sk/grad/{name}"] = make_sketch(g)
+                entries[f"sk/grad/{name}"] = make_sketch(g)
             if self.request.adam_eps is not None:
-                mine_grads[f"sk/update/{name}"] = make_sketch(adam_first_update(g, self.request.adam_eps))
-        del grads
+                entries[f"sk/update/{name}"] = make_sketch(adam_first_update(g, self.request.adam_eps))
+        return entries
 
-        self._routing_decisions(builder, gather_tp)
-
+    def _losses(self, results: list) -> tuple[list, np.ndarray | None, torch.Tensor]:
+        """(the micro batches' logged losses, the token losses (one DP rank), the step's loss summed over ranks)."""
+        layout = self.layout
         losses, token_losses = [], None
         if layout.reports_loss and layout.dp_rank == 0:
             losses = [logged_micro_loss(r) for r in results]
@@ -305,52 +333,7 @@ class StepRecorder:
             step_share = sum(logged_micro_loss(r) for r in results) / len(results) / layout.dp
         step_loss = torch.tensor([step_share], dtype=torch.float64, device=layout.device)
         dist.all_reduce(step_loss)
-
-        shares = {k: (v.cpu().numpy(), n2, shape) for k, (v, n2, shape) in self.shares.items()}
-        mine = {"whole": whole if layout.dp_rank == 0 else {}, "order": self.order, "shares": shares,
-                "grads": mine_grads, "losses": losses, "token_losses": token_losses,
-                "routing": dict(builder.capture.routing) if layout.tp_rank == 0 else {}}
-        if layout.world == 1:
-            everyone = [mine]  # no pickling of a 1B model's gradients through a collective to itself
-        else:
-            everyone = [None] * layout.world if layout.rank == 0 else None
-            dist.gather_object(mine, everyone, dst=0)
-        if layout.rank != 0:
-            return
-        cap = builder.capture
-        summed: dict[str, list] = {}
-        for part in everyone:
-            for name, value in part["whole"].items():
-                cap.forward.setdefault(name, value)
-            for key, (values, norm2, shape) in part["shares"].items():
-                if key in summed:
-                    summed[key][0] = summed[key][0] + values
-                    summed[key][1] += norm2
-                else:
-                    summed[key] = [values, norm2, shape]
-            for key, value in part["grads"].items():
-                if key.startswith("grad/"):
-                    cap.grads.setdefault(key[len("grad/"):], value)
-                else:
-                    cap.sketches.setdefault(key[len("sk/"):], value)
-            for micro, loss in enumerate(part["losses"]):
-                if micro == 0:
-                    builder.add("fwd", "loss", np.array(loss))
-                elif micro < MAX_MICRO_BATCHES:
-                    cap.sketches[f"fwd/{micro_name('loss', micro)}"] = Sketch(np.array([loss]), abs(loss), ())
-            if part["token_losses"] is not None:
-                cap.token_losses = part["token_losses"]
-            for name, value in part["routing"].items():
-                cap.routing.setdefault(name, value)
-        for key, (values, norm2, shape) in summed.items():
-            cap.sketches[f"fwd/{key}"] = Sketch(values, float(np.sqrt(norm2)), shape)
-        names = set(cap.forward) | {k[len("fwd/"):] for k in cap.sketches if k.startswith("fwd/") and "@" not in k}
-        cap.forward_order = sorted(names, key=forward_rank)
-        cap.loss = float(step_loss.item())
-        cap.meta = {"case": self.case.to_dict(), "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp}
-        self.builder = builder
-        if write:
-            builder.finish()
+        return losses, token_losses, step_loss
 
     # ---------------------------------------------------------------- the optimizer's update
 
@@ -386,3 +369,41 @@ class StepRecorder:
         if lr == 0:
             cap.notes.append(zero_lr_note(step))
         self.builder.finish()
+
+
+def _assemble(builder: CaptureBuilder, everyone: list[dict]) -> None:
+    """Rank 0: every rank's part into one capture: whole outputs (first copy), sketch shares summed over ranks,
+    gradients, the micro batches' losses, token losses and routing decisions."""
+    cap = builder.capture
+    summed: dict[str, list] = {}
+    for part in everyone:
+        for name, value in part["whole"].items():
+            cap.forward.setdefault(name, value)
+        for key, (values, norm2, shape) in part["shares"].items():
+            if key in summed:
+                summed[key][0] = summed[key][0] + values
+                summed[key][1] += norm2
+            else:
+                summed[key] = [values, norm2, shape]
+        for key, value in part["grads"].items():
+            if key.startswith("grad/"):
+                cap.grads.setdefault(key[len("grad/"):], value)
+            else:
+                cap.sketches.setdefault(key[len("sk/"):], value)
+        _add_micro_losses(builder, part["losses"])
+        if part["token_losses"] is not None:
+            cap.token_losses = part["token_losses"]
+        for name, value in part["routing"].items():
+            cap.routing.setdefault(name, value)
+    for key, (values, norm2, shape) in summed.items():
+        cap.sketches[f"fwd/{key}"] = Sketch(values, float(np.sqrt(norm2)), shape)
+    names = set(cap.forward) | {k[len("fwd/"):] for k in cap.sketches if k.startswith("fwd/") and "@" not in k}
+    cap.forward_order = sorted(names, key=forward_rank)
+
+
+def _add_micro_losses(builder: CaptureBuilder, losses: list) -> None:
+    for micro, loss in enumerate(losses):
+        if micro == 0:
+            builder.add("fwd", "loss", np.array(loss))
+        elif micro < MAX_MICRO_BATCHES:
+            builder.capture.sketches[f"fwd/{micro_name('loss', micro)}"] = Sketch(np.array([loss]), abs(loss), ())

@@ -117,7 +117,6 @@ def launch_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Capture
     """`capture_step`'s launches of InfiniTrain (and the reading of its dumps, removed before the
     next launch); returns what finishes the capture from its saved weights, which starts no process
     (a diagnose runs it beside InfiniTrain's drift launches)."""
-    from lockstep.runners.infinitrain.precision_check import UNSUPPORTED_MARK, read_module_outputs
 
     work_dir = Path(work_dir)
     # A saving case's step 1 is the plain case's: the capture's own launches save only for themselves.
@@ -362,17 +361,11 @@ def _recover(builder: CaptureBuilder, w0: dict, saved_path: Path, lr: float, sgd
     # Its own checkpoint, memory-mapped, its file removed at once: its space is freed as its last
     # tensor is let go, before the capture is written, so the disk never holds w1 twice.
     w1 = saved_weights(saved_path, family, model)
-    moments = None if sgd or applied_step is not None else moment_gradients(saved_path.with_name(OPTIMIZER_FILE), w0,
-                                                                            w1, lr, family.optimizer)
-    stepped = None  # Adam from a state: step N+1's gradients from the moments it loaded and saved
-    if not sgd and applied_step is not None:
-        order, m_before = before
-        saved_m = read_moments(saved_path.with_name(OPTIMIZER_FILE))
-        if saved_m is None or sorted(saved_m) != list(range(len(order))):
-            raise RunError(f"{saved_path.with_name(OPTIMIZER_FILE)}: InfiniTrain saved no first moment of each of its "
-                           f"{len(order)} parameters after step {applied_step}")
-        stepped = {name: moments_step_gradient(saved_m[i], m_before[name], family.optimizer)
-                   for i, name in enumerate(order)}
+    optimizer_file = saved_path.with_name(OPTIMIZER_FILE)
+    moments = None if sgd or applied_step is not None else moment_gradients(optimizer_file, w0, w1, lr,
+                                                                            family.optimizer)
+    stepped = None if sgd or applied_step is None else _stepped_gradients(optimizer_file, applied_step, before,
+                                                                          family)
     shutil.rmtree(saved_path.parent.parent, ignore_errors=True)  # <case>.save/ (lockstep's own)
     applied_precision = {}
     for name, before_w in w0.items():
@@ -395,31 +388,46 @@ def _recover(builder: CaptureBuilder, w0: dict, saved_path: Path, lr: float, sgd
             cap.sketches[f"{APPLIED}/{name}"] = make_sketch(update_values(applied))
     if applied_step is not None:
         cap.meta[APPLIED] = {"step": applied_step, "lr": lr, "precision": applied_precision}
-    if sgd:
-        cap.grad_kind = GRAD_SGD_RECOVERED
-        worst = max(cap.grad_precision.values(), default=0.0)
-        cap.notes.append(f"infinitrain gradients recovered as (w0 - w1)/lr from one SGD step at lr {lr:g} (2^"
-                         f"{int(np.log2(lr))}); w1's FP32 rounding bounds each tensor's relative error by "
-                         f"{worst:.1e} at worst")
-    elif stepped is not None:
-        cap.grad_kind = GRAD_ADAM_MOMENT
-        worst = max(cap.grad_precision.values(), default=0.0)
-        cap.notes.append(f"infinitrain's step {applied_step} from the reference's Adam state (its moments written in "
-                         "its own parameter order, learnt from a probe step): gradients recovered as (m' - beta1·m)/"
-                         f"(1 - beta1) of the moments it loaded and saved, within {worst:.1e} relative (FP32 rounding), "
-                         f"and the update it applied as (w_before - w_after)/lr at lr {lr:g}")
-    elif moments is not None:
-        cap.grad_kind = GRAD_ADAM_MOMENT
-        cap.notes.append(f"infinitrain gradients recovered as m/(1 - beta1) from the first moment its Adam step "
-                         f"saved (optimizer.ckpt, its moments paired with its parameters by the update each moved "
-                         f"them by); m's FP32 rounding bounds each element's relative error by {MOMENT_PRECISION:.1e}")
-    else:
-        cap.grad_kind = GRAD_ADAM_UPDATE
-        cap.notes.append(f"infinitrain trains {family.title} with Adam, whose first step moves every weight by "
-                         f"lr·g/(|g| + eps): its update direction is recovered (lr {lr:g}) and compared with the "
-                         "reference's; a large gradient's magnitude is not recoverable (no optimizer state saved)")
+    cap.grad_kind, note = _recovery_note(cap, lr, sgd, stepped is not None, moments is not None, applied_step, family)
+    cap.notes.append(note)
     del w1
     return builder.finish()
+
+
+def _stepped_gradients(optimizer_file: Path, applied_step: int, before, family) -> dict:
+    """Adam from a state: step N+1's gradients from the first moments it loaded (`before`: its parameter
+    order and moments) and saved."""
+    order, m_before = before
+    saved_m = read_moments(optimizer_file)
+    if saved_m is None or sorted(saved_m) != list(range(len(order))):
+        raise RunError(f"{optimizer_file}: InfiniTrain saved no first moment of each of its "
+                       f"{len(order)} parameters after step {applied_step}")
+    return {name: moments_step_gradient(saved_m[i], m_before[name], family.optimizer) for i, name in enumerate(order)}
+
+
+def _recovery_note(cap, lr: float, sgd: bool, stepped: bool, moments: bool, applied_step: int | None,
+                   family) -> tuple[str, str]:
+    """(the capture's gradient kind, the note that says how its gradients were recovered and how precisely)."""
+    worst = max(cap.grad_precision.values(), default=0.0)
+    if sgd:
+        return GRAD_SGD_RECOVERED, (
+            f"infinitrain gradients recovered as (w0 - w1)/lr from one SGD step at lr {lr:g} (2^"
+            f"{int(np.log2(lr))}); w1's FP32 rounding bounds each tensor's relative error by {worst:.1e} at worst")
+    if stepped:
+        return GRAD_ADAM_MOMENT, (
+            f"infinitrain's step {applied_step} from the reference's Adam state (its moments written in "
+            "its own parameter order, learnt from a probe step): gradients recovered as (m' - beta1·m)/"
+            f"(1 - beta1) of the moments it loaded and saved, within {worst:.1e} relative (FP32 rounding), "
+            f"and the update it applied as (w_before - w_after)/lr at lr {lr:g}")
+    if moments:
+        return GRAD_ADAM_MOMENT, (
+            f"infinitrain gradients recovered as m/(1 - beta1) from the first moment its Adam step "
+            f"saved (optimizer.ckpt, its moments paired with its parameters by the update each moved "
+            f"them by); m's FP32 rounding bounds each element's relative error by {MOMENT_PRECISION:.1e}")
+    return GRAD_ADAM_UPDATE, (
+        f"infinitrain trains {family.title} with Adam, whose first step moves every weight by "
+        f"lr·g/(|g| + eps): its update direction is recovered (lr {lr:g}) and compared with the "
+        "reference's; a large gradient's magnitude is not recoverable (no optimizer state saved)")
 
 
 def _saving(inputs, keep_key: str):

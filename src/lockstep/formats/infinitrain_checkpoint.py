@@ -99,11 +99,32 @@ class StateFile:
 def read_state_file(path: str | os.PathLike) -> StateFile:
     """Parse a CKPT file's header and tensor entries completely; FormatError names the first problem."""
     path = Path(path)
+    data = _map_file(path)
+    version, count = _read_header(path, data)
+    pos, entries, seen = 12, [], set()
+    for i in range(count):
+        entry = _read_entry(path, data, pos, f"tensor #{i + 1} of {count}")
+        if entry.name in seen:
+            raise FormatError(path, f"tensor {entry.name} is stored twice")
+        seen.add(entry.name)
+        entries.append(entry)
+        pos = entry.offset + entry.nbytes
+    if pos != len(data):
+        raise FormatError(path, f"{len(data) - pos} trailing bytes after {count} tensors")
+    return StateFile(path=path, version=version, entries=entries, size=len(data), _data=data)
+
+
+def _map_file(path: Path):
+    """The file's bytes, memory-mapped so that a 5 GB model is read from disk only where used."""
     with open(path, "rb") as f:
         try:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:  # an empty file cannot be mapped
-            data = b""
+            return b""
+
+
+def _read_header(path: Path, data) -> tuple[int, int]:
+    """(version, tensor count) after checking the magic number and the version."""
     if len(data) < 12:
         raise FormatError(path, f"truncated: {len(data)} bytes, too short for an InfiniTrain checkpoint header (12)")
     magic, version, count = struct.unpack_from("<III", data, 0)
@@ -112,45 +133,46 @@ def read_state_file(path: str | os.PathLike) -> StateFile:
                                 "\"CKPT\")")
     if version != CKPT_VERSION:
         raise FormatError(path, f"unsupported InfiniTrain checkpoint version {version} (supported: {CKPT_VERSION})")
-    pos, entries, seen = 12, [], set()
-    for i in range(count):
-        where = f"tensor #{i + 1} of {count}"
-        try:
-            (n,) = struct.unpack_from("<I", data, pos)
-            if pos + 4 + n > len(data):
-                raise struct.error
-            name = bytes(data[pos + 4 : pos + 4 + n]).decode()
-            pos += 4 + n
-            where = f"tensor {name}"
-            dtype, ndim = struct.unpack_from("<bI", data, pos)
-            pos += 5
-            dims = struct.unpack_from(f"<{ndim}q", data, pos)
-            pos += 8 * ndim
-            (nbytes,) = struct.unpack_from("<Q", data, pos)
-            pos += 8
-        except struct.error:
-            raise FormatError(path, f"truncated: the file ends in the middle of {where}'s entry") from None
-        except UnicodeDecodeError:
-            raise FormatError(path, f"{where}: its name is not UTF-8") from None
-        if dtype not in DTYPES:
-            raise FormatError(path, f"tensor {name}: unknown dtype code {dtype} (InfiniTrain's DataType is 0..12)")
-        if any(d < 0 for d in dims):
-            raise FormatError(path, f"tensor {name}: negative dimension in shape {list(dims)}")
-        itemsize = np.dtype(DTYPES[dtype][1]).itemsize
-        if nbytes != itemsize * math.prod(dims):
-            raise FormatError(path, f"tensor {name}: {nbytes} bytes stored for {DTYPES[dtype][0]} shape {list(dims)}, "
-                                    f"which holds {itemsize * math.prod(dims)}")
-        if pos + nbytes > len(data):
-            raise FormatError(path, f"truncated: tensor {name} needs {nbytes} bytes, but the file ends early "
-                                    f"({pos + nbytes - len(data)} bytes short)")
-        if name in seen:
-            raise FormatError(path, f"tensor {name} is stored twice")
-        seen.add(name)
-        entries.append(TensorEntry(name=name, dtype_code=dtype, shape=tuple(dims), offset=pos, nbytes=nbytes))
-        pos += nbytes
-    if pos != len(data):
-        raise FormatError(path, f"{len(data) - pos} trailing bytes after {count} tensors")
-    return StateFile(path=path, version=version, entries=entries, size=len(data), _data=data)
+    return version, count
+
+
+def _read_entry(path: Path, data, pos: int, where: str) -> TensorEntry:
+    """The entry starting at `pos` (its data follows it), checked against its dtype and the file's end."""
+    name, dtype, dims, nbytes, pos = _entry_fields(path, data, pos, where)
+    if dtype not in DTYPES:
+        raise FormatError(path, f"tensor {name}: unknown dtype code {dtype} (InfiniTrain's DataType is 0..12)")
+    if any(d < 0 for d in dims):
+        raise FormatError(path, f"tensor {name}: negative dimension in shape {list(dims)}")
+    itemsize = np.dtype(DTYPES[dtype][1]).itemsize
+    if nbytes != itemsize * math.prod(dims):
+        raise FormatError(path, f"tensor {name}: {nbytes} bytes stored for {DTYPES[dtype][0]} shape {list(dims)}, "
+                                f"which holds {itemsize * math.prod(dims)}")
+    if pos + nbytes > len(data):
+        raise FormatError(path, f"truncated: tensor {name} needs {nbytes} bytes, but the file ends early "
+                                f"({pos + nbytes - len(data)} bytes short)")
+    return TensorEntry(name=name, dtype_code=dtype, shape=tuple(dims), offset=pos, nbytes=nbytes)
+
+
+def _entry_fields(path: Path, data, pos: int, where: str) -> tuple[str, int, tuple, int, int]:
+    """(name, dtype code, dims, byte count, where the data starts), as the entry stores them."""
+    try:
+        (n,) = struct.unpack_from("<I", data, pos)
+        if pos + 4 + n > len(data):
+            raise struct.error
+        name = bytes(data[pos + 4 : pos + 4 + n]).decode()
+        pos += 4 + n
+        where = f"tensor {name}"
+        dtype, ndim = struct.unpack_from("<bI", data, pos)
+        pos += 5
+        dims = struct.unpack_from(f"<{ndim}q", data, pos)
+        pos += 8 * ndim
+        (nbytes,) = struct.unpack_from("<Q", data, pos)
+        pos += 8
+    except struct.error:
+        raise FormatError(path, f"truncated: the file ends in the middle of {where}'s entry") from None
+    except UnicodeDecodeError:
+        raise FormatError(path, f"{where}: its name is not UTF-8") from None
+    return name, dtype, dims, nbytes, pos
 
 
 def read_infinitrain_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -357,64 +379,89 @@ def _read_rank(rank: int | None, directory: Path, problems: list[str]) -> RankCh
 
 
 def _check_consistency(folder: CheckpointFolder) -> None:
-    problems = folder.problems
     states = [(r, r.trainer_state) for r in folder.ranks if r.trainer_state is not None]
     if not states:
         return
+    first = states[0][1]
+    _check_trainer_states_agree(folder, states)
+    _check_trainer_state_values(folder, first)
+    if not folder.parallel:
+        if first.world_size != 1:
+            folder.problems.append(f"{folder.path}: the trainer state's topology {first.topology} is {first.world_size} "
+                                   "ranks, but the folder holds one rank's files and no rank_NNNNNN/ folders")
+        return
+    _check_rank_folders(folder, first)
+    _check_stage_tensors(folder, first)
+
+
+def _check_trainer_states_agree(folder: CheckpointFolder, states: list[tuple[RankCheckpoint, TrainerState]]) -> None:
+    """Every rank's trainer state says what the first one says (consumed_batches may differ)."""
     first_rank, first = states[0]
     for r, st in states[1:]:
         differ = [k for k in TRAINER_STATE_KEYS if st.values[k] != first.values[k] and k != "consumed_batches"]
         if differ:
             k = differ[0]
-            problems.append(f"{st.path}: {k} is {st.values[k]}, but rank {first_rank.rank}'s trainer state says "
-                            f"{first.values[k]}")
+            folder.problems.append(f"{st.path}: {k} is {st.values[k]}, but rank {first_rank.rank}'s trainer state says "
+                                   f"{first.values[k]}")
+
+
+def _check_trainer_state_values(folder: CheckpointFolder, first: TrainerState) -> None:
+    """The step matches the folder's name; sp_size is one InfiniTrain writes."""
     if folder.step is not None and first.values["global_step"] != folder.step:
-        problems.append(f"{first.path}: global_step is {first.values['global_step']}, but the folder is named for "
-                        f"step {folder.step}")
+        folder.problems.append(f"{first.path}: global_step is {first.values['global_step']}, but the folder is named "
+                               f"for step {folder.step}")
     v = first.values
     if v["sp_size"] not in (1, v["tp_size"]):
-        problems.append(f"{first.path}: sp_size is {v['sp_size']}, but InfiniTrain writes 1 or tp_size ({v['tp_size']})")
+        folder.problems.append(f"{first.path}: sp_size is {v['sp_size']}, but InfiniTrain writes 1 or tp_size "
+                               f"({v['tp_size']})")
+
+
+def _check_rank_folders(folder: CheckpointFolder, first: TrainerState) -> None:
+    """Every rank the topology names has its folder, and no folder is beyond it."""
     world = first.world_size
-    if not folder.parallel:
-        if world != 1:
-            problems.append(f"{folder.path}: the trainer state's topology {first.topology} is {world} ranks, but the "
-                            "folder holds one rank's files and no rank_NNNNNN/ folders")
-        return
     have = {r.rank for r in folder.ranks}
     absent = [r for r in range(world) if r not in have]
     extra = sorted(r for r in have if r >= world)
     if absent:
-        problems.append(f"{folder.path}: the trainer state's topology {first.topology} is {world} ranks, but "
-                        f"rank_{absent[0]:06d}/" + (f" (and {len(absent) - 1} more)" if len(absent) > 1 else "")
-                        + " is missing")
+        folder.problems.append(f"{folder.path}: the trainer state's topology {first.topology} is {world} ranks, but "
+                               f"rank_{absent[0]:06d}/" + (f" (and {len(absent) - 1} more)" if len(absent) > 1 else "")
+                               + " is missing")
     if extra:
-        problems.append(f"{folder.path}: holds rank_{extra[0]:06d}/, but the trainer state's topology {first.topology} "
-                        f"has only ranks 0..{world - 1}")
+        folder.problems.append(f"{folder.path}: holds rank_{extra[0]:06d}/, but the trainer state's topology "
+                               f"{first.topology} has only ranks 0..{world - 1}")
+
+
+def _check_stage_tensors(folder: CheckpointFolder, first: TrainerState) -> None:
     # Ranks of one pipeline stage (rank // (TP x DP)) hold the same tensors; TP shards share names and shapes.
+    v = first.values
     per_stage = int(v["tp_size"] * v["ddp_size"]) or 1
     for kind in ("model", "optimizer"):
         stages: dict[int, RankCheckpoint] = {}
         for r in folder.ranks:
             state = getattr(r, kind)
-            if state is None or r.rank >= world:
+            if state is None or r.rank >= first.world_size:
                 continue
             stage = r.rank // per_stage
             if stage not in stages:
                 stages[stage] = r
                 continue
-            ref = getattr(stages[stage], kind)
-            ref_shapes = {e.name: e.shape for e in ref.entries}
-            shapes = {e.name: e.shape for e in state.entries}
-            missing = [n for n in ref_shapes if n not in shapes]
-            added = [n for n in shapes if n not in ref_shapes]
-            if missing:
-                problems.append(f"{state.path}: has no tensor {missing[0]}, which rank {stages[stage].rank} of the same "
-                                f"pipeline stage holds" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-            if added:
-                problems.append(f"{state.path}: holds tensor {added[0]}, which rank {stages[stage].rank} of the same "
-                                "pipeline stage does not")
-            for n in ref_shapes:
-                if n in shapes and shapes[n] != ref_shapes[n]:
-                    problems.append(f"{state.path}: tensor {n} has shape {list(shapes[n])}, rank {stages[stage].rank}'s "
-                                    f"{list(ref_shapes[n])}")
-                    break
+            _compare_stage_tensors(folder.problems, stages[stage].rank, getattr(stages[stage], kind), state)
+
+
+def _compare_stage_tensors(problems: list[str], ref_rank: int, ref: StateFile, state: StateFile) -> None:
+    """`state` holds the tensors `ref` (rank `ref_rank`, same stage) holds, with the same shapes."""
+    ref_shapes = {e.name: e.shape for e in ref.entries}
+    shapes = {e.name: e.shape for e in state.entries}
+    missing = [n for n in ref_shapes if n not in shapes]
+    added = [n for n in shapes if n not in ref_shapes]
+    if missing:
+        problems.append(f"{state.path}: has no tensor {missing[0]}, which rank {ref_rank} of the same "
+                        f"pipeline stage holds" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    if added:
+        problems.append(f"{state.path}: holds tensor {added[0]}, which rank {ref_rank} of the same "
+                        "pipeline stage does not")
+    for n in ref_shapes:
+        if n in shapes and shapes[n] != ref_shapes[n]:
+            problems.append(f"{state.path}: tensor {n} has shape {list(shapes[n])}, rank {ref_rank}'s "
+                            f"{list(ref_shapes[n])}")
+            break

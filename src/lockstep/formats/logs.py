@@ -332,39 +332,54 @@ def parse_megatron_log(text: str, source: str, seq_length: int | None = None) ->
         fields = _megatron_fields(m["fields"])
         if "lm loss" not in fields:
             continue  # e.g. a validation or skipped-iteration line
-        step = _count(m["step"], source, lineno, "step")
-        loss = _number(fields["lm loss"], source, lineno, "lm loss")
-        lr = _number(fields["learning rate"], source, lineno, "learning rate") if "learning rate" in fields else None
-        elapsed = fields.get("elapsed time per iteration (ms)")
-        step_ms = _number(elapsed, source, lineno, "elapsed time") if elapsed is not None else None
-        gbs = fields.get("global batch size")
-        global_batch = None
-        if gbs is not None:
-            gbs_value = _number(gbs, source, lineno, "global batch size")
-            if not (math.isfinite(gbs_value) and 0 < gbs_value < 1e12):
-                raise FormatError(source, f"line {lineno}: global batch size {gbs!r:.30} is not a positive count")
-            global_batch = int(gbs_value)
-        tokens_per_s = None
-        if step_ms is not None and global_batch is not None and seq is not None and step_ms > 0:
-            tokens_per_s = global_batch * seq / (step_ms / 1000.0)
-        if not lockstep_written and step <= 2:
-            step_ms = tokens_per_s = None  # upstream: elapsed time of iterations 1-2 is not a step time
-        if step in perf:
-            step_ms, tokens_per_s = perf[step].step_ms, perf[step].tokens_per_s
-        steps.append(StepRecord(step=step, loss=loss, step_ms=step_ms, tokens_per_s=tokens_per_s, lr=lr))
+        step, global_batch = _megatron_step(m, fields, source, lineno, seq, upstream=not lockstep_written, perf=perf)
+        steps.append(step)
         _note_quantum(meta, fields["lm loss"])
         meta["steps_planned"] = max(meta.get("steps_planned", 0), _count(m["steps"], source, lineno, "planned steps"))
         if global_batch is not None:
             meta["global_batch_size"] = global_batch
     if not steps:
         raise FormatError(source, "holds no Megatron iteration lines with an `lm loss` field")
-    if seq is not None:
-        meta["seq_length"] = seq
-        meta["seq_length_from"] = "log" if log_seq is not None else "argument"
-    elif not perf:
-        meta["throughput_note"] = "no sequence length in the log or given (--seq-length): tok/s unknown"
+    _note_seq_length(meta, seq, log_seq is not None, bool(perf))
     return RunRecord(framework="megatron", case=_case_name(source), steps=steps, meta=meta,
                      source=source, origin=origin)
+
+
+def _megatron_step(m: re.Match, fields: dict[str, str], source: str, lineno: int, seq: int | None, *,
+                   upstream: bool, perf: dict) -> tuple[StepRecord, int | None]:
+    """One iteration line's step and the global batch size it names (None: not named)."""
+    step = _count(m["step"], source, lineno, "step")
+    loss = _number(fields["lm loss"], source, lineno, "lm loss")
+    lr = _number(fields["learning rate"], source, lineno, "learning rate") if "learning rate" in fields else None
+    elapsed = fields.get("elapsed time per iteration (ms)")
+    step_ms = _number(elapsed, source, lineno, "elapsed time") if elapsed is not None else None
+    global_batch = _global_batch(fields.get("global batch size"), source, lineno)
+    tokens_per_s = None
+    if step_ms is not None and global_batch is not None and seq is not None and step_ms > 0:
+        tokens_per_s = global_batch * seq / (step_ms / 1000.0)
+    if upstream and step <= 2:
+        step_ms = tokens_per_s = None  # upstream: elapsed time of iterations 1-2 is not a step time
+    if step in perf:
+        step_ms, tokens_per_s = perf[step].step_ms, perf[step].tokens_per_s
+    return StepRecord(step=step, loss=loss, step_ms=step_ms, tokens_per_s=tokens_per_s, lr=lr), global_batch
+
+
+def _global_batch(gbs: str | None, source: str, lineno: int) -> int | None:
+    if gbs is None:
+        return None
+    gbs_value = _number(gbs, source, lineno, "global batch size")
+    if not (math.isfinite(gbs_value) and 0 < gbs_value < 1e12):
+        raise FormatError(source, f"line {lineno}: global batch size {gbs!r:.30} is not a positive count")
+    return int(gbs_value)
+
+
+def _note_seq_length(meta: dict, seq: int | None, from_log: bool, has_perf: bool) -> None:
+    """Say where the sequence length behind tok/s came from, or why tok/s is unknown."""
+    if seq is not None:
+        meta["seq_length"] = seq
+        meta["seq_length_from"] = "log" if from_log else "argument"
+    elif not has_perf:
+        meta["throughput_note"] = "no sequence length in the log or given (--seq-length): tok/s unknown"
 
 
 def correct_megatron_step2(record: RunRecord) -> RunRecord:

@@ -40,28 +40,43 @@ def case_figure_png(data: ReportData, case: str) -> bytes:
     ax_loss, ax_diff, ax_tps = fig.subplots(1, 3)
     fig.suptitle(case)
     records = data.records.get(case, {})
+    _draw_losses(ax_loss, data, case, records)
+    _draw_loss_diffs(ax_diff, data, case)
+    _draw_throughput(ax_tps, data, records)
+    buf = io.BytesIO()
+    # The mark tells a later run into this directory that report_files/<case>.png is lockstep's.
+    fig.savefig(buf, format="png", metadata={"Software": f"matplotlib, {REPORT_MARK}"})
+    return buf.getvalue()
 
+
+def _loss_line_style(data: ReportData, framework: str, steps: int) -> dict:
+    if framework == data.baseline:
+        # Wide and pale underneath: when a test run matches it exactly, it still shows around the test line.
+        return {"linewidth": 5, "alpha": 0.45, "zorder": 1, "solid_capstyle": "round"}
+    marker = {"marker": "o", "markersize": 3} if steps <= MAX_MARKED_STEPS else {}
+    return {"linewidth": 1.5, "linestyle": "--", "zorder": 2 + data.frameworks.index(framework), **marker}
+
+
+def _draw_losses(ax, data: ReportData, case: str, records: dict) -> None:
+    """Left panel: every framework's loss curve, the baseline underneath."""
     for fw in data.frameworks:
         rec = records.get(fw)
         if rec is None:
             continue
         steps = sorted(rec.steps, key=lambda s: s.step)
-        marker = {"marker": "o", "markersize": 3} if len(steps) <= MAX_MARKED_STEPS else {}
-        if fw == data.baseline:
-            # Wide and pale underneath: when a test run matches it exactly, it still shows around the test line.
-            style = {"linewidth": 5, "alpha": 0.45, "zorder": 1, "solid_capstyle": "round"}
-        else:
-            style = {"linewidth": 1.5, "linestyle": "--", "zorder": 2 + data.frameworks.index(fw), **marker}
-        ax_loss.plot([s.step for s in steps], [s.loss for s in steps], color=framework_color(data, fw),
-                     label=fw + (" (baseline)" if fw == data.baseline else ""), **style)
-    ax_loss.set_title("loss")
-    ax_loss.set_xlabel("step")
-    ax_loss.set_ylabel("train loss (mean cross-entropy)")
+        ax.plot([s.step for s in steps], [s.loss for s in steps], color=framework_color(data, fw),
+                label=fw + (" (baseline)" if fw == data.baseline else ""), **_loss_line_style(data, fw, len(steps)))
+    ax.set_title("loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("train loss (mean cross-entropy)")
     if records:
-        ax_loss.legend(fontsize="small")
+        ax.legend(fontsize="small")
     else:
-        _not_shown(ax_loss, f"not run: {data.not_compared_reason(case)}")
+        _not_shown(ax, f"not run: {data.not_compared_reason(case)}")
 
+
+def _draw_loss_diffs(ax, data: ReportData, case: str) -> None:
+    """Middle panel: |Δloss| against the baseline on a log axis, with each threshold in force."""
     thresholds = set()
     floored = False
     for fw, verdict in data.verdicts(case).items():
@@ -70,22 +85,25 @@ def case_figure_png(data: ReportData, case: str) -> bytes:
         ys = [d.abs_diff if d.abs_diff > 0 else ZERO_FLOOR for d in verdict.diffs]
         floored |= any(d.abs_diff == 0 for d in verdict.diffs)
         marker = {"marker": "o", "markersize": 3} if len(ys) <= MAX_MARKED_STEPS else {}
-        ax_diff.plot([d.step for d in verdict.diffs], ys, color=framework_color(data, fw),
-                     label=f"{fw} vs {data.baseline}", **marker)
+        ax.plot([d.step for d in verdict.diffs], ys, color=framework_color(data, fw),
+                label=f"{fw} vs {data.baseline}", **marker)
         if verdict.threshold is not None:
             thresholds.add(verdict.threshold)
-    ax_diff.set_title("|Δloss| vs baseline" + (f" (0 drawn at {ZERO_FLOOR:.0e})" if floored else ""))
-    if ax_diff.lines:
+    ax.set_title("|Δloss| vs baseline" + (f" (0 drawn at {ZERO_FLOOR:.0e})" if floored else ""))
+    if ax.lines:
         for th in sorted(thresholds):
-            ax_diff.axhline(th, color="red", linestyle="--", linewidth=1, label=f"threshold {th:.0e}")
-        ax_diff.set_yscale("log")
-        ax_diff.set_xlabel("step")
-        ax_diff.set_ylabel("|Δloss|")
-        ax_diff.legend(fontsize="small")
+            ax.axhline(th, color="red", linestyle="--", linewidth=1, label=f"threshold {th:.0e}")
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel("|Δloss|")
+        ax.legend(fontsize="small")
     else:
         # No empty 0-1 axes pretending to be a plot: say why there is nothing to draw.
-        _not_shown(ax_diff, f"not compared: {data.not_compared_reason(case)}")
+        _not_shown(ax, f"not compared: {data.not_compared_reason(case)}")
 
+
+def _draw_throughput(ax, data: ReportData, records: dict) -> None:
+    """Right panel: median tok/s bars of the frameworks that recorded a finite one."""
     names, spreads = [], []
     for fw in data.frameworks:
         rec = records.get(fw)
@@ -97,16 +115,10 @@ def case_figure_png(data: ReportData, case: str) -> bytes:
         # Median with a min-max whisker (compare/throughput.py: the numbers every table shows).
         values = [s.median for s in spreads]
         whiskers = [[s.median - s.min for s in spreads], [s.max - s.median for s in spreads]]
-        bars = ax_tps.bar(names, values, yerr=whiskers, capsize=3,
-                          color=[framework_color(data, n) for n in names])
-        ax_tps.bar_label(bars, labels=[f"{s.median:,.0f}" + (" NOISY" if s.noisy else "") for s in spreads],
-                         fontsize="small")
-        ax_tps.set_ylabel("tokens/s")
+        bars = ax.bar(names, values, yerr=whiskers, capsize=3, color=[framework_color(data, n) for n in names])
+        ax.bar_label(bars, labels=[f"{s.median:,.0f}" + (" NOISY" if s.noisy else "") for s in spreads],
+                     fontsize="small")
+        ax.set_ylabel("tokens/s")
     else:
-        _not_shown(ax_tps, "no tok/s recorded")
-    ax_tps.set_title(f"tok/s (median, min-max, after step {data.options.warmup_steps})")
-
-    buf = io.BytesIO()
-    # The mark tells a later run into this directory that report_files/<case>.png is lockstep's.
-    fig.savefig(buf, format="png", metadata={"Software": f"matplotlib, {REPORT_MARK}"})
-    return buf.getvalue()
+        _not_shown(ax, "no tok/s recorded")
+    ax.set_title(f"tok/s (median, min-max, after step {data.options.warmup_steps})")

@@ -43,6 +43,15 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
+def skip_lines(skips: list[tuple[str, str]]) -> list[str]:
+    """(reason, "framework/case") pairs as one line per distinct reason, in first-seen order, with
+    its count and the first MAX_NAMES pairs: a matrix that skips the same way many times says it once."""
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    for reason, pair in skips:
+        by_reason[reason].append(pair)
+    return [f"skipped ({len(pairs)}): {reason}: {_names(pairs)}" for reason, pairs in by_reason.items()]
+
+
 def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: list[str],
                 out_dir: Path, report_paths: list[Path] | None = None) -> RunVerdict:
     ran = [o for o in outcomes if o.record is not None]
@@ -102,11 +111,7 @@ def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: l
     lines += failing
     if failed_runs:
         lines.append(f"  failed runs: {_names(failed_runs)} (errors above, and in each record)")
-    by_reason: dict[str, list[str]] = defaultdict(list)
-    for o in skipped:
-        by_reason[o.skipped].append(f"{o.framework}/{o.case.name}")
-    for reason, pairs in by_reason.items():
-        lines.append(f"  skipped ({len(pairs)}): {reason}: {_names(pairs)}")
+    lines += ["  " + line for line in skip_lines([(o.skipped, f"{o.framework}/{o.case.name}") for o in skipped])]
     where = [f"report: {', '.join(str(p) for p in report_paths)}"] if report_paths else []
     if summary is not None:
         where.append(f"summary: {out_dir / 'summary.json'}")

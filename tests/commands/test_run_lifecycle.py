@@ -47,6 +47,7 @@ def test_the_run_ends_with_the_verdict_and_where_everything_is(capsys, tmp_path,
     tail = out.strip().splitlines()[-3:]
     assert tail[0] == "FAIL: nothing was compared: pytorch ran alone; name a framework to compare it with (--frameworks pytorch,megatron) or --repeat N to compare its repeats | 0 PASS, 0 PASS within logging precision, 0 FAIL, 0 FAIL unexplained, 0 errors | 0 failed runs | 1 skipped"
     assert tail[1].startswith("  skipped (1): needs 8 devices") and tail[1].endswith(": pytorch/gpt2_3")
+    assert out.count("needs 8 devices") == 1 and "gpt2_3" not in "".join(out.strip().splitlines()[:-3])  # said once
     assert tail[2] == (f"  report: {out_dir / 'report.html'}, {out_dir / 'report.md'} | "
                        f"summary: {out_dir / 'summary.json'} | run: {out_dir / 'run.json'}")
     assert json.loads((out_dir / "run.json").read_text())["status"] == "finished"

@@ -21,6 +21,7 @@ from lockstep.pipeline import RunObserver, RunOutputs, RunResult, RunTiming, che
 from lockstep.plan import RunPlan, RunRequest, plan_run
 from lockstep.runners import add_runner_arguments, framework_names, framework_options_from
 from lockstep.runners.nodes import NodeLayout
+from lockstep.run_verdict import skip_lines
 
 
 def add_parser(sub) -> None:
@@ -58,7 +59,7 @@ def add_parser(sub) -> None:
                    help="per-device peak TFLOP/s for MFU (default: the known-device table; none on CPU)")
     p.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the plan (every case, the frameworks that run it, each skip with its reason) and "
+                   help="print the plan (every case, the frameworks that run it, the skips grouped by reason) and "
                         "exit, training nothing and writing no --out")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run each (case, framework) N times and report whether the losses are bitwise identical")
@@ -162,9 +163,8 @@ class TerminalObserver(RunObserver):
 
     def ended(self, outcome: CaseOutcome):
         console = self.console
-        if outcome.skipped:
-            console.print(f"[yellow]skipped[/yellow] {outcome.framework}/{outcome.case.name}: {outcome.skipped}")
-        elif outcome.record is not None and not outcome.record.ok and self.task is not None:
+        # A skip is said once, grouped by reason, among the run's last lines (run_verdict.skip_lines).
+        if outcome.record is not None and not outcome.record.ok and self.task is not None:
             self.progress.update(self.task, loss="[red]FAILED[/red]")
         if not console.is_terminal and outcome.record is not None:
             r = outcome.record
@@ -232,7 +232,7 @@ def print_plan(console: Console, plan: RunPlan) -> None:
     console.print(f"plan: {len(plan.cases)} case(s) x {', '.join(names)} (baseline {names[0]}) on {plan.device} | "
                   f"out {plan.out_dir} (nothing is written by --dry-run)", highlight=False, soft_wrap=True)
     t = Table(title="plan")
-    for col in ("case", "model", "config", "steps", "runs on", "skipped (why: below)"):
+    for col in ("case", "model", "config", "steps", "runs on", "skipped (why: below, by reason)"):
         t.add_column(col)
     runs = skips = 0
     for case in plan.cases:
@@ -243,11 +243,10 @@ def print_plan(console: Console, plan: RunPlan) -> None:
         t.add_row(case.name, case.model, f"{case.dtype} {case.parallel_label} B={case.micro_batch} T={case.seq_len}",
                   str(case.steps), ", ".join(on) or "-", ", ".join(skipped) or "-")
     console.print(t)
-    for case in plan.cases:  # one line per skip, `skip FRAMEWORK/CASE: reason`, for people and scripts
-        for r in plan.runners:
-            if not plan.runs(case, r):
-                console.print(f"skip {r.name}/{case.name}: {plan.skip_reason(case, r)}", highlight=False,
-                              markup=False, soft_wrap=True)
+    pairs = [(plan.skip_reason(case, r), f"{r.name}/{case.name}") for case in plan.cases for r in plan.runners
+             if not plan.runs(case, r)]
+    for line in skip_lines(pairs):  # one line per reason, however many pairs it skips
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     console.print(f"dry run: {runs} (case, framework) pair(s) would run, {skips} skipped", highlight=False)
 
 
@@ -316,10 +315,9 @@ def outcome_table(outcomes: list[CaseOutcome], options: CompareOptions | None = 
     for col in ("case", "framework", "config", "status") + numeric:
         t.add_column(col, justify="right" if col in numeric else "left")
     for o in outcomes:
-        cfg = f"{o.case.dtype} {o.case.parallel_label} B={o.case.micro_batch}"
-        if o.skipped:
-            t.add_row(o.case.name, o.framework, cfg, "[yellow]skipped[/yellow]", "-", "-", "-", "-", "-")
+        if o.skipped:  # said once, grouped by reason, in the run's last lines
             continue
+        cfg = f"{o.case.dtype} {o.case.parallel_label} B={o.case.micro_batch}"
         r = o.record
         tp = throughput_of(r, options.warmup_steps, options.peak_tflops)
         t.add_row(o.case.name, o.framework, cfg, "[green]ok[/green]" if r.ok else "[red]failed[/red]",
@@ -351,8 +349,9 @@ def print_comparison(console: Console, summary: dict) -> None:
         for c in comp.get("cases", []):
             if c.get("cause") and not c.get("error"):
                 console.print(f"{c['case']}: {class_of(c).value}: {c['cause']}", highlight=False, markup=False)
-        for sk in comp.get("skipped", []):
-            console.print(f"[dim]not compared: {sk['case']} (skipped: {sk['reason']})[/dim]", highlight=False)
+        if comp.get("skipped"):  # the skips themselves: once, grouped by reason, in the run's last lines
+            console.print(f"[dim]not compared: {len(comp['skipped'])} skipped case(s), by reason below[/dim]",
+                          highlight=False)
         for m in comp.get("missing", []):
             console.print(f"[yellow]missing:[/yellow] {message_of(m)}", highlight=False)
         for e in comp.get("errors", []):

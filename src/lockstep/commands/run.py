@@ -207,7 +207,7 @@ def print_end(console: Console, result: RunResult) -> None:
     console.print(timing_line(result.timing), highlight=False, soft_wrap=True)
     verdict = result.verdict
     for i, line in enumerate(verdict.lines):
-        style = {"PASS": "bold green", "OK": "bold green"}.get(verdict.word, "bold red") if i == 0 else None
+        style = {"PASS": "bold green", "OK": "bold green", "RAN": "bold yellow"}.get(verdict.word, "bold red") if i == 0 else None
         console.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
     if result.history_error:
         console.print(f"[red]history not written:[/red] {result.history_error}", highlight=False)

@@ -271,7 +271,8 @@ class RunStages:
 
         summary = self.result.summary
         write_junit(self.outputs.junit, cases_from_comparisons(summary.get("comparisons", []),
-                                                               nothing_compared_is_error=not summary.get("determinism")))
+                                                               nothing_compared_is_error=not (summary.get("determinism")
+                                                                                             or summary.get("resumes"))))
         self.result.junit_path = Path(self.outputs.junit)
 
     def write_report(self, history_run) -> None:

@@ -9,7 +9,8 @@ then what it rests on.
 
 A run passes only when every pair that ran finished, something was compared, and every
 comparison is in a passing class (the policy's run rule). A run where nothing ran, or where nothing could be compared although two
-frameworks were asked for, fails and says so: it has proven nothing.
+frameworks were asked for, fails and says so: it has proven nothing. A run of one framework says RAN
+(`_one_framework`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ MAX_NAMES = 6  # per line; the rest is counted, the full list is in run.json and
 
 @dataclass
 class RunVerdict:
-    word: str  # PASS | FAIL | OK (one framework: nothing to compare against)
+    word: str  # PASS | FAIL | RAN (one framework: nothing compared with another framework)
     exit_code: int
     lines: list[str] = field(default_factory=list)
 
@@ -41,6 +42,33 @@ def _names(items: list[str]) -> str:
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def skip_lines(skips: list[tuple[str, str]]) -> list[str]:
+    """(reason, "framework/case") pairs as one line per distinct reason, in first-seen order, with
+    its count and the first MAX_NAMES pairs: a matrix that skips the same way many times says it once."""
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    for reason, pair in skips:
+        by_reason[reason].append(pair)
+    return [f"skipped ({len(pairs)}): {reason}: {_names(pairs)}" for reason, pairs in by_reason.items()]
+
+
+def _one_framework(framework: str, summary: dict | None, failed: bool) -> tuple[str, int, str]:
+    """A run of one framework: "RAN" whatever it compared within (no other framework was there to
+    agree or differ with), "FAIL" when a run failed or a resume broke. The exit code follows the
+    one rule of every run: 0 only when something was compared and it all holds, so a run that
+    compared nothing exits 1 (comparison.md, Exit status)."""
+    said = f"{framework} only (one framework)"
+    if (summary or {}).get("determinism"):
+        within = "its repeats compared with each other"
+    elif (summary or {}).get("resumes"):
+        within = "its resumes compared with the runs that saved them"
+    else:
+        return ("FAIL" if failed else "RAN", 1,
+                f"{'FAIL' if failed else 'RAN'}: {said}: nothing was compared; name a framework to compare it with "
+                f"(--frameworks {framework},megatron) or --repeat N to compare its repeats")
+    word = "FAIL" if failed else "RAN"
+    return word, 1 if failed else 0, f"{word}: {said}: {within}"
 
 
 def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: list[str],
@@ -81,19 +109,9 @@ def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: l
         word, code = "FAIL", 1
         lines.append(f"FAIL: nothing was compared: no case ran on both the baseline {frameworks[0]} and another "
                      f"framework | {head}")
-    elif len(frameworks) == 1 and (summary or {}).get("determinism"):
-        # One framework run several times (--repeat): its repeats were compared with each other.
-        word, code = ("OK", 0) if not (failed_runs or bad_resumes) else ("FAIL", 1)
-        lines.append(f"{word}: {frameworks[0]} only, its repeats compared with each other | {head}")
-    elif len(frameworks) == 1 and (summary or {}).get("resumes"):
-        # One framework's resumes were compared with the runs that saved them (compare/resume.py).
-        word, code = ("OK", 0) if not (failed_runs or bad_resumes) else ("FAIL", 1)
-        lines.append(f"{word}: {frameworks[0]} only, its resumes compared with the runs that saved them | {head}")
     elif len(frameworks) == 1:
-        # Nothing was compared, so nothing was shown to agree: not a pass (docs/reference/comparison.md, Exit status).
-        word, code = "FAIL", 1
-        lines.append(f"FAIL: nothing was compared: {frameworks[0]} ran alone; name a framework to compare it with "
-                     f"(--frameworks {frameworks[0]},megatron) or --repeat N to compare its repeats | {head}")
+        word, code, line = _one_framework(frameworks[0], summary, bool(failed_runs or bad_resumes))
+        lines.append(f"{line} | {head}")
     else:
         passed = run_passes(len(failed_runs), counts) and (summary or {}).get("passed") is not False \
             and not bad_resumes
@@ -102,11 +120,7 @@ def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: l
     lines += failing
     if failed_runs:
         lines.append(f"  failed runs: {_names(failed_runs)} (errors above, and in each record)")
-    by_reason: dict[str, list[str]] = defaultdict(list)
-    for o in skipped:
-        by_reason[o.skipped].append(f"{o.framework}/{o.case.name}")
-    for reason, pairs in by_reason.items():
-        lines.append(f"  skipped ({len(pairs)}): {reason}: {_names(pairs)}")
+    lines += ["  " + line for line in skip_lines([(o.skipped, f"{o.framework}/{o.case.name}") for o in skipped])]
     where = [f"report: {', '.join(str(p) for p in report_paths)}"] if report_paths else []
     if summary is not None:
         where.append(f"summary: {out_dir / 'summary.json'}")

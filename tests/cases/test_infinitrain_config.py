@@ -309,7 +309,7 @@ def test_run_of_the_file_trains_basic_and_lora_cases_and_skips_a_lone_resume_say
     out, err = capsys.readouterr()
     # pytorch alone compares nothing, which is not a pass (comparison.md, Exit status); what is
     # checked here is what it planned, ran and skipped.
-    assert rc == 1 and "FAIL: nothing was compared: pytorch ran alone" in " ".join(out.split()), err
+    assert rc == 1 and "RAN: pytorch only (one framework): nothing was compared" in " ".join(out.split()), err
     assert "variables.GPT2_LLMC_FILEPATH = /nowhere/gpt2/gpt2_124M.bin does not exist here" in " ".join(out.split())
     manifest = json.loads((out_dir / "run.json").read_text())
     assert {(s["case"], s["reason"]) for s in manifest["skipped"]} == {

@@ -147,7 +147,7 @@ def test_run_starts_from_the_converted_weights(capsys, tmp_path, training_tokens
     rc = main(["run", "--llmc", str(ckpt), "--data", str(training_tokens), "--frameworks", "pytorch", "--cases",
                "gpt2_1", "--steps", "2", "--device", "cpu", "--out", str(tmp_path / "run"), "--no-report"])
     out, err = capsys.readouterr()
-    assert rc == 1 and "FAIL: nothing was compared: pytorch ran alone" in out, err  # trained, compared with nothing
+    assert rc == 1 and "RAN: pytorch only (one framework): nothing was compared" in out, err  # trained, compared with nothing
     losses = read_run_record(tmp_path / "run" / "pytorch" / "gpt2_1.jsonl").losses()
     tokens = np.asarray(read_token_stream(training_tokens).tokens[:257], dtype=np.int64)
     x, y = torch.from_numpy(tokens[:-1].reshape(4, 64)), torch.from_numpy(tokens[1:].reshape(4, 64))

@@ -18,10 +18,9 @@ def test_dry_run_prints_the_plan_and_writes_nothing(capsys, tmp_path, monkeypatc
     for case in ("gpt2_1", "gpt2_1_bfloat16", "gpt2_2", "gpt2_2_bfloat16", "gpt2_3", "gpt2_3_bfloat16"):
         assert case in out
     lines = out.splitlines()
-    assert ("skip megatron/gpt2_1_bfloat16: megatron-core's bf16 autocast backward needs CUDA") in lines
-    assert ("skip pytorch/gpt2_1_bfloat16: no test framework runs this case here (megatron: megatron-core's bf16 "
-            "autocast backward needs CUDA): nothing to compare it with") in lines
-    assert "skip pytorch/gpt2_1:" not in out and "skip megatron/gpt2_1:" not in out
+    assert ("skipped (2): megatron-core's bf16 autocast backward needs CUDA: megatron/gpt2_1_bfloat16, "
+            "megatron/gpt2_2_bfloat16") in lines
+    assert "pytorch/gpt2_1," not in out and "megatron/gpt2_1," not in out
     assert any(line.startswith("dry run: ") and "pair(s) would run" in line for line in lines)
 
 
@@ -42,3 +41,30 @@ def test_a_baseline_runs_only_cases_a_test_framework_is_compared_on(tmp_path):
     assert alone.runs(alone.cases[1], alone.runners[0])
     repeated = plan(["pytorch", "megatron"], repeat=2)
     assert repeated.runs(repeated.cases[1], repeated.runners[0])
+
+
+def test_an_infinitrain_test_config_s_skips_are_one_line_per_reason(capsys, tmp_path, monkeypatch):
+    """InfiniTrain's file skips many pairs for a few reasons: each reason once, with its count."""
+    from pathlib import Path
+
+    from lockstep.runners.base import available_devices
+
+    monkeypatch.setenv("LOCKSTEP_CACHE", str(tmp_path / "cache"))
+    config = Path(__file__).parents[1] / "fixtures" / "infinitrain_test_configs" / "skips_by_reason.json"
+    rc = main(["run", "--dry-run", "--matrix", str(config), "--frameworks", "pytorch,megatron", "--device", "cpu",
+               "--out", str(tmp_path / "o")])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    lines = [" ".join(line.split()) for line in out.splitlines()]
+    skip = [line for line in lines if line.startswith("skipped (")]
+    cores = available_devices("cpu")
+    assert skip == [
+        "skipped (2): no test framework runs this case here (megatron: megatron-core's bf16 autocast backward needs "
+        "CUDA): nothing to compare it with: pytorch/gpt2_1_bfloat16, pytorch/llama3_1_bfloat16",
+        "skipped (2): megatron-core's bf16 autocast backward needs CUDA: megatron/gpt2_1_bfloat16, "
+        "megatron/llama3_1_bfloat16",
+        f"skipped (12): needs 8 devices, this machine has {cores} CPU cores (--oversubscribe "
+        "runs them anyway): pytorch/gpt2_3, megatron/gpt2_3, pytorch/llama3_3, megatron/llama3_3, "
+        "pytorch/gpt2_3_bfloat16, megatron/gpt2_3_bfloat16 and 6 more"]
+    assert not any(line.startswith("skip ") for line in lines)  # no line per pair
+    assert lines[-1] == "dry run: 4 (case, framework) pair(s) would run, 16 skipped"

@@ -45,8 +45,9 @@ def test_the_run_ends_with_the_verdict_and_where_everything_is(capsys, tmp_path,
                            "--device", "cpu", "--out", str(out_dir))
     assert rc == 1, err  # one framework: nothing compared, nothing proven
     tail = out.strip().splitlines()[-3:]
-    assert tail[0] == "FAIL: nothing was compared: pytorch ran alone; name a framework to compare it with (--frameworks pytorch,megatron) or --repeat N to compare its repeats | 0 PASS, 0 PASS within logging precision, 0 FAIL, 0 FAIL unexplained, 0 errors | 0 failed runs | 1 skipped"
+    assert tail[0] == "RAN: pytorch only (one framework): nothing was compared; name a framework to compare it with (--frameworks pytorch,megatron) or --repeat N to compare its repeats | 0 PASS, 0 PASS within logging precision, 0 FAIL, 0 FAIL unexplained, 0 errors | 0 failed runs | 1 skipped"
     assert tail[1].startswith("  skipped (1): needs 8 devices") and tail[1].endswith(": pytorch/gpt2_3")
+    assert out.count("needs 8 devices") == 1 and "gpt2_3" not in "".join(out.strip().splitlines()[:-3])  # said once
     assert tail[2] == (f"  report: {out_dir / 'report.html'}, {out_dir / 'report.md'} | "
                        f"summary: {out_dir / 'summary.json'} | run: {out_dir / 'run.json'}")
     assert json.loads((out_dir / "run.json").read_text())["status"] == "finished"
@@ -118,6 +119,28 @@ def test_two_frameworks_that_never_ran_the_same_case_fail(tmp_path):
     assert v.lines[0].startswith("FAIL: nothing was compared: no case ran on both the baseline pytorch and another")
 
 
+def test_a_one_framework_run_ends_with_one_word_whatever_it_compared_within(tmp_path):
+    """A pytorch-only run ended FAIL, a pytorch-only checkpoint run OK: both are one framework, with
+    nothing to agree or differ with, so both say RAN; the exit code is the one rule of every run
+    (0 only when something was compared and holds)."""
+    head = "0 PASS, 0 PASS within logging precision, 0 FAIL, 0 FAIL unexplained, 0 errors | 0 failed runs | 0 skipped"
+    alone = run_verdict([outcome("gpt2_1", "pytorch")], {"passed": None, "comparisons": []}, ["pytorch"], tmp_path)
+    assert (alone.word, alone.exit_code) == ("RAN", 1)
+    assert alone.lines[0] == ("RAN: pytorch only (one framework): nothing was compared; name a framework to compare it "
+                              f"with (--frameworks pytorch,megatron) or --repeat N to compare its repeats | {head}")
+    resume = {"framework": "pytorch", "case": "gpt2_1_resume", "resume_case": "gpt2_1", "passed": True}
+    saved = run_verdict([outcome("gpt2_1", "pytorch"), outcome("gpt2_1_resume", "pytorch")],
+                        {"passed": None, "comparisons": [], "resumes": [resume]}, ["pytorch"], tmp_path)
+    assert (saved.word, saved.exit_code) == ("RAN", 0)
+    assert saved.lines[0] == ("RAN: pytorch only (one framework): its resumes compared with the runs that saved them | "
+                              + head)
+    broken = run_verdict([outcome("gpt2_1", "pytorch"), outcome("gpt2_1_resume", "pytorch")],
+                         {"passed": None, "comparisons": [], "resumes": [{**resume, "passed": False}]}, ["pytorch"],
+                         tmp_path)
+    assert (broken.word, broken.exit_code) == ("FAIL", 1)
+    assert broken.lines[0].startswith("FAIL: pytorch only (one framework): its resumes compared")
+
+
 @pytest.mark.parametrize("seed,message", [("-1", "-1 is negative"), ("x", "'x' is not a whole number")])
 def test_bad_seed_is_a_usage_error(capsys, seed, message):
     with pytest.raises(SystemExit) as e:
@@ -143,7 +166,7 @@ def test_force_writes_into_a_foreign_directory_and_keeps_its_files(capsys, tmp_p
     rc, out, err = run_cli(capsys, "--cases", "gpt2_1", "--frameworks", "pytorch", "--steps", "1", "--force",
                            "--llmc", str(tiny_checkpoint), "--data", str(tiny_shakespeare_train),
                            "--device", "cpu", "--out", str(out_dir), "--no-report")
-    assert rc == 1 and "FAIL: nothing was compared: pytorch ran alone" in out, err
+    assert rc == 1 and "RAN: pytorch only (one framework): nothing was compared" in out, err
     assert (out_dir / "thesis.tex").read_text() == "keep me" and (out_dir / "pytorch" / "gpt2_1.jsonl").is_file()
 
 
@@ -165,7 +188,7 @@ def test_another_tools_folder_is_refused_and_with_force_moved_aside_not_deleted(
     assert sorted(p.name for p in out_dir.rglob("*")) == ["model.pt", "pytorch", "run.json"]
 
     rc, out, err = run_cli(capsys, *args, "--force")
-    assert rc == 1 and "FAIL: nothing was compared: pytorch ran alone" in out, err  # written all the same
+    assert rc == 1 and "RAN: pytorch only (one framework): nothing was compared" in out, err  # written all the same
     manifest = json.loads((out_dir / "run.json").read_text())
     moved = {m["from"]: m["to"] for m in manifest["moved_aside"]}
     assert sorted(moved) == ["pytorch", "run.json"] and manifest["schema"] == "lockstep.run/1"

@@ -12,8 +12,8 @@ from lockstep.cli import main
 from lockstep.compare import compare_paths
 from lockstep.compare.options import CompareOptions
 from lockstep.compare.throughput import (Spread, Throughput, device_peak_tflops, format_memory, format_mfu,
-                                         format_repeated_tokens_per_s, format_tokens_per_s, throughput_of,
-                                         throughput_over_repeats)
+                                         format_repeated_tokens_per_s, format_tokens_per_s, overall_tokens_per_s,
+                                         throughput_of, throughput_over_repeats, throughput_ratio)
 from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
 from lockstep.models import SHAPES
 from lockstep.report import write_report
@@ -123,3 +123,59 @@ def test_summary_compare_and_report_show_spread_and_noisy(tmp_path, capsys):
     _, md = write_report(run, "pytorch", CompareOptions())
     text = md.read_text()
     assert "## Throughput" in text and "| gpt2_2 | megatron | 100 | 90 | 200 |" in text and "NOISY" in text
+
+
+# Steps 2..10 of 5,120 tokens: the baseline at 1,000 tok/s (5.12 s a step); the test the same but
+# for one step of 100,000 tok/s (51.2 ms). The mean of step rates calls the test 12x faster; over
+# the 41.0112 s the test took for its 46,080 tokens it is 1.12x.
+ONE_FAST_STEP = ([1.0] + [1000.0] * 9, [1.0] + [1000.0] * 8 + [100000.0])
+HEADLINE = 46080 / (8 * 5.12 + 0.0512) / 1000.0
+
+
+def test_headline_ratio_is_tokens_over_time_not_a_mean_of_step_rates():
+    base, test = (record(tps) for tps in ONE_FAST_STEP)
+    assert overall_tokens_per_s(base) == pytest.approx(1000.0)
+    assert overall_tokens_per_s(test) == pytest.approx(1123.59, abs=0.01)
+    ratio = throughput_ratio(base, test)
+    assert ratio.overall == pytest.approx(HEADLINE) and ratio.overall == pytest.approx(1.1236, abs=1e-4)
+    assert ratio.mean_of_steps == pytest.approx(12.0)
+    # A log that states no step times: the harmonic mean of tok/s, the same quotient for equal steps.
+    for s in test.steps:
+        s.step_ms = None
+    assert overall_tokens_per_s(test) == pytest.approx(1123.59, abs=0.01)
+
+
+def test_every_output_shows_the_headline_and_the_seed_scripts_ratio(tmp_path, capsys):
+    from rich.console import Console
+
+    from lockstep.commands.run import print_comparison
+
+    run = tmp_path / "run"
+    base, test = (record(tps) for tps in ONE_FAST_STEP)
+    test.framework = "megatron"
+    write_run_record(run / "pytorch" / "gpt2_2.jsonl", base)
+    write_run_record(run / "megatron" / "gpt2_2.jsonl", test)
+    case = compare_paths(run / "pytorch", run / "megatron").to_json()["cases"][0]
+    assert case["throughput_ratio"] == pytest.approx(HEADLINE)
+    assert case["throughput_ratio_mean_of_steps"] == pytest.approx(12.0)
+    assert case["throughput_ratio_definition"].startswith("test / baseline: tokens / time over the steps after")
+    assert case["test"]["tokens_per_s_overall"] == pytest.approx(1123.59, abs=0.01)
+    assert case["test"]["tokens_per_s_mean"] == pytest.approx(12000.0)
+    assert main(["compare", str(run / "pytorch"), str(run / "megatron")]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("│ gpt2_2 │ DP=1"))
+    assert row.split("│")[5:7] == ["         1.124 ", "         12.000 "] and "scripts)" in out
+    _, md = write_report(run, "pytorch", CompareOptions())
+    text = md.read_text()
+    assert "test/baseline (tokens ÷ time) | test/baseline (mean of steps 2..N, as the seed scripts) |" in text
+    assert "| 1.124 | 12.000 |" in text
+    console = Console(record=True, width=400)
+    old = {k: v for k, v in case.items() if not k.startswith("throughput_ratio_mean")}  # a summary from before
+    print_comparison(console, {"comparisons": [{"test_framework": "megatron", "baseline_framework": "pytorch",
+                                                "cases": [case, {**old, "case": "gpt2_old"}]}]})
+    lines = console.export_text().splitlines()
+    assert "ratio (tokens ÷ time)" in lines[2] and "ratio (mean of steps 2..N, as the seed scripts)" in lines[2]
+    new_row = next(line for line in lines if "gpt2_2" in line)
+    old_row = next(line for line in lines if "gpt2_old" in line)
+    assert [c.strip() for c in new_row.split("│")[-3:-1]] == ["1.12", "12.00"]
+    assert [c.strip() for c in old_row.split("│")[-3:-1]] == ["1.12", "-"]

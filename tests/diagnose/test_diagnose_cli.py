@@ -39,6 +39,26 @@ def test_pytorch_vs_megatron_from_the_command_line(inputs, tmp_path, capsys):
     updates = verdict["optimizer_updates"]
     print("optimizer updates:", len(updates), max(r["rel_error"] for r in updates))
     assert len(updates) == 28 and max(r["rel_error"] for r in updates) < 1e-3
+    # Rows above the stated tensor tolerance that still agree say so, with the allowance each was
+    # judged against (its FP32 rounding here), in the JSON and in the table.
+    tol = verdict["tensor_tolerance"]
+    above = [r for r in verdict["ranked"] if r["rel_error"] > tol]
+    assert above and all(not r["differs"] and tol < r["rel_error"] <= r["allowed"] for r in above)
+    assert all(r["allowed"] == tol for r in verdict["ranked"] if r["kind"] == "forward")
+    from rich.console import Console
+
+    from lockstep.diagnose.render import print_verdict
+
+    console = Console(record=True, width=300)
+    print_verdict(console, verdict, rows=len(verdict["ranked"]))
+    text = console.export_text()
+    table = {(cells[0], cells[1]): cells for cells in ([c.strip() for c in line.split("│")[1:-1]]
+                                           for line in text.splitlines() if line.startswith("│"))}
+    worst = above[0]
+    assert table[worst["tensor"], worst["kind"]][3:6] == [f"{worst['rel_error']:.2e}", f"{worst['allowed']:.2e}",
+                                           "agrees (above the tolerance)"]
+    assert all(table[r["tensor"], r["kind"]][5] == "agrees" for r in verdict["ranked"] if r["kind"] == "forward")
+    assert f"agrees within its allowance (the tensor tolerance {tol:.0e}" in text
     # issue 36, item 18: the captures kept ~210 MB of whole tensors for this 5M-parameter model;
     # once the verdict is written they hold only sketches (every tensor still named), ~1 MB.
     from lockstep.formats.step_capture import StepCapture

@@ -104,7 +104,7 @@ def test_a_one_framework_run_compared_nothing_so_it_exits_1_and_junit_says_so(tm
                "--out", str(tmp_path / "o"), "--junit", str(junit)])
     out = " ".join(capsys.readouterr().out.split())
     assert rc == 1
-    assert ("FAIL: nothing was compared: pytorch ran alone; name a framework to compare it with "
+    assert ("RAN: pytorch only (one framework): nothing was compared; name a framework to compare it with "
             "(--frameworks pytorch,megatron) or --repeat N to compare its repeats") in out
     root = ET.parse(junit).getroot()
     assert (root.get("tests"), root.get("errors"), root.get("failures")) == ("1", "1", "0")

@@ -163,7 +163,7 @@ def _one_framework_run(run: Path, manifest: dict) -> Path:
 
 def test_resume_verdicts_are_a_table_in_both_reports_and_no_heading_stands_above_an_empty_table(tmp_path):
     run = _one_framework_run(tmp_path / "run", {"status": "finished", "verdict_lines": [
-        "OK: pytorch only, its resumes compared with the runs that saved them | 0 PASS"]})
+        "RAN: pytorch only (one framework): its resumes compared with the runs that saved them | 0 PASS"]})
     sentence = "resume broken (optimizer state lost): max |dloss| 0.0123 at step 5 after step 3"
     (run / "summary.json").write_text(json.dumps({"comparisons": [], "resumes": [
         {"framework": "pytorch", "case": "gpt2_1_resume", "resume_case": "gpt2_1", "verdict": "resume broken",

@@ -101,7 +101,9 @@ def loss_check(ref: StepCapture, test: StepCapture, tolerance: float) -> LossChe
     return check
 
 
-def _limit(d: TensorDiff, tol: float) -> float:
+def allowance(d: TensorDiff, tol: float) -> float:
+    """The relative error a tensor may have and still agree: the tolerance, or more where the test's
+    recovery precision or FP32 rounding allows more (diagnose shows it beside each row)."""
     if d.kind == ADAM_UPDATE:
         # Saturations of Adam updates (±1 where saturated, 0 below, a ramp between: capture/request
         # adam_update_sign): n sign mismatches among N elements give a relative error of 1..2 x
@@ -113,7 +115,7 @@ def _limit(d: TensorDiff, tol: float) -> float:
 
 def differs(d: TensorDiff, tol: float) -> bool:
     """Whether a tensor differs beyond the tolerance, the test's recovery precision and FP32 rounding."""
-    return d.rel > _limit(d, tol)
+    return d.rel > allowance(d, tol)
 
 
 def classify(ref: StepCapture, test: StepCapture, forward: list[TensorDiff], grads: list[TensorDiff],

@@ -237,7 +237,7 @@ def compare_applied(ref: StepCapture, test: StepCapture) -> list[TensorDiff]:
     return out
 
 
-RECOVERY_ALLOWANCE = 10  # what classify allows of a recovery precision (its _limit), kept beside another part
+RECOVERY_ALLOWANCE = 10  # what classify allows of a recovery precision (its allowance), kept beside another part
 
 
 def requested_adam_eps(ref: StepCapture, test: StepCapture) -> float:

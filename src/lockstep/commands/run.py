@@ -21,6 +21,7 @@ from lockstep.pipeline import RunObserver, RunOutputs, RunResult, RunTiming, che
 from lockstep.plan import RunPlan, RunRequest, plan_run
 from lockstep.runners import add_runner_arguments, framework_names, framework_options_from
 from lockstep.runners.nodes import NodeLayout
+from lockstep.run_verdict import skip_lines
 
 
 def add_parser(sub) -> None:
@@ -75,7 +76,7 @@ def _add_output_and_check_args(parser) -> None:
                         help="per-device peak TFLOP/s for MFU (default: the known-device table; none on CPU)")
     parser.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
     parser.add_argument("--dry-run", action="store_true",
-                        help="print the plan (every case, the frameworks that run it, each skip with its reason) and "
+                        help="print the plan (every case, the frameworks that run it, the skips grouped by reason) and "
                              "exit, training nothing and writing no --out")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run each (case, framework) N times and report whether the losses are bitwise identical")
@@ -182,9 +183,8 @@ class TerminalObserver(RunObserver):
 
     def ended(self, outcome: CaseOutcome):
         console = self.console
-        if outcome.skipped:
-            console.print(f"[yellow]skipped[/yellow] {outcome.framework}/{outcome.case.name}: {outcome.skipped}")
-        elif outcome.record is not None and not outcome.record.ok and self.task is not None:
+        # A skip is said once, grouped by reason, among the run's last lines (run_verdict.skip_lines).
+        if outcome.record is not None and not outcome.record.ok and self.task is not None:
             self.progress.update(self.task, loss="[red]FAILED[/red]")
         if not console.is_terminal and outcome.record is not None:
             r = outcome.record
@@ -227,7 +227,7 @@ def print_end(console: Console, result: RunResult) -> None:
     console.print(timing_line(result.timing), highlight=False, soft_wrap=True)
     verdict = result.verdict
     for i, line in enumerate(verdict.lines):
-        style = {"PASS": "bold green", "OK": "bold green"}.get(verdict.word, "bold red") if i == 0 else None
+        style = {"PASS": "bold green", "OK": "bold green", "RAN": "bold yellow"}.get(verdict.word, "bold red") if i == 0 else None
         console.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
     if result.history_error:
         console.print(f"[red]history not written:[/red] {result.history_error}", highlight=False)
@@ -252,7 +252,7 @@ def print_plan(console: Console, plan: RunPlan) -> None:
     console.print(f"plan: {len(plan.cases)} case(s) x {', '.join(names)} (baseline {names[0]}) on {plan.device} | "
                   f"out {plan.out_dir} (nothing is written by --dry-run)", highlight=False, soft_wrap=True)
     t = Table(title="plan")
-    for col in ("case", "model", "config", "steps", "runs on", "skipped (why: below)"):
+    for col in ("case", "model", "config", "steps", "runs on", "skipped (why: below, by reason)"):
         t.add_column(col)
     runs = skips = 0
     for case in plan.cases:
@@ -263,11 +263,10 @@ def print_plan(console: Console, plan: RunPlan) -> None:
         t.add_row(case.name, case.model, f"{case.dtype} {case.parallel_label} B={case.micro_batch} T={case.seq_len}",
                   str(case.steps), ", ".join(on) or "-", ", ".join(skipped) or "-")
     console.print(t)
-    for case in plan.cases:  # one line per skip, `skip FRAMEWORK/CASE: reason`, for people and scripts
-        for r in plan.runners:
-            if not plan.runs(case, r):
-                console.print(f"skip {r.name}/{case.name}: {plan.skip_reason(case, r)}", highlight=False,
-                              markup=False, soft_wrap=True)
+    pairs = [(plan.skip_reason(case, r), f"{r.name}/{case.name}") for case in plan.cases for r in plan.runners
+             if not plan.runs(case, r)]
+    for line in skip_lines(pairs):  # one line per reason, however many pairs it skips
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     console.print(f"dry run: {runs} (case, framework) pair(s) would run, {skips} skipped", highlight=False)
 
 
@@ -336,10 +335,9 @@ def outcome_table(outcomes: list[CaseOutcome], options: CompareOptions | None = 
     for col in ("case", "framework", "config", "status") + numeric:
         t.add_column(col, justify="right" if col in numeric else "left")
     for o in outcomes:
-        cfg = f"{o.case.dtype} {o.case.parallel_label} B={o.case.micro_batch}"
-        if o.skipped:
-            t.add_row(o.case.name, o.framework, cfg, "[yellow]skipped[/yellow]", "-", "-", "-", "-", "-")
+        if o.skipped:  # said once, grouped by reason, in the run's last lines
             continue
+        cfg = f"{o.case.dtype} {o.case.parallel_label} B={o.case.micro_batch}"
         r = o.record
         tp = throughput_of(r, options.warmup_steps, options.peak_tflops)
         t.add_row(o.case.name, o.framework, cfg, "[green]ok[/green]" if r.ok else "[red]failed[/red]",
@@ -352,11 +350,12 @@ def print_comparison(console: Console, summary: dict) -> None:
     for comp in summary.get("comparisons", []):
         t = Table(title=f"{comp['test_framework']} vs {comp['baseline_framework']}")
         for col in ("case", "dtype", "max |Δloss|", "at step", "threshold", "step 1 inside", "verdict",
-                    "tok/s base (median ±CV)", "tok/s test (median ±CV)", "ratio (means)"):
+                    "tok/s base (median ±CV)", "tok/s test (median ±CV)", "ratio (tokens ÷ time)",
+                    "ratio (mean of steps 2..N, as the seed scripts)"):
             t.add_column(col)
         for c in comp.get("cases", []):
             if c.get("error"):
-                t.add_row(c["case"], c.get("dtype") or "", "", "", "", "", "[red]ERROR[/red]", c["error"][:60], "", "")
+                t.add_row(c["case"], c.get("dtype") or "", "", "", "", "", "[red]ERROR[/red]", c["error"][:60], "", "", "")
                 continue
             b, s = c.get("baseline") or {}, c.get("test") or {}
             verdict = class_of(c)
@@ -365,19 +364,25 @@ def print_comparison(console: Console, summary: dict) -> None:
                       f"[{'green' if verdict.passes else 'red'}]{verdict.value}[/]",
                       format_tokens_per_s(Throughput.from_json(b.get("throughput"))),
                       format_tokens_per_s(Throughput.from_json(s.get("throughput"))),
-                      f"{c['throughput_ratio']:.2f}" if isinstance(c.get("throughput_ratio"), (int, float)) else "-")
+                      _ratio(c.get("throughput_ratio")), _ratio(c.get("throughput_ratio_mean_of_steps")))
         console.print(t)
         for c in comp.get("cases", []):
             if c.get("cause") and not c.get("error"):
                 console.print(f"{c['case']}: {class_of(c).value}: {c['cause']}", highlight=False, markup=False)
-        for sk in comp.get("skipped", []):
-            console.print(f"[dim]not compared: {sk['case']} (skipped: {sk['reason']})[/dim]", highlight=False)
+        if comp.get("skipped"):  # the skips themselves: once, grouped by reason, in the run's last lines
+            console.print(f"[dim]not compared: {len(comp['skipped'])} skipped case(s), by reason below[/dim]",
+                          highlight=False)
         for m in comp.get("missing", []):
             console.print(f"[yellow]missing:[/yellow] {message_of(m)}", highlight=False)
         for e in comp.get("errors", []):
             console.print(f"[red]error:[/red] {message_of(e)}", highlight=False)
     for e in summary.get("errors", []):
         console.print(f"[red]error:[/red] {message_of(e)}", highlight=False)
+
+
+def _ratio(x) -> str:
+    """A summary's ratio (a summary written before a field existed lacks it: "-")."""
+    return f"{x:.2f}" if isinstance(x, (int, float)) else "-"
 
 
 def certificate_label(cert: dict | None) -> str:

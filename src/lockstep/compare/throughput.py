@@ -194,6 +194,49 @@ def throughput_of(record: RunRecord, warmup_steps: int = WARMUP_STEPS, peak_tflo
     return Throughput(spread, allocated, reserved, _flops_per_token(record), _devices(record), peak, source)
 
 
+# The headline test/baseline ratio and the seed scripts' figure beside it, for summary.json's
+# `throughput_ratio` / `throughput_ratio_mean_of_steps`.
+RATIO_DEFINITION = "test / baseline: tokens / time over the steps after warm-up (each step's time the slowest rank's)"
+MEAN_RATIO_LABEL = "mean of steps 2..N, as the seed scripts"
+
+
+def overall_tokens_per_s(record: RunRecord, warmup_steps: int = WARMUP_STEPS) -> float | None:
+    """Total tokens ÷ total time over the steps after warm-up: what a run of many steps achieves.
+    A mean of per-step tok/s lets one fast step dominate (a 10 ms step at 100x the rate counts as
+    much as a 1 s step); here each step weighs by its time. Each step's time is already the
+    slowest rank's (step_contract.slowest_rank). A step without its time (some foreign logs) falls
+    back to the harmonic mean of tok/s, which is the same quotient when every step holds the same
+    tokens, as the contract's steps do."""
+    measured = [s for s in record.steps if s.step > warmup_steps and s.tokens_per_s is not None]
+    if not measured:
+        return None
+    if all(s.step_ms is not None for s in measured):
+        seconds = sum(s.step_ms for s in measured) / 1e3
+        tokens = sum(s.tokens_per_s * s.step_ms / 1e3 for s in measured)
+        return tokens / seconds if seconds > 0 else None
+    if any(s.tokens_per_s <= 0 for s in measured):
+        return 0.0
+    return len(measured) / sum(1.0 / s.tokens_per_s for s in measured)
+
+
+@dataclass(frozen=True)
+class ThroughputRatio:
+    """test ÷ baseline of one pair (above 1 the test is faster); None where a side lacks tok/s."""
+
+    overall: float | None  # tokens ÷ time after warm-up, test over baseline: the headline
+    mean_of_steps: float | None  # the ratio of the per-step tok/s means after warm-up (the seed scripts')
+
+
+def throughput_ratio(baseline: RunRecord, test: RunRecord, warmup_steps: int = WARMUP_STEPS) -> ThroughputRatio:
+    """The one place the pair's tok/s ratio is computed, both ways."""
+    def quotient(t: float | None, b: float | None) -> float | None:
+        return t / b if b and t is not None and math.isfinite(b) and b > 0 and math.isfinite(t) else None
+
+    return ThroughputRatio(
+        quotient(overall_tokens_per_s(test, warmup_steps), overall_tokens_per_s(baseline, warmup_steps)),
+        quotient(test.mean_tokens_per_s(warmup_steps), baseline.mean_tokens_per_s(warmup_steps)))
+
+
 @dataclass(frozen=True)
 class RepeatedThroughput:
     """tok/s of one (framework, case) over `--repeat N`: the median over the measured steps of

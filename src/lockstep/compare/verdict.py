@@ -1,10 +1,10 @@
 """The verdict on one case (docs/reference/comparison.md#loss): loss step by step against the dtype threshold, the
 pair's step-1 certificate where `lockstep run` made one, the class the policy (policy.py) gives
-them, and throughput (mean tok/s after warm-up on each side, test/baseline ratio)."""
+them, and throughput (tokens over time after warm-up on each side, test/baseline ratio;
+compare/throughput.py's `throughput_ratio`)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from pathlib import Path
@@ -17,7 +17,8 @@ from lockstep.compare.options import EXPECT_IDENTICAL, CompareOptions
 from lockstep.compare.lr_check import lr_mismatch
 from lockstep.compare.policy import (PairJudgement, VerdictClass, amplification_evidence, judge_pair,
                                      logging_precision_bound, loss_threshold, wants_amplification_evidence)
-from lockstep.compare.throughput import Throughput, throughput_of
+from lockstep.compare.throughput import (MEAN_RATIO_LABEL, RATIO_DEFINITION, Throughput, overall_tokens_per_s,
+                                        throughput_of, throughput_ratio)
 from lockstep.errors import FormatError, LockstepError
 from lockstep.formats.run_record import RunRecord, read_run_record
 
@@ -45,7 +46,8 @@ class SideSummary:
     origin: str | None = None
     losses: list[float] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
-    tokens_per_s_mean: float | None = None
+    tokens_per_s_mean: float | None = None  # the mean of per-step tok/s after warm-up (the seed scripts')
+    tokens_per_s_overall: float | None = None  # tokens / time after warm-up (the headline ratio's)
     step_ms_mean: float | None = None
     throughput_steps: list[int] = field(default_factory=list)  # the steps the mean is over
     step2_corrected: bool = False
@@ -56,7 +58,8 @@ class SideSummary:
 
     def to_json(self) -> dict:
         return {"file": self.file, "framework": self.framework, "origin": self.origin, "losses": self.losses,
-                "steps": self.steps, "tokens_per_s_mean": self.tokens_per_s_mean, "step_ms_mean": self.step_ms_mean,
+                "steps": self.steps, "tokens_per_s_mean": self.tokens_per_s_mean,
+                "tokens_per_s_overall": self.tokens_per_s_overall, "step_ms_mean": self.step_ms_mean,
                 "throughput_steps": self.throughput_steps, "megatron_step2_corrected": self.step2_corrected,
                 "loss_quantum": self.loss_quantum,
                 "throughput": self.throughput.to_json() if self.throughput else None}
@@ -73,7 +76,8 @@ class CaseVerdict:
     rtol: float = 0.0
     diffs: list[StepDiff] = field(default_factory=list)
     loss_passed: bool = False
-    throughput_ratio: float | None = None  # test tok/s / baseline tok/s
+    throughput_ratio: float | None = None  # test / baseline, tokens over time after warm-up (the headline)
+    throughput_ratio_mean_of_steps: float | None = None  # the ratio of per-step tok/s means (the seed scripts')
     min_tps_ratio: float | None = None
     throughput_passed: bool | None = None  # None: no minimum ratio asked for
     config: str = ""
@@ -172,7 +176,9 @@ class CaseVerdict:
             "steps": len(self.diffs),
             "abs_diffs": [d.abs_diff for d in self.diffs],
             "baseline": self.baseline.to_json(), "test": self.test.to_json(),
-            "throughput_ratio": self.throughput_ratio, "throughput_ratio_definition": "test / baseline tok/s",
+            "throughput_ratio": self.throughput_ratio, "throughput_ratio_definition": RATIO_DEFINITION,
+            "throughput_ratio_mean_of_steps": self.throughput_ratio_mean_of_steps,
+            "throughput_ratio_mean_of_steps_definition": MEAN_RATIO_LABEL,
             "min_tps_ratio": self.min_tps_ratio, "throughput_passed": self.throughput_passed,
             "config": self.config, "notes": self.notes, "error": self.error, "not_comparable": self.not_comparable,
             "identity": self.identity.to_json() if self.identity is not None else None,
@@ -193,6 +199,7 @@ def _summarise(side: LoadedSide, options: CompareOptions) -> SideSummary:
     summary.losses = [s.loss for s in ordered]
     summary.steps = [s.step for s in ordered]
     summary.tokens_per_s_mean = rec.mean_tokens_per_s(warmup_steps)
+    summary.tokens_per_s_overall = overall_tokens_per_s(rec, warmup_steps)
     summary.step_ms_mean = rec.mean_step_ms(warmup_steps)
     summary.throughput_steps = [s.step for s in ordered if s.step > warmup_steps and s.tokens_per_s is not None]
     summary.throughput = throughput_of(rec, warmup_steps, options.peak_tflops)
@@ -304,14 +311,14 @@ def judge_case(case: str, baseline: LoadedSide, test: LoadedSide, options: Compa
     note = verdict.resolution_note()
     if note:
         verdict.notes.append(note)
-    bt, tt = verdict.baseline.tokens_per_s_mean, verdict.test.tokens_per_s_mean
-    if bt and tt is not None and math.isfinite(bt) and bt > 0:
-        verdict.throughput_ratio = tt / bt
+    ratio = throughput_ratio(b, t, options.warmup_steps)
+    verdict.throughput_ratio, verdict.throughput_ratio_mean_of_steps = ratio.overall, ratio.mean_of_steps
     if options.min_tps_ratio is not None:
         verdict.throughput_passed = verdict.throughput_ratio is not None and verdict.throughput_ratio >= options.min_tps_ratio
         if verdict.throughput_ratio is None:
             verdict.notes.append("throughput check failed: tok/s is unknown on "
-                                 + ("the baseline" if not bt else "the test") + " side")
+                                 + ("the baseline" if not verdict.baseline.tokens_per_s_overall else "the test")
+                                 + " side")
     return verdict
 
 

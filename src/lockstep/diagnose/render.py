@@ -26,15 +26,28 @@ def _loss(x) -> str:
     return "-" if x is None else f"{x:.7f}"
 
 
+def _allowed(row: dict, tolerance: float) -> tuple[str, str]:
+    """The allowance a row was judged against and what it says: `differs`, `agrees`, or `agrees
+    (above the tolerance)` where the row's own allowance (recovery precision, FP32 rounding) is
+    wider. A verdict written before rows carried it shows "-"."""
+    allowed = row.get("allowed")
+    if allowed is None:
+        return "-", ""
+    if row.get("differs", row["rel_error"] > allowed):
+        return f"{allowed:.2e}", "differs"
+    return f"{allowed:.2e}", "agrees" + (" (above the tolerance)" if row["rel_error"] > tolerance else "")
+
+
 def print_verdict(console: Console, v: dict, rows: int = TOP_ROWS) -> None:
     console.print(f"[bold]diagnose {escape(v['case'])}: {escape(v['test'])} vs {escape(v['reference'])}[/] "
                   f"{escape(v.get('compared') or 'at step 1')} ({v['dtype']}, tensor tolerance "
                   f"{v['tensor_tolerance']:.0e}, gradients {v['gradient_source']})", highlight=False)
     t = Table(title=f"tensors, worst first (top {rows} of {len(v['ranked'])})", title_justify="left")
-    for col in ("tensor", "kind", "max |Δ|", "‖Δ‖/‖ref‖", "cosine"):
-        t.add_column(col, justify="left" if col in ("tensor", "kind") else "right")
+    for col in ("tensor", "kind", "max |Δ|", "‖Δ‖/‖ref‖", "allowed", "", "cosine"):
+        t.add_column(col, justify="left" if col in ("tensor", "kind", "") else "right")
     for r in v["ranked"][:rows]:
-        t.add_row(escape(r["tensor"]), r["kind"], _fmt(r["max_abs_diff"]), f"{r['rel_error']:.2e}", f"{r['cosine']:.6f}")
+        t.add_row(escape(r["tensor"]), r["kind"], _fmt(r["max_abs_diff"]), f"{r['rel_error']:.2e}",
+                  *_allowed(r, v["tensor_tolerance"]), f"{r['cosine']:.6f}")
     console.print(t)
     loss = v["loss_step1"]  # the compared step's loss (step 1, or N+1 with --at-step N)
     console.print(f"step-{v.get('step', 1)} loss: {escape(v['reference'])} {_loss(loss['reference'])}, {escape(v['test'])} "
@@ -61,7 +74,9 @@ def print_verdict(console: Console, v: dict, rows: int = TOP_ROWS) -> None:
             console.print(f"[bold red]✗[/] {escape(f['classification'])}", highlight=False)
     else:
         also = ", gradient and optimizer update" if v.get("optimizer_updates") else " and gradient"
-        console.print(f"[bold green]no divergence[/]: every module output{also} agrees within the tolerance")
+        console.print(f"[bold green]no divergence[/]: every module output{also} agrees within its allowance "
+                      f"(the tensor tolerance {v['tensor_tolerance']:.0e}, or more where the row's 'allowed' says so)",
+                      highlight=False)
     for note in v["notes"]:
         console.print(f"[dim]{escape(note)}[/]", highlight=False)
     console.print(f"[dim]seconds: {', '.join(f'{k} {s}' for k, s in v['seconds'].items())}[/]", highlight=False)
@@ -93,10 +108,12 @@ def html_section(verdicts: list[dict], rows: int = TOP_ROWS) -> str:
                      f"gradients {e(v['gradient_source'])}; tensor tolerance {v['tensor_tolerance']:.0e}</p>")
         items = [f["classification"] for f in v["findings"]] or ["no divergence"]
         parts.append("<ul>" + "".join(f"<li>{e(i)}</li>" for i in items) + "</ul>")
-        parts.append("<table><tr><th>tensor</th><th>kind</th><th>max |Δ|</th><th>‖Δ‖/‖ref‖</th><th>cosine</th></tr>")
+        parts.append("<table><tr><th>tensor</th><th>kind</th><th>max |Δ|</th><th>‖Δ‖/‖ref‖</th><th>allowed</th>"
+                     "<th></th><th>cosine</th></tr>")
         for r in v["ranked"][:rows]:
+            allowed, word = _allowed(r, v["tensor_tolerance"])
             parts.append(f"<tr><td>{e(r['tensor'])}</td><td>{e(r['kind'])}</td><td>{_fmt(r['max_abs_diff'])}</td>"
-                         f"<td>{r['rel_error']:.2e}</td><td>{r['cosine']:.6f}</td></tr>")
+                         f"<td>{r['rel_error']:.2e}</td><td>{allowed}</td><td>{e(word)}</td><td>{r['cosine']:.6f}</td></tr>")
         parts.append("</table>")
         if v["drift"]:
             parts.append("<table><tr><th>lr</th><th>steps</th><th>max |Δloss|</th></tr>" + "".join(

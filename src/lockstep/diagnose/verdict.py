@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from lockstep.cases.spec import CaseSpec
 from lockstep.compare.policy import loss_threshold
 from lockstep.certify.certificate import Step1Diffs, captured_step, close_call, evaluate_step1
-from lockstep.certify.classify import NONE, Finding, LossCheck, add_drift_findings
+from lockstep.certify.classify import NONE, Finding, LossCheck, add_drift_findings, allowance
 from lockstep.certify.tensors import TensorDiff
 from lockstep.formats.step_capture import StepCapture
 
@@ -114,7 +114,10 @@ class Verdict:
             "verdict": self.headline, "first_diverging_module": self.first_diverging_module,
             "first_diverging_output_gradient": self.first_diverging_output_grad,
             "findings": [f.to_json() for f in self.findings], "loss_step1": self.loss.to_json(),
-            "ranked": [d.to_json() for d in self.ranked()],
+            # Each row with the allowance it was judged against (classify.allowance): a row above the
+            # tensor tolerance may still agree, by its recovery precision or FP32 rounding.
+            "ranked": [{**d.to_json(), "allowed": allowance(d, self.tolerance),
+                        "differs": d.rel > allowance(d, self.tolerance)} for d in self.ranked()],
             "forward": [d.to_json() for d in self.forward], "gradients": [d.to_json() for d in self.grads],
             "output_gradients": [d.to_json() for d in self.output_grads],
             "optimizer_updates": [d.to_json() for d in self.applied],

@@ -28,6 +28,10 @@ def _fmt(x) -> str:
     return "-" if x is None else f"{x:.3e}"
 
 
+def _ratio(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def cases_from_comparisons(comparisons: list[dict], nothing_compared_is_error: bool = True) -> list[JUnitCase]:
     """From summary.json's comparisons (or one ComparisonReport.to_json() with the framework names
     added): PASS -> passed, FAIL -> failure with max |Δloss| and step, ERROR and missing -> error,
@@ -50,7 +54,8 @@ def _judged_cases(comparisons: list[dict]) -> list[JUnitCase]:
         for c in comp.get("cases", []):
             props = {"dtype": str(c.get("dtype")), "max_abs_diff": _fmt(c.get("max_abs_diff")),
                      "max_diff_step": str(c.get("max_diff_step")), "threshold": _fmt(c.get("threshold")),
-                     "throughput_ratio": "-" if c.get("throughput_ratio") is None else f"{c['throughput_ratio']:.3f}"}
+                     "throughput_ratio": _ratio(c.get("throughput_ratio")),
+                     "throughput_ratio_mean_of_steps": _ratio(c.get("throughput_ratio_mean_of_steps"))}
             verdict = class_of(c)
             props["verdict"] = verdict.value
             if c.get("error"):

@@ -101,7 +101,7 @@ def test_a_schema_1_history_is_migrated_and_still_read(tmp_path):
     [old] = store.runs()
     assert old.run_id == "old1" and old.results[0].losses == [1.0, 0.5] and old.results[0].inputs_sha256 is None
     with sqlite3.connect(hist) as c:
-        assert max(v for (v,) in c.execute("SELECT version FROM schema_version")) == 2
+        assert max(v for (v,) in c.execute("SELECT version FROM schema_version")) == 3
     again = RunRow("new", "2026-12-01T00:00:00+00:00", "run", "/r", "abc", "pytorch", True, "h",
                    [ResultRow("gpt2_1", "pytorch", "baseline", losses=[1.0, 0.5], tps_median=100.0)])
     assert store.append(again) == "old1"  # the migrated row has its content key

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import threading
 
 from rich.console import Console
@@ -13,7 +14,8 @@ from lockstep.commands.ci_options import add_history_arguments, add_junit_argume
 from lockstep.compare.options import EXPECT_WITHIN_THRESHOLD, EXPECTATIONS, CompareOptions
 from lockstep.compare.policy import class_of
 from lockstep.compare.throughput import (NOISY_CV, Throughput, format_memory, format_mfu,
-                                         format_repeated_tokens_per_s, format_tokens_per_s, throughput_of)
+                                         format_repeated_tokens_per_s, format_roofline, format_roofline_pair,
+                                         format_tokens_per_s, throughput_of)
 from lockstep.errors import LockstepError
 from lockstep.execute import CaseOutcome, close_early_groups, start_first_group_early
 from lockstep.outdir import RunDir
@@ -56,6 +58,9 @@ def add_parser(sub) -> None:
                         "of one framework, a refactor, recompute); NOT IDENTICAL names the first step and tensor")
     p.add_argument("--peak-tflops", type=float, default=None, metavar="X",
                    help="per-device peak TFLOP/s for MFU (default: the known-device table; none on CPU)")
+    p.add_argument("--roofline", action=argparse.BooleanOptionalAction, default=None,
+                   help="after the runs, time each case's own GEMMs alone on the device (a few seconds per shape, "
+                        "cached) and show tok/s as a %% of that shape roofline (default: on CUDA only)")
     p.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (every case, the frameworks that run it, each skip with its reason) and "
@@ -119,7 +124,8 @@ def request_from_args(args) -> RunRequest:
                       framework_options=framework_options_from(args),
                       oversubscribe=args.oversubscribe, nodes=node_layout(args),
                       persistent_workers=not getattr(args, "no_persistent_workers", False),
-                      certify=not getattr(args, "no_certify", False), certify_bf16=getattr(args, "certify_bf16", False))
+                      certify=not getattr(args, "no_certify", False), certify_bf16=getattr(args, "certify_bf16", False),
+                      roofline=getattr(args, "roofline", None))
 
 
 class TerminalObserver(RunObserver):
@@ -311,20 +317,21 @@ def import_report_beside() -> threading.Thread:
 def outcome_table(outcomes: list[CaseOutcome], options: CompareOptions | None = None) -> Table:
     options = options or CompareOptions()
     t = Table(title=f"runs (tok/s: median ±CV over steps 2..N, NOISY above {NOISY_CV:.0%}; "
+                    "MFU against the device's dense peak; % of the case's shape roofline tok/s; "
                     "peak memory allocated / reserved)")
-    numeric = ("steps", "last loss", "tok/s", "MFU", "peak memory")
+    numeric = ("steps", "last loss", "tok/s", "MFU", "% of roofline", "peak memory")
     for col in ("case", "framework", "config", "status") + numeric:
         t.add_column(col, justify="right" if col in numeric else "left")
     for o in outcomes:
         cfg = f"{o.case.dtype} {o.case.parallel_label} B={o.case.micro_batch}"
         if o.skipped:
-            t.add_row(o.case.name, o.framework, cfg, "[yellow]skipped[/yellow]", "-", "-", "-", "-", "-")
+            t.add_row(o.case.name, o.framework, cfg, "[yellow]skipped[/yellow]", *["-"] * len(numeric))
             continue
         r = o.record
         tp = throughput_of(r, options.warmup_steps, options.peak_tflops)
         t.add_row(o.case.name, o.framework, cfg, "[green]ok[/green]" if r.ok else "[red]failed[/red]",
                   str(len(r.steps)), f"{r.steps[-1].loss:.6f}" if r.steps else "-", format_tokens_per_s(tp),
-                  format_mfu(tp), format_memory(tp))
+                  format_mfu(tp), format_roofline(tp), format_memory(tp))
     return t
 
 
@@ -332,11 +339,13 @@ def print_comparison(console: Console, summary: dict) -> None:
     for comp in summary.get("comparisons", []):
         t = Table(title=f"{comp['test_framework']} vs {comp['baseline_framework']}")
         for col in ("case", "dtype", "max |Δloss|", "at step", "threshold", "step 1 inside", "verdict",
-                    "tok/s base (median ±CV)", "tok/s test (median ±CV)", "ratio (means)"):
+                    "tok/s base (median ±CV)", "tok/s test (median ±CV)", "ratio (means)", "MFU (b / t)",
+                    "% of roofline (b / t)"):
             t.add_column(col)
         for c in comp.get("cases", []):
             if c.get("error"):
-                t.add_row(c["case"], c.get("dtype") or "", "", "", "", "", "[red]ERROR[/red]", c["error"][:60], "", "")
+                t.add_row(c["case"], c.get("dtype") or "", "", "", "", "", "[red]ERROR[/red]", c["error"][:60], "", "",
+                          "", "")
                 continue
             b, s = c.get("baseline") or {}, c.get("test") or {}
             verdict = class_of(c)
@@ -345,7 +354,8 @@ def print_comparison(console: Console, summary: dict) -> None:
                       f"[{'green' if verdict.passes else 'red'}]{verdict.value}[/]",
                       format_tokens_per_s(Throughput.from_json(b.get("throughput"))),
                       format_tokens_per_s(Throughput.from_json(s.get("throughput"))),
-                      f"{c['throughput_ratio']:.2f}" if isinstance(c.get("throughput_ratio"), (int, float)) else "-")
+                      f"{c['throughput_ratio']:.2f}" if isinstance(c.get("throughput_ratio"), (int, float)) else "-",
+                      *limit_columns(Throughput.from_json(b.get("throughput")), Throughput.from_json(s.get("throughput"))))
         console.print(t)
         for c in comp.get("cases", []):
             if c.get("cause") and not c.get("error"):
@@ -358,6 +368,11 @@ def print_comparison(console: Console, summary: dict) -> None:
             console.print(f"[red]error:[/red] {message_of(e)}", highlight=False)
     for e in summary.get("errors", []):
         console.print(f"[red]error:[/red] {message_of(e)}", highlight=False)
+
+
+def limit_columns(b: Throughput | None, s: Throughput | None) -> list[str]:
+    """Both sides against the hardware's limits: MFU, and the share of the case's shape roofline."""
+    return [f"{format_mfu(b)} / {format_mfu(s)}", format_roofline_pair(b, s)]
 
 
 def certificate_label(cert: dict | None) -> str:

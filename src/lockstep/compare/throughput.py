@@ -308,12 +308,12 @@ def format_roofline(t: Throughput | None, with_limit: bool = True) -> str:
 
 
 def format_roofline_pair(b: Throughput | None, t: Throughput | None) -> str:
-    """`41% / 44% of 52,000`: baseline's and test's share of the case's one roofline; `-` where
-    neither side has one."""
+    """`41% / 44%`: baseline's and test's share of the case's roofline (the tables that show both
+    sides are narrow; the roofline tok/s itself is in the runs' table, the report and summary.json);
+    `-` where neither side has one."""
     if (b is None or b.roofline_fraction is None) and (t is None or t.roofline_fraction is None):
         return "-"
-    limit = (b and b.roofline_tokens_per_s) or t.roofline_tokens_per_s
-    return f"{format_roofline(b, with_limit=False)} / {format_roofline(t, with_limit=False)} of {limit:,.0f}"
+    return f"{format_roofline(b, with_limit=False)} / {format_roofline(t, with_limit=False)}"
 
 
 def format_memory(t: Throughput | None) -> str:

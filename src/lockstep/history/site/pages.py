@@ -148,7 +148,8 @@ def _tip(s: Series, c: CommitPoint) -> str:
              "verdict: " + ", ".join(f"{k} x{v}" for k, v in verdicts.items()),
              f"max |Δloss| {fmt(c.max_abs_diff)}" + (f" (threshold {fmt(c.threshold)})" if c.threshold else ""),
              f"tok/s median {fmt(c.tps_median)} (min {fmt(lo)} .. max {fmt(hi)}, CV {pct(c.tps_cv)})",
-             f"peak memory {fmt(c.peak_mem_mb)} MB, MFU {pct(c.mfu)}, {pct(c.roofline_fraction)} of roofline",
+             f"peak memory {fmt(c.peak_mem_mb)} MB, MFU {pct(c.mfu)}"
+             + (f", {pct(c.roofline_fraction)} of roofline" if c.roofline_fraction is not None else ""),
              "machine: " + ("; ".join(c.machines()) or "-"),
              "versions: " + ("; ".join(c.versions()) or "-")]
     return "\n".join(lines)

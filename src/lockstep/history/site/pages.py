@@ -81,6 +81,19 @@ def td(text: str, num: bool = False, raw: bool = False) -> str:
 
 # -- overview --------------------------------------------------------------------------------
 
+def _cell_lines(r: ResultRow) -> list[str]:
+    """An overview cell: the verdict, max |Δloss|, tok/s, and the figures against the hardware's limits."""
+    lines = [badge(r.verdict, verdict_label(r))]
+    if r.max_abs_diff is not None:
+        lines.append(f"<small>max |Δloss| {fmt(r.max_abs_diff)}</small>")
+    lines.append(f"<small>tok/s {tps_text(r.tps_median, r.tps_cv)}</small>")
+    if r.mfu is not None:
+        lines.append(f"<small>MFU {pct(r.mfu)}</small>")
+    if r.roofline_fraction is not None:
+        lines.append(f"<small>{pct(r.roofline_fraction)} of roofline</small>")
+    return lines
+
+
 def overview(model: SiteModel, since: str | None, n_diffs: list[tuple[str, str]]) -> str:
     fws = model.frameworks
     rows = []
@@ -94,16 +107,8 @@ def overview(model: SiteModel, since: str | None, n_diffs: list[tuple[str, str]]
             r = p.result
             s = model.series_for(p.run, r)
             href = trend_href(s, 0) if s else run_href(p.run.run_id, 0)
-            lines = [badge(r.verdict, verdict_label(r))]
-            if r.max_abs_diff is not None:
-                lines.append(f"<small>max |Δloss| {fmt(r.max_abs_diff)}</small>")
-            lines.append(f"<small>tok/s {tps_text(r.tps_median, r.tps_cv)}</small>")
-            if r.mfu is not None:
-                lines.append(f"<small>MFU {pct(r.mfu)}</small>")
-            if r.roofline_fraction is not None:
-                lines.append(f"<small>{pct(r.roofline_fraction)} of roofline</small>")
             cells.append(f'<td class="cell" data-case="{escape(case)}" data-framework="{escape(fw)}">'
-                         f'<a href="{href}">{"<br>".join(lines)}</a></td>')
+                         f'<a href="{href}">{"<br>".join(_cell_lines(r))}</a></td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     matrix = ("<table class=matrix><thead><tr><th>case \\ framework</th>" + "".join(f"<th>{escape(f)}</th>" for f in fws)
               + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")

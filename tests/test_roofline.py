@@ -8,7 +8,7 @@ import json
 import pytest
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.formats.run_record import RunRecord, StepRecord
+from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
 from lockstep.models import SHAPES
 from lockstep.models.gpt2.config import GPT2Config
 from lockstep.roofline import (RUN_JSON_KEY, ShapeRoofline, cache_key, cache_path, case_gemms, measure_case,
@@ -150,6 +150,8 @@ def test_run_rooflines_for_run_json_and_read_back_for_a_record(tmp_path):
     (run / "pytorch").mkdir(parents=True)
     (run / "run.json").write_text(json.dumps({RUN_JSON_KEY: rooflines}))
     record = RunRecord("pytorch", "b", [StepRecord(1, 1.0, 1.0, 4.0)], source=str(run / "pytorch" / "b.jsonl"))
+    assert roofline_of_record(record) is None  # no such file: not a record of this run
+    write_run_record(run / "pytorch" / "b.jsonl", record)
     back = roofline_of_record(record)
     assert back == ShapeRoofline.from_json(rooflines["b"]) and back.tokens_per_s == rooflines["b"]["tokens_per_s"]
     elsewhere = RunRecord("pytorch", "b", [], source=str(tmp_path / "loose" / "x" / "b.jsonl"))

@@ -315,7 +315,7 @@ def roofline_of_record(record) -> ShapeRoofline | None:
     directory the record sits in (`<run>/<framework>/<case>.jsonl`); None elsewhere."""
     from lockstep.formats.run_manifest import manifest_path, read_manifest
 
-    if not record.source:
+    if not record.source or not Path(record.source).is_file():  # a record made in memory, not read from a run
         return None
     run_dir = Path(record.source).parent.parent
     if not manifest_path(run_dir).is_file():

@@ -158,3 +158,14 @@ def test_run_rooflines_for_run_json_and_read_back_for_a_record(tmp_path):
     assert roofline_of_record(elsewhere) is None
     (run / "run.json").write_text(json.dumps({RUN_JSON_KEY: {"b": {"gemm_seconds": "soon"}}}))
     assert roofline_of_record(record) is None  # not a roofline lockstep wrote: none, never a crash
+
+
+def test_a_probe_that_fails_is_said_and_the_other_cases_keep_theirs(tmp_path):
+    class ForeignShape:  # a plugin family's config without the sizes the GEMMs are built from
+        family = "foreign"
+
+    said = []
+    rooflines = measure_run([_case("a"), _case("b")], {"a": ForeignShape(), "b": MICRO}, "cpu", tmp_path,
+                            say=said.append)
+    assert set(rooflines) == {"b"}
+    assert len(said) == 1 and said[0].startswith("roofline of a: not measured (")

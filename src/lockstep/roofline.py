@@ -1,5 +1,5 @@
 """The shape roofline: how many tokens per second the device could train a case at if its
-matrix multiplications were all it did (docs/reference/comparison.md#throughput).
+matrix multiplications were all it did (docs/reference/comparison.md#against-the-hardwares-limits-mfu-and-the-shape-roofline).
 
 MFU divides by the device's datasheet peak, which no real GEMM of a small model reaches; the
 shape roofline instead times the case's own GEMMs, at its micro batch B x sequence T, alone on the
@@ -165,7 +165,7 @@ def _positive(x) -> bool:
 # -- measuring -----------------------------------------------------------------------------
 
 
-def device_name(device: str) -> str:
+def probe_device_name(device: str) -> str:
     """The name the cache is keyed by: the GPU's, or the CPU's model and torch's thread count."""
     import torch
 
@@ -280,7 +280,7 @@ def measure_case(config, micro_batch: int, seq_len: int, dtype: str, device: str
 
     began = time.perf_counter()
     gemms = case_gemms(config, micro_batch, seq_len, lora)
-    name = device_name(device)
+    name = probe_device_name(device)
     key = cache_key(name, dtype, torch.__version__, gemms)
     path = cache_path(cache_dir, key)
     seconds = read_cached(path, key)
@@ -297,13 +297,14 @@ def measure_case(config, micro_batch: int, seq_len: int, dtype: str, device: str
 
 def measure_run(cases: list, configs: dict, device: str, cache_dir: Path, say=lambda text: None) -> dict:
     """run.json's "rooflines" for the cases that trained: case name -> ShapeRoofline.to_json().
-    A case whose probe fails (out of memory) gets none, said once; the run goes on."""
+    A case whose probe fails (out of memory, a family shape it does not know) gets none, said
+    once; the run and its verdicts go on, as a figure beside them must never take them down."""
     out = {}
     for case in cases:
         try:
             roofline = measure_case(configs[case.name], case.micro_batch, case.seq_len, case.dtype, device,
                                     case.world_size, cache_dir, lora=case.lora is not None)
-        except (RuntimeError, MemoryError) as e:  # torch's out-of-memory is a RuntimeError
+        except Exception as e:  # torch's out-of-memory is a RuntimeError; a plugin family's config may lack a size
             say(f"roofline of {case.name}: not measured ({str(e).splitlines()[0][:120]})")
             continue
         out[case.name] = roofline.to_json()

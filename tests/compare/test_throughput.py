@@ -171,3 +171,11 @@ def test_share_of_roofline_in_json_compare_and_report(tmp_path, capsys):
             "| % of roofline | peak allocated MB | peak reserved MB |") in text
     assert "| gpt2_2 | megatron | 80,000 | 80,000 | 80,000 | 0.0% | ok | 6.1% | 59.94 | 256,000 | 31.2% |" in text
     assert "Roofline tok/s = devices × B·T ÷ the time of the case's own GEMMs" in text
+
+
+def test_tok_s_over_repeats_against_the_roofline(tmp_path):
+    run = _run_with_roofline(tmp_path)
+    first = read_run_record(run / "pytorch" / "gpt2_2.jsonl")  # repeat 1 sits in the run directory
+    t = throughput_over_repeats([first, record([1.0, 1e5, 1e5, 1e5, 1e5])])
+    assert t.roofline_tokens_per_s == 256_000.0 and t.to_json()["roofline_fraction"] == 0.390625
+    assert format_repeated_tokens_per_s(t) == "100,000 (repeats 100,000-100,000 ±0%), 39% of roofline"

@@ -277,7 +277,7 @@ def print_determinism(console: Console, report) -> None:
     """Bitwise identical repeats per framework and case."""
     t = Table(title=f"determinism over {report.repeats} repeats")
     for col in ("framework", "case", "repeats", "bitwise identical", "max |Δloss| between repeats", "at step",
-                "tok/s over repeats (median; per-repeat medians min-max ±CV)"):
+                "tok/s over repeats (median; per-repeat medians min-max ±CV; % of the shape roofline)"):
         t.add_column(col)
     for p in report.pairs:
         same = "[green]yes[/green]" if p.bitwise_identical else "[red]no[/red]"

@@ -239,6 +239,7 @@ class RepeatedThroughput:
 
     pooled: Spread  # every repeat's steps after warm-up, together
     medians: tuple[float, ...]  # each repeat's own median, in repeat order
+    roofline_tokens_per_s: float | None = None  # the case's shape roofline, where the run measured one
 
     @property
     def repeats(self) -> int:
@@ -253,10 +254,16 @@ class RepeatedThroughput:
     def noisy(self) -> bool:
         return self.pooled.noisy or self.repeat_medians.noisy
 
+    @property
+    def roofline_fraction(self) -> float | None:
+        """The pooled median as a fraction of the case's shape roofline."""
+        return self.pooled.median / self.roofline_tokens_per_s if self.roofline_tokens_per_s else None
+
     def to_json(self) -> dict:
         return {"repeats": self.repeats, "pooled": self.pooled.to_json(),
                 "repeat_medians": {**self.repeat_medians.to_json(), "values": list(self.medians)},
-                "noisy": self.noisy, "noisy_cv_threshold": NOISY_CV}
+                "noisy": self.noisy, "noisy_cv_threshold": NOISY_CV,
+                "roofline_tokens_per_s": self.roofline_tokens_per_s, "roofline_fraction": self.roofline_fraction}
 
 
 def throughput_over_repeats(records: list[RunRecord], warmup_steps: int = WARMUP_STEPS) -> RepeatedThroughput | None:
@@ -272,17 +279,19 @@ def throughput_over_repeats(records: list[RunRecord], warmup_steps: int = WARMUP
         medians.append(statistics.median(float(s.tokens_per_s) for s in measured))
     if not medians:
         return None
-    return RepeatedThroughput(Spread.of(pooled_steps, pooled_values), tuple(medians))
+    return RepeatedThroughput(Spread.of(pooled_steps, pooled_values), tuple(medians),
+                              next(filter(None, map(roofline_of, records)), None))
 
 
 def format_repeated_tokens_per_s(t: RepeatedThroughput | None) -> str:
     """`12,345 (repeats 12,001-12,600 ±2%)`: the pooled median, then the per-repeat medians' range
-    and CV; `NOISY` when either spread is above NOISY_CV."""
+    and CV; `NOISY` when either spread is above NOISY_CV; `, 41% of roofline` where one was measured."""
     if t is None:
         return "-"
     m = t.repeat_medians
+    limit = f", {t.roofline_fraction:.0%} of roofline" if t.roofline_fraction is not None else ""
     return (f"{t.pooled.median:,.0f} (repeats {m.min:,.0f}-{m.max:,.0f} ±{m.cv:.0%})"
-            + (" NOISY" if t.noisy else ""))
+            + (" NOISY" if t.noisy else "") + limit)
 
 
 def format_tokens_per_s(t: Throughput | None) -> str:

@@ -347,15 +347,14 @@ def print_comparison(console: Console, summary: dict) -> None:
                 t.add_row(c["case"], c.get("dtype") or "", "", "", "", "", "[red]ERROR[/red]", c["error"][:60], "", "",
                           "", "")
                 continue
-            b, s = c.get("baseline") or {}, c.get("test") or {}
+            b, s = (Throughput.from_json((c.get(side) or {}).get("throughput")) for side in ("baseline", "test"))
             verdict = class_of(c)
             t.add_row(c["case"], c["dtype"], f"{c['max_abs_diff']:.3e}", str(c["max_diff_step"]), f"{c['threshold']:.0e}",
                       certificate_label(c.get("certificate")),
                       f"[{'green' if verdict.passes else 'red'}]{verdict.value}[/]",
-                      format_tokens_per_s(Throughput.from_json(b.get("throughput"))),
-                      format_tokens_per_s(Throughput.from_json(s.get("throughput"))),
+                      format_tokens_per_s(b), format_tokens_per_s(s),
                       f"{c['throughput_ratio']:.2f}" if isinstance(c.get("throughput_ratio"), (int, float)) else "-",
-                      *limit_columns(Throughput.from_json(b.get("throughput")), Throughput.from_json(s.get("throughput"))))
+                      *limit_columns(b, s))
         console.print(t)
         for c in comp.get("cases", []):
             if c.get("cause") and not c.get("error"):

@@ -169,3 +169,15 @@ def test_a_probe_that_fails_is_said_and_the_other_cases_keep_theirs(tmp_path):
                             say=said.append)
     assert set(rooflines) == {"b"}
     assert len(said) == 1 and said[0].startswith("roofline of a: not measured (")
+
+    class Silent(Exception):  # an error without a message still names itself
+        pass
+
+    class Refusing(GPT2Config):
+        @property
+        def head_dim(self):
+            raise Silent()
+
+    said.clear()
+    assert measure_run([_case("a")], {"a": Refusing()}, "cpu", tmp_path, say=said.append) == {}
+    assert said == ["roofline of a: not measured (Silent)"]

@@ -203,6 +203,8 @@ def time_gemms(gemms: list[Gemm], device: str, dtype: str, budget_s: float = PRO
     with fp32_matmul_precision(enabled_tf32=False), torch.no_grad():  # the contract's FP32: IEEE matmuls
         for (batch, m, n, k), count in shapes.items():
             total += count * _time_one(torch, (batch, m, n, k), torch.device(device), tdtype, per_shape)
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the operands' memory back to the device for what runs after the probe
     return total
 
 
@@ -305,7 +307,8 @@ def measure_run(cases: list, configs: dict, device: str, cache_dir: Path, say=la
             roofline = measure_case(configs[case.name], case.micro_batch, case.seq_len, case.dtype, device,
                                     case.world_size, cache_dir, lora=case.lora is not None)
         except Exception as e:  # torch's out-of-memory is a RuntimeError; a plugin family's config may lack a size
-            say(f"roofline of {case.name}: not measured ({str(e).splitlines()[0][:120]})")
+            first_line = (str(e).splitlines() or [type(e).__name__])[0]
+            say(f"roofline of {case.name}: not measured ({first_line[:120]})")
             continue
         out[case.name] = roofline.to_json()
     return out

@@ -128,7 +128,7 @@ def test_a_run_and_a_later_compare_of_its_records_are_one_point(tmp_path, capsys
     assert len(series.points) == 1
 
 
-def test_the_share_of_the_roofline_is_kept_and_a_schema_2_history_gains_its_column(tmp_path):
+def test_the_share_of_the_roofline_is_kept_and_a_schema_2_history_gains_its_column(tmp_path, capsys):
     from lockstep.history.site import build_site
     from lockstep.roofline import RUN_JSON_KEY, ShapeRoofline
 
@@ -146,6 +146,10 @@ def test_the_share_of_the_roofline_is_kept_and_a_schema_2_history_gains_its_colu
     build_site(store, tmp_path / "site")
     page = (tmp_path / "site" / "runs" / f"{kept.run_id}.html").read_text()
     assert "<th>% of roofline</th>" in page and "50.0%" in page
+    capsys.readouterr()
+    assert main(["history", "--history", str(hist), "trend", "--case", "gpt2_1", "--framework", "infinitrain"]) == 0
+    table = capsys.readouterr().out
+    assert "% of roofline" in table and "50.0%" in table
 
     # The same file as schema 2 wrote it: no roofline column, version 2. Opened, it is migrated.
     with sqlite3.connect(hist) as conn:

@@ -147,7 +147,8 @@ def test_the_share_of_the_roofline_is_kept_and_a_schema_2_history_gains_its_colu
     page = (tmp_path / "site" / "runs" / f"{kept.run_id}.html").read_text()
     assert "<th>% of roofline</th>" in page and "50.0%" in page
     capsys.readouterr()
-    assert main(["history", "--history", str(hist), "trend", "--case", "gpt2_1", "--framework", "infinitrain"]) == 0
+    assert main(["history", "--history", str(hist), "trend", "--case", "gpt2_1", "--framework", "infinitrain",
+                 "--png", str(tmp_path / "trend.png")]) == 0
     table = capsys.readouterr().out
     assert "% of roofline" in table and "50.0%" in table
 

@@ -216,7 +216,23 @@ class RunStages:
         with self.timing.stage("runs"), self.observer.running():
             self.result.outcomes = execute_plan(self.plan, on_start=self.observer.started, on_step=self.observer.step,
                                                 on_end=ended, repeat=repeat, on_groups=self.observer.waiting_on_groups)
+        self.measure_rooflines(run_dir)
         self.observer.ran(self.result.outcomes)
+
+    def measure_rooflines(self, run_dir: RunDir) -> None:
+        """Each trained case's shape roofline into run.json, after every run (the device is then
+        free for the probe alone) and before any table shows tok/s."""
+        plan = self.plan
+        trained = {o.case.name: o.case for o in self.result.outcomes if o.record is not None and o.record.ok}
+        if not plan.roofline or not trained:
+            return
+        from lockstep.data.corpus import default_cache_dir
+        from lockstep.roofline import RUN_JSON_KEY, measure_run
+
+        with self.timing.stage("roofline"):
+            rooflines = measure_run(list(trained.values()), {n: plan.inputs[n].model for n in trained}, plan.device,
+                                    plan.cache_dir or default_cache_dir(), say=self.observer.say)
+        run_dir.update_manifest(**{RUN_JSON_KEY: rooflines})
 
     def compare(self) -> None:
         with self.timing.stage("comparison"):

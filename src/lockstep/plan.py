@@ -60,6 +60,9 @@ class RunRequest:
     persistent_workers: bool = True
     certify: bool = True  # a step-1 certificate for every FP32 pair (--no-certify)
     certify_bf16: bool = False  # and for BF16 pairs (--certify-bf16)
+    # Measure each case's shape roofline after the runs (lockstep/roofline.py): None, on CUDA only
+    # (--roofline / --no-roofline).
+    roofline: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class RunPlan:
     # it from the runners: a plan made by hand in a test lists no skips of its own).
     skips: dict[tuple[str, str], str] | None = None
     cuda_start: Any = None  # the thread making this process's CUDA context (joined before the run ends)
+    roofline: bool = False  # measure each trained case's shape roofline (RunRequest.roofline)
+    cache_dir: Path | None = None  # lockstep's cache root (the rooflines' cache); None: the default
 
     def skip_reason(self, case: CaseSpec, runner: FrameworkRunner) -> str | None:
         """Why the pair does not run here, or None when it runs."""
@@ -316,7 +321,8 @@ def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes:
             runner.preflight(m)  # e.g. a missing InfiniTrain binary stops here, before any run
     return RunPlan(out_dir=out_dir, device=device, cases=cases, inputs=inputs, runners=runners, notes=notes,
                    unrunnable=fit.unrunnable, nodes=nodes, persistent_workers=req.persistent_workers,
-                   certify=req.certify, certify_bf16=req.certify_bf16, skips=skips)
+                   certify=req.certify, certify_bf16=req.certify_bf16, skips=skips,
+                   roofline=device == "cuda" if req.roofline is None else req.roofline, cache_dir=cache)
 
 
 @dataclass(frozen=True)

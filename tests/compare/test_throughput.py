@@ -12,9 +12,9 @@ from lockstep.cli import main
 from lockstep.compare import compare_paths
 from lockstep.compare.options import CompareOptions
 from lockstep.compare.throughput import (Spread, Throughput, device_peak_tflops, format_memory, format_mfu,
-                                         format_repeated_tokens_per_s, format_tokens_per_s, overall_tokens_per_s,
-                                         throughput_of, throughput_over_repeats, throughput_ratio)
-from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
+                                         format_repeated_tokens_per_s, format_roofline, format_tokens_per_s,
+                                         overall_tokens_per_s, throughput_of, throughput_over_repeats, throughput_ratio)
+from lockstep.formats.run_record import RunRecord, StepRecord, read_run_record, write_run_record
 from lockstep.models import SHAPES
 from lockstep.report import write_report
 
@@ -164,7 +164,7 @@ def test_every_output_shows_the_headline_and_the_seed_scripts_ratio(tmp_path, ca
     assert main(["compare", str(run / "pytorch"), str(run / "megatron")]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("│ gpt2_2 │ DP=1"))
-    assert row.split("│")[5:7] == ["         1.124 ", "         12.000 "] and "scripts)" in out
+    assert [c.strip() for c in row.split("│")[5:7]] == ["1.124", "12.000"] and "scripts)" in out
     _, md = write_report(run, "pytorch", CompareOptions())
     text = md.read_text()
     assert "test/baseline (tokens ÷ time) | test/baseline (mean of steps 2..N, as the seed scripts) |" in text
@@ -177,5 +177,61 @@ def test_every_output_shows_the_headline_and_the_seed_scripts_ratio(tmp_path, ca
     assert "ratio (tokens ÷ time)" in lines[2] and "ratio (mean of steps 2..N, as the seed scripts)" in lines[2]
     new_row = next(line for line in lines if "gpt2_2" in line)
     old_row = next(line for line in lines if "gpt2_old" in line)
-    assert [c.strip() for c in new_row.split("│")[-3:-1]] == ["1.12", "12.00"]
-    assert [c.strip() for c in old_row.split("│")[-3:-1]] == ["1.12", "-"]
+    assert [c.strip() for c in new_row.split("│")[10:12]] == ["1.12", "12.00"]
+    assert [c.strip() for c in old_row.split("│")[10:12]] == ["1.12", "-"]
+
+
+def test_dense_peak_table_by_part_and_dtype():
+    assert device_peak_tflops("NVIDIA GH200 480GB", "bfloat16") == 989.5  # not taken for an H200 NVL
+    assert device_peak_tflops("NVIDIA H200 NVL", "bfloat16") == 835.5 and device_peak_tflops("NVIDIA H200 NVL", "float32") == 60.0
+    assert device_peak_tflops("NVIDIA H100 PCIe", "float32") == 51.2 and device_peak_tflops("NVIDIA H100 PCIe", "bfloat16") == 756.0
+    assert device_peak_tflops("NVIDIA H100 NVL", "bfloat16") == 835.5
+    assert device_peak_tflops("NVIDIA H100 80GB HBM3", "float32", tf32=True) == 494.5
+    assert device_peak_tflops("NVIDIA A100 80GB PCIe", "float32", tf32=True) == 156.0
+    assert device_peak_tflops("NVIDIA L40S", "bfloat16") == 362.05 and device_peak_tflops("NVIDIA L40", "bfloat16") == 181.05
+    assert device_peak_tflops("NVIDIA L4", "float32") == 30.3
+    assert device_peak_tflops("NVIDIA A10G", "bfloat16") is None  # not an A100: no peak rather than a wrong one
+    assert device_peak_tflops(None, "float32") is None
+
+
+def _run_with_roofline(tmp_path):
+    """A run directory whose run.json holds gpt2_2's roofline: 80 x 64 tokens in 0.02 s = 256,000 tok/s."""
+    from lockstep.roofline import RUN_JSON_KEY, ShapeRoofline
+
+    run = tmp_path / "run"
+    write_run_record(run / "pytorch" / "gpt2_2.jsonl", record([1.0, 1e5, 1e5, 1e5, 1e5]))
+    slower = record([1.0, 8e4, 8e4, 8e4, 8e4])
+    slower.framework = "megatron"
+    write_run_record(run / "megatron" / "gpt2_2.jsonl", slower)
+    roofline = ShapeRoofline("NVIDIA H200", "bfloat16", 80, 64, 1, 0.02, 10**12, False, 2.5)
+    (run / "run.json").write_text(json.dumps({RUN_JSON_KEY: {"gpt2_2": roofline.to_json()}}))
+    return run
+
+
+def test_share_of_roofline_in_json_compare_and_report(tmp_path, capsys):
+    run = _run_with_roofline(tmp_path)
+    t = throughput_of(read_run_record(run / "pytorch" / "gpt2_2.jsonl"))
+    assert t.roofline_tokens_per_s == 256_000.0 and t.roofline_fraction == 0.390625
+    assert format_roofline(t) == "39% of 256,000" and format_roofline(t, with_limit=False) == "39%"
+    assert Throughput.from_json(json.loads(json.dumps(t.to_json()))) == t
+    assert format_roofline(throughput_of(record([1.0, 2.0]))) == "-"  # no run.json beside it
+    verdict = compare_paths(run / "pytorch", run / "megatron").cases[0].to_json()
+    assert verdict["test"]["throughput"]["roofline_fraction"] == 0.3125
+    assert verdict["baseline"]["throughput"]["roofline_tokens_per_s"] == 256_000.0
+    assert main(["compare", str(run / "pytorch"), str(run / "megatron")]) == 0
+    out = capsys.readouterr().out
+    assert "% of roofline" in out and "39% / 31%" in out
+    _, md = write_report(run, "pytorch", CompareOptions())
+    text = md.read_text()
+    assert ("| case | framework | tok/s median | min | max | CV | spread | MFU | model TFLOP/s | roofline tok/s "
+            "| % of roofline | peak allocated MB | peak reserved MB |") in text
+    assert "| gpt2_2 | megatron | 80,000 | 80,000 | 80,000 | 0.0% | ok | 6.1% | 59.94 | 256,000 | 31.2% |" in text
+    assert "Roofline tok/s = devices × B·T ÷ the time of the case's own GEMMs" in text
+
+
+def test_tok_s_over_repeats_against_the_roofline(tmp_path):
+    run = _run_with_roofline(tmp_path)
+    first = read_run_record(run / "pytorch" / "gpt2_2.jsonl")  # repeat 1 sits in the run directory
+    t = throughput_over_repeats([first, record([1.0, 1e5, 1e5, 1e5, 1e5])])
+    assert t.roofline_tokens_per_s == 256_000.0 and t.to_json()["roofline_fraction"] == 0.390625
+    assert format_repeated_tokens_per_s(t) == "100,000 (repeats 100,000-100,000 ±0%), 39% of roofline"

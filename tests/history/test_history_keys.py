@@ -101,7 +101,7 @@ def test_a_schema_1_history_is_migrated_and_still_read(tmp_path):
     [old] = store.runs()
     assert old.run_id == "old1" and old.results[0].losses == [1.0, 0.5] and old.results[0].inputs_sha256 is None
     with sqlite3.connect(hist) as c:
-        assert max(v for (v,) in c.execute("SELECT version FROM schema_version")) == 2
+        assert max(v for (v,) in c.execute("SELECT version FROM schema_version")) == 3
     again = RunRow("new", "2026-12-01T00:00:00+00:00", "run", "/r", "abc", "pytorch", True, "h",
                    [ResultRow("gpt2_1", "pytorch", "baseline", losses=[1.0, 0.5], tps_median=100.0)])
     assert store.append(again) == "old1"  # the migrated row has its content key
@@ -126,3 +126,39 @@ def test_a_run_and_a_later_compare_of_its_records_are_one_point(tmp_path, capsys
     model = build_model(store.runs())
     [series] = [s for s in model.series.values() if s.framework == "infinitrain"]
     assert len(series.points) == 1
+
+
+def test_the_share_of_the_roofline_is_kept_and_a_schema_2_history_gains_its_column(tmp_path, capsys):
+    from lockstep.history.site import build_site
+    from lockstep.roofline import RUN_JSON_KEY, ShapeRoofline
+
+    run = tmp_path / "r"
+    make_run(run, "c0ffee1", "aaaa111", drift=1e-7)
+    # 4 tokens per micro step in 0.02 s: 200 tok/s; infinitrain's median 100 tok/s is half of it.
+    roofline = ShapeRoofline("cpu test", "float32", 1, 4, 1, 0.02, 10**9, False, 0.5).to_json()
+    manifest = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**manifest, RUN_JSON_KEY: {"gpt2_1": roofline}}))
+    hist = _history(tmp_path)
+    store = HistoryStore(hist)
+    store.append(run_from_summary(compare_run_dir(run, "pytorch"), run))
+    [kept] = store.runs()
+    assert {r.framework: r.roofline_fraction for r in kept.results} == {"pytorch": 0.5, "infinitrain": 0.5}
+    build_site(store, tmp_path / "site")
+    page = (tmp_path / "site" / "runs" / f"{kept.run_id}.html").read_text()
+    assert "<th>% of roofline</th>" in page and "50.0%" in page
+    capsys.readouterr()
+    assert main(["history", "--history", str(hist), "trend", "--case", "gpt2_1", "--framework", "infinitrain",
+                 "--png", str(tmp_path / "trend.png")]) == 0
+    table = capsys.readouterr().out
+    assert "% of roofline" in table and "50.0%" in table
+
+    # The same file as schema 2 wrote it: no roofline column, version 2. Opened, it is migrated.
+    with sqlite3.connect(hist) as conn:
+        conn.execute("ALTER TABLE results DROP COLUMN roofline_fraction")
+        conn.execute("DELETE FROM schema_version")
+        conn.execute("INSERT INTO schema_version VALUES (2)")
+    [old] = HistoryStore(hist).runs()
+    assert old.run_id == kept.run_id and {r.roofline_fraction for r in old.results} == {None}
+    with sqlite3.connect(hist) as conn:
+        assert [v for (v,) in conn.execute("SELECT version FROM schema_version")] == [2, 3]
+    assert HistoryStore(hist).integrity_check() == "ok"

@@ -57,7 +57,7 @@ def test_two_runs_appended_and_read_back(tmp_path, history_file):
     assert store.integrity_check() == "ok"
     with sqlite3.connect(history_file) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
 
 
 def test_trend_over_three_commits_and_cli(tmp_path, history_file, capsys):

@@ -19,7 +19,8 @@ from lockstep.compare.policy import VerdictClass
 from lockstep.compare import CompareOptions, ComparisonReport, compare_paths
 from lockstep.compare.options import EXPECT_WITHIN_THRESHOLD, EXPECTATIONS, STEP2_MODES
 from lockstep.commands.ci_options import add_history_arguments, add_junit_argument, append_history
-from lockstep.compare.throughput import NOISY_CV, format_memory, format_mfu, format_tokens_per_s
+from lockstep.compare.throughput import (NOISY_CV, format_memory, format_mfu, format_roofline_pair,
+                                         format_tokens_per_s)
 from lockstep.compare.verdict import CaseVerdict
 from lockstep.fsutil import atomic_write, prepare_output_file
 from lockstep.step_contract import WARMUP_STEPS
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         prepare_output_file(args.json, "JSON report")  # before the work, not after it
     report = compare_paths(args.baseline, args.test, options_from_args(args))
-    console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+    console = Console(width=None if sys.stdout.isatty() else 220, highlight=False)
     print_report(console, report)
     # Errors go to stderr once, each one sentence; the summary line on stdout counts them.
     for err in report.errors:
@@ -235,12 +236,13 @@ def _first_failing_words(c: CaseVerdict) -> str:
 
 def throughput_table(report: ComparisonReport) -> Table:
     t = Table(title=f"Throughput after warm-up: median tok/s ±CV (NOISY above {NOISY_CV:.0%}); test ÷ baseline "
-                    "of tokens ÷ time, and of the per-step means as the seed scripts; MFU; peak memory allocated / "
-                    "reserved", title_justify="left")
+                    "of tokens ÷ time, and of the per-step means as the seed scripts; MFU; % of the case's shape "
+                    "roofline tok/s; peak memory allocated / reserved", title_justify="left")
     for col, kw in (("case", {}), ("config", {}), ("baseline tok/s", {"justify": "right"}),
                     ("test tok/s", {"justify": "right"}), ("test/baseline", {"justify": "right"}),
                     ("mean of steps 2..N (seed scripts)", {"justify": "right"}),
                     ("steps used (b / t)", {"justify": "right"}), ("MFU (b / t)", {"justify": "right"}),
+                    ("% of roofline (b / t)", {"justify": "right"}),
                     ("peak mem baseline", {"justify": "right"}), ("peak mem test", {"justify": "right"})):
         t.add_column(col, **kw)
     if report.options.min_tps_ratio is not None:
@@ -253,7 +255,7 @@ def throughput_table(report: ComparisonReport) -> Table:
         b, s = c.baseline.throughput, c.test.throughput
         row = [escape(c.case), escape(c.config or "-"), format_tokens_per_s(b), format_tokens_per_s(s),
                ratio, mean_ratio, f"{_steps_label(c.baseline.throughput_steps)} / {_steps_label(c.test.throughput_steps)}",
-               f"{format_mfu(b)} / {format_mfu(s)}", format_memory(b), format_memory(s)]
+               f"{format_mfu(b)} / {format_mfu(s)}", format_roofline_pair(b, s), format_memory(b), format_memory(s)]
         if report.options.min_tps_ratio is not None:
             row.append("[green]ok[/]" if c.throughput_passed else "[red]too slow[/]")
         t.add_row(*row)

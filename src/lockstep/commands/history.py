@@ -98,12 +98,13 @@ def run_trend(store: HistoryStore, args: argparse.Namespace, console: Console) -
         return 1
     t = Table(title=escape(f"{args.case} on {args.framework}: {len(points)} runs"), title_justify="left")
     for col in ("run id", "commit", "version", "max |Δloss|", "threshold", "verdict", "tok/s median", "min", "max",
-                "CV %"):
+                "CV %", "MFU", "% of roofline"):
         t.add_column(col, justify="right" if col not in ("run id", "commit", "version", "verdict") else "left")
     for p in points:
         t.add_row(p.run_id, escape(p.commit), escape(p.identity), _num(p.max_abs_diff, ".3e"), _num(p.threshold, ".0e"),
                   p.verdict or "-", _num(p.tps_median, ",.0f"), _num(p.tps_min, ",.0f"), _num(p.tps_max, ",.0f"),
-                  _num(p.tps_cv, ".1%") + (" NOISY" if p.noisy else ""))
+                  _num(p.tps_cv, ".1%") + (" NOISY" if p.noisy else ""), _num(p.mfu, ".1%"),
+                  _num(p.roofline_fraction, ".1%"))
     console.print(t)
     digest = next((p.inputs_sha256 for p in reversed(points) if p.inputs_sha256), None)
     if digest:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import threading
 
 from rich.console import Console
@@ -13,7 +14,8 @@ from lockstep.commands.ci_options import add_history_arguments, add_junit_argume
 from lockstep.compare.options import EXPECT_WITHIN_THRESHOLD, EXPECTATIONS, CompareOptions
 from lockstep.compare.policy import class_of
 from lockstep.compare.throughput import (NOISY_CV, Throughput, format_memory, format_mfu,
-                                         format_repeated_tokens_per_s, format_tokens_per_s, throughput_of)
+                                         format_repeated_tokens_per_s, format_roofline, format_roofline_pair,
+                                         format_tokens_per_s, throughput_of)
 from lockstep.errors import LockstepError
 from lockstep.execute import CaseOutcome, close_early_groups, start_first_group_early
 from lockstep.outdir import RunDir
@@ -74,6 +76,9 @@ def _add_output_and_check_args(parser) -> None:
                              "of one framework, a refactor, recompute); NOT IDENTICAL names the first step and tensor")
     parser.add_argument("--peak-tflops", type=float, default=None, metavar="X",
                         help="per-device peak TFLOP/s for MFU (default: the known-device table; none on CPU)")
+    parser.add_argument("--roofline", action=argparse.BooleanOptionalAction, default=None,
+                        help="after the runs, time each case's own GEMMs alone on the device (a few seconds per shape, "
+                             "cached) and show tok/s as a %% of that shape roofline (default: on CUDA only)")
     parser.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (every case, the frameworks that run it, the skips grouped by reason) and "
@@ -140,7 +145,8 @@ def request_from_args(args) -> RunRequest:
                       framework_options=framework_options_from(args),
                       oversubscribe=args.oversubscribe, nodes=node_layout(args),
                       persistent_workers=not getattr(args, "no_persistent_workers", False),
-                      certify=not getattr(args, "no_certify", False), certify_bf16=getattr(args, "certify_bf16", False))
+                      certify=not getattr(args, "no_certify", False), certify_bf16=getattr(args, "certify_bf16", False),
+                      roofline=getattr(args, "roofline", None))
 
 
 class TerminalObserver(RunObserver):
@@ -290,7 +296,7 @@ def print_determinism(console: Console, report) -> None:
     """Bitwise identical repeats per framework and case."""
     t = Table(title=f"determinism over {report.repeats} repeats")
     for col in ("framework", "case", "repeats", "bitwise identical", "max |Δloss| between repeats", "at step",
-                "tok/s over repeats (median; per-repeat medians min-max ±CV)"):
+                "tok/s over repeats (median; per-repeat medians min-max ±CV; % of the shape roofline)"):
         t.add_column(col)
     for p in report.pairs:
         same = "[green]yes[/green]" if p.bitwise_identical else "[red]no[/red]"
@@ -330,8 +336,9 @@ def import_report_beside() -> threading.Thread:
 def outcome_table(outcomes: list[CaseOutcome], options: CompareOptions | None = None) -> Table:
     options = options or CompareOptions()
     t = Table(title=f"runs (tok/s: median ±CV over steps 2..N, NOISY above {NOISY_CV:.0%}; "
+                    "MFU against the device's dense peak; % of the case's shape roofline tok/s; "
                     "peak memory allocated / reserved)")
-    numeric = ("steps", "last loss", "tok/s", "MFU", "peak memory")
+    numeric = ("steps", "last loss", "tok/s", "MFU", "% of roofline", "peak memory")
     for col in ("case", "framework", "config", "status") + numeric:
         t.add_column(col, justify="right" if col in numeric else "left")
     for o in outcomes:
@@ -342,7 +349,7 @@ def outcome_table(outcomes: list[CaseOutcome], options: CompareOptions | None = 
         tp = throughput_of(r, options.warmup_steps, options.peak_tflops)
         t.add_row(o.case.name, o.framework, cfg, "[green]ok[/green]" if r.ok else "[red]failed[/red]",
                   str(len(r.steps)), f"{r.steps[-1].loss:.6f}" if r.steps else "-", format_tokens_per_s(tp),
-                  format_mfu(tp), format_memory(tp))
+                  format_mfu(tp), format_roofline(tp), format_memory(tp))
     return t
 
 
@@ -351,20 +358,21 @@ def print_comparison(console: Console, summary: dict) -> None:
         t = Table(title=f"{comp['test_framework']} vs {comp['baseline_framework']}")
         for col in ("case", "dtype", "max |Δloss|", "at step", "threshold", "step 1 inside", "verdict",
                     "tok/s base (median ±CV)", "tok/s test (median ±CV)", "ratio (tokens ÷ time)",
-                    "ratio (mean of steps 2..N, as the seed scripts)"):
+                    "ratio (mean of steps 2..N, as the seed scripts)", "MFU (b / t)", "% of roofline (b / t)"):
             t.add_column(col)
         for c in comp.get("cases", []):
             if c.get("error"):
-                t.add_row(c["case"], c.get("dtype") or "", "", "", "", "", "[red]ERROR[/red]", c["error"][:60], "", "", "")
+                t.add_row(c["case"], c.get("dtype") or "", "", "", "", "", "[red]ERROR[/red]", c["error"][:60], "", "", "",
+                          "", "")
                 continue
-            b, s = c.get("baseline") or {}, c.get("test") or {}
+            b, s = (Throughput.from_json((c.get(side) or {}).get("throughput")) for side in ("baseline", "test"))
             verdict = class_of(c)
             t.add_row(c["case"], c["dtype"], f"{c['max_abs_diff']:.3e}", str(c["max_diff_step"]), f"{c['threshold']:.0e}",
                       certificate_label(c.get("certificate")),
                       f"[{'green' if verdict.passes else 'red'}]{verdict.value}[/]",
-                      format_tokens_per_s(Throughput.from_json(b.get("throughput"))),
-                      format_tokens_per_s(Throughput.from_json(s.get("throughput"))),
-                      _ratio(c.get("throughput_ratio")), _ratio(c.get("throughput_ratio_mean_of_steps")))
+                      format_tokens_per_s(b), format_tokens_per_s(s),
+                      _ratio(c.get("throughput_ratio")), _ratio(c.get("throughput_ratio_mean_of_steps")),
+                      *limit_columns(b, s))
         console.print(t)
         for c in comp.get("cases", []):
             if c.get("cause") and not c.get("error"):
@@ -383,6 +391,11 @@ def print_comparison(console: Console, summary: dict) -> None:
 def _ratio(x) -> str:
     """A summary's ratio (a summary written before a field existed lacks it: "-")."""
     return f"{x:.2f}" if isinstance(x, (int, float)) else "-"
+
+
+def limit_columns(b: Throughput | None, s: Throughput | None) -> list[str]:
+    """Both sides against the hardware's limits: MFU, and the share of the case's shape roofline."""
+    return [f"{format_mfu(b)} / {format_mfu(s)}", format_roofline_pair(b, s)]
 
 
 def certificate_label(cert: dict | None) -> str:

@@ -1,12 +1,13 @@
 """Throughput as engineers read it, computed in one place for summary.json, the terminal tables
 and the report: the median tok/s of a run with its spread (min, max, coefficient of variation)
-over the steps after warm-up, peak device memory, and MFU.
+over the steps after warm-up, peak device memory, MFU, and the share of the case's shape roofline.
 
 Every step's time is already the slowest rank's (docs/reference/training-contract.md#timing), so a step's tok/s is the whole
 job's. MFU = model FLOPs per token (the family config's `flops_per_token`, PaLM's convention)
 × tok/s ÷ (the device's dense peak for the case's dtype × the number of devices). The peak comes
 from `DEVICE_PEAKS` by device name, or from `--peak-tflops`; an unknown device (a CPU) gets no
-MFU rather than a guess.
+MFU rather than a guess. "% of roofline" = median tok/s ÷ the case's shape roofline tok/s, its
+own GEMMs timed alone on the run's device (lockstep/roofline.py), where `lockstep run` measured it.
 """
 
 from __future__ import annotations
@@ -40,26 +41,41 @@ def is_noisy(cv: float | None) -> bool:
 @dataclass(frozen=True)
 class DevicePeak:
     match: str  # a substring of torch.cuda.get_device_name (case-insensitive)
-    bf16_tflops: float  # dense bf16 tensor-core peak
+    bf16_tflops: float  # dense BF16 tensor-core peak
+    tf32_tflops: float  # dense TF32 tensor-core peak (for --peak-tflops users; the contract turns TF32 off)
     fp32_tflops: float  # IEEE FP32 (TF32 off, as the contract runs FP32 cases)
 
 
-# Vendor datasheet figures, dense (no sparsity). Order matters: the first match wins.
+# NVIDIA's datasheets, dense: their tensor-core figures are "with sparsity", so halved here
+# (H100/H200 SXM: BF16 1,979 -> 989.5, TF32 989 -> 494.5; FP32 66.9 per the H100 whitepaper, the
+# datasheets' "67"). Sources: H100 datasheet (SXM, PCIe, NVL), H200 datasheet (SXM, NVL), GH200
+# datasheet, A100 datasheet (SXM and PCIe alike), L40S, L40 and L4 datasheets. Order matters: the
+# first match wins, so a name that contains another comes first (GH200 before H200, L40S before L40
+# before L4, the PCIe and NVL parts before their SXM family).
 DEVICE_PEAKS: tuple[DevicePeak, ...] = (
-    DevicePeak("H200", 989.5, 66.9),
-    DevicePeak("H100 PCIe", 756.0, 51.2),
-    DevicePeak("H100", 989.5, 66.9),  # SXM
-    DevicePeak("A100", 312.0, 19.5),
+    DevicePeak("GH200", 989.5, 494.5, 66.9),
+    DevicePeak("H200 NVL", 835.5, 417.5, 60.0),
+    DevicePeak("H200", 989.5, 494.5, 66.9),  # SXM
+    DevicePeak("H100 PCIe", 756.0, 378.0, 51.2),
+    DevicePeak("H100 NVL", 835.5, 417.5, 60.0),
+    DevicePeak("H100", 989.5, 494.5, 66.9),  # SXM ("NVIDIA H100 80GB HBM3")
+    DevicePeak("A100", 312.0, 156.0, 19.5),
+    DevicePeak("L40S", 362.05, 183.0, 91.6),
+    DevicePeak("L40", 181.05, 90.5, 90.5),
+    DevicePeak("L4", 121.0, 60.0, 30.3),
 )
 
 
-def device_peak_tflops(device_name: str | None, dtype: str | None) -> float | None:
-    """The device's dense peak TFLOP/s for a case's dtype, or None for an unknown device."""
+def device_peak_tflops(device_name: str | None, dtype: str | None, tf32: bool = False) -> float | None:
+    """The device's dense peak TFLOP/s for a case's dtype (FP32 as IEEE FP32 unless `tf32`), or
+    None for an unknown device."""
     if not device_name:
         return None
     for peak in DEVICE_PEAKS:
         if peak.match.lower() in device_name.lower():
-            return peak.bf16_tflops if dtype == "bfloat16" else peak.fp32_tflops
+            if dtype == "bfloat16":
+                return peak.bf16_tflops
+            return peak.tf32_tflops if tf32 else peak.fp32_tflops
     return None
 
 
@@ -105,6 +121,8 @@ class Throughput:
     devices: int
     peak_tflops: float | None  # per device, for the case's dtype
     peak_tflops_source: str | None  # "device table (NAME)" | "--peak-tflops"
+    # The case's shape roofline (lockstep/roofline.py), for the whole job; None where not measured.
+    roofline_tokens_per_s: float | None = None
 
     @property
     def noisy(self) -> bool:
@@ -124,6 +142,13 @@ class Throughput:
             return None
         return achieved / (self.peak_tflops * self.devices)
 
+    @property
+    def roofline_fraction(self) -> float | None:
+        """The median tok/s as a fraction of the case's shape roofline."""
+        if self.tokens_per_s is None or not self.roofline_tokens_per_s:
+            return None
+        return self.tokens_per_s.median / self.roofline_tokens_per_s
+
     def to_json(self) -> dict:
         return {"tokens_per_s": self.tokens_per_s.to_json() if self.tokens_per_s else None,
                 "noisy": self.noisy, "noisy_cv_threshold": NOISY_CV,
@@ -131,7 +156,8 @@ class Throughput:
                 "flops_per_token": self.flops_per_token,
                 "flops_per_token_convention": "PaLM: 6*N_matmul + 12*L*T*C (no causal discount)",
                 "devices": self.devices, "peak_tflops_per_device": self.peak_tflops,
-                "peak_tflops_source": self.peak_tflops_source, "model_tflops": self.model_tflops, "mfu": self.mfu}
+                "peak_tflops_source": self.peak_tflops_source, "model_tflops": self.model_tflops, "mfu": self.mfu,
+                "roofline_tokens_per_s": self.roofline_tokens_per_s, "roofline_fraction": self.roofline_fraction}
 
     @classmethod
     def from_json(cls, d: dict | None) -> "Throughput | None":
@@ -140,7 +166,8 @@ class Throughput:
             return None
         spread = Spread.from_json(d["tokens_per_s"]) if d.get("tokens_per_s") else None
         return cls(spread, d.get("peak_allocated_mb"), d.get("peak_reserved_mb"), d.get("flops_per_token"),
-                   d.get("devices", 1), d.get("peak_tflops_per_device"), d.get("peak_tflops_source"))
+                   d.get("devices", 1), d.get("peak_tflops_per_device"), d.get("peak_tflops_source"),
+                   d.get("roofline_tokens_per_s"))
 
 
 def _flops_per_token(record: RunRecord) -> int | None:
@@ -180,7 +207,8 @@ def _peak_memory(record: RunRecord) -> tuple[float | None, float | None]:
 
 def throughput_of(record: RunRecord, warmup_steps: int = WARMUP_STEPS, peak_tflops: float | None = None) -> Throughput:
     """The figures of one run: tok/s over the steps after `warmup_steps`; `peak_tflops`
-    (per device) overrides the device table."""
+    (per device) overrides the device table; the shape roofline where `lockstep run` measured
+    one for the record's case (`roofline_of`)."""
     measured = sorted((s for s in record.steps if s.step > warmup_steps and s.tokens_per_s is not None),
                       key=lambda s: s.step)
     spread = Spread.of([s.step for s in measured], [float(s.tokens_per_s) for s in measured])
@@ -191,7 +219,16 @@ def throughput_of(record: RunRecord, warmup_steps: int = WARMUP_STEPS, peak_tflo
         name = record.meta.get("device_name")
         peak = device_peak_tflops(name, record.dtype) if record.meta.get("device", "cuda") != "cpu" else None
         source = f"device table ({name})" if peak is not None else None
-    return Throughput(spread, allocated, reserved, _flops_per_token(record), _devices(record), peak, source)
+    return Throughput(spread, allocated, reserved, _flops_per_token(record), _devices(record), peak, source,
+                      roofline_of(record))
+
+
+def roofline_of(record: RunRecord) -> float | None:
+    """The job's shape-roofline tok/s that run.json beside the record holds for its case."""
+    from lockstep.roofline import roofline_of_record
+
+    roofline = roofline_of_record(record)
+    return roofline.tokens_per_s if roofline is not None else None
 
 
 # The headline test/baseline ratio and the seed scripts' figure beside it, for summary.json's
@@ -245,6 +282,7 @@ class RepeatedThroughput:
 
     pooled: Spread  # every repeat's steps after warm-up, together
     medians: tuple[float, ...]  # each repeat's own median, in repeat order
+    roofline_tokens_per_s: float | None = None  # the case's shape roofline, where the run measured one
 
     @property
     def repeats(self) -> int:
@@ -259,10 +297,16 @@ class RepeatedThroughput:
     def noisy(self) -> bool:
         return self.pooled.noisy or self.repeat_medians.noisy
 
+    @property
+    def roofline_fraction(self) -> float | None:
+        """The pooled median as a fraction of the case's shape roofline."""
+        return self.pooled.median / self.roofline_tokens_per_s if self.roofline_tokens_per_s else None
+
     def to_json(self) -> dict:
         return {"repeats": self.repeats, "pooled": self.pooled.to_json(),
                 "repeat_medians": {**self.repeat_medians.to_json(), "values": list(self.medians)},
-                "noisy": self.noisy, "noisy_cv_threshold": NOISY_CV}
+                "noisy": self.noisy, "noisy_cv_threshold": NOISY_CV,
+                "roofline_tokens_per_s": self.roofline_tokens_per_s, "roofline_fraction": self.roofline_fraction}
 
 
 def throughput_over_repeats(records: list[RunRecord], warmup_steps: int = WARMUP_STEPS) -> RepeatedThroughput | None:
@@ -278,17 +322,19 @@ def throughput_over_repeats(records: list[RunRecord], warmup_steps: int = WARMUP
         medians.append(statistics.median(float(s.tokens_per_s) for s in measured))
     if not medians:
         return None
-    return RepeatedThroughput(Spread.of(pooled_steps, pooled_values), tuple(medians))
+    return RepeatedThroughput(Spread.of(pooled_steps, pooled_values), tuple(medians),
+                              next(filter(None, map(roofline_of, records)), None))
 
 
 def format_repeated_tokens_per_s(t: RepeatedThroughput | None) -> str:
     """`12,345 (repeats 12,001-12,600 ±2%)`: the pooled median, then the per-repeat medians' range
-    and CV; `NOISY` when either spread is above NOISY_CV."""
+    and CV; `NOISY` when either spread is above NOISY_CV; `, 41% of roofline` where one was measured."""
     if t is None:
         return "-"
     m = t.repeat_medians
+    limit = f", {t.roofline_fraction:.0%} of roofline" if t.roofline_fraction is not None else ""
     return (f"{t.pooled.median:,.0f} (repeats {m.min:,.0f}-{m.max:,.0f} ±{m.cv:.0%})"
-            + (" NOISY" if t.noisy else ""))
+            + (" NOISY" if t.noisy else "") + limit)
 
 
 def format_tokens_per_s(t: Throughput | None) -> str:
@@ -301,6 +347,25 @@ def format_tokens_per_s(t: Throughput | None) -> str:
 
 def format_mfu(t: Throughput | None) -> str:
     return "-" if t is None or t.mfu is None else f"{t.mfu:.1%}"
+
+
+def format_roofline(t: Throughput | None, with_limit: bool = True) -> str:
+    """`41% of 52,000`: the median tok/s as a share of the case's shape roofline tok/s (`41%`
+    without the limit); `-` where no roofline was measured (a CPU run without --roofline, a
+    foreign log)."""
+    if t is None or t.roofline_fraction is None:
+        return "-"
+    share = f"{t.roofline_fraction:.0%}"
+    return f"{share} of {t.roofline_tokens_per_s:,.0f}" if with_limit else share
+
+
+def format_roofline_pair(b: Throughput | None, t: Throughput | None) -> str:
+    """`41% / 44%`: baseline's and test's share of the case's roofline (the tables that show both
+    sides are narrow; the roofline tok/s itself is in the runs' table, the report and summary.json);
+    `-` where neither side has one."""
+    if (b is None or b.roofline_fraction is None) and (t is None or t.roofline_fraction is None):
+        return "-"
+    return f"{format_roofline(b, with_limit=False)} / {format_roofline(t, with_limit=False)}"
 
 
 def format_memory(t: Throughput | None) -> str:

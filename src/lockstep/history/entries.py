@@ -76,21 +76,22 @@ def _fill_from_record(row: ResultRow, path: str | None, warmup_steps: int, files
         row.inputs_sha256 = case_inputs_sha256(record.meta)
         row.record_sha256 = file_sha256(path)
         row.machine = record.meta.get("host")
-        row.peak_mem_mb, row.mfu = _memory_and_mfu(record, warmup_steps)
+        row.peak_mem_mb, row.mfu, row.roofline_fraction = _memory_and_limits(record, warmup_steps)
         row.dtype = row.dtype or record.dtype
         if not row.losses and record.ok:
             row.losses = [s.loss for s in sorted(record.steps, key=lambda s: s.step)]
     return row
 
 
-def _memory_and_mfu(record: RunRecord, warmup_steps: int) -> tuple[float | None, float | None]:
+def _memory_and_limits(record: RunRecord, warmup_steps: int) -> tuple[float | None, float | None, float | None]:
+    """Peak memory, MFU and the share of the shape roofline."""
     from lockstep.compare.throughput import throughput_of
 
     try:
         t = throughput_of(record, warmup_steps)
     except Exception:  # a foreign record's odd meta: the history keeps the run without these figures
-        return None, None
-    return t.peak_allocated_mb, t.mfu
+        return None, None, None
+    return t.peak_allocated_mb, t.mfu, t.roofline_fraction
 
 
 def _verdict(case: dict) -> str:

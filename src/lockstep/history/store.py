@@ -21,7 +21,7 @@ from typing import Iterator
 from lockstep.errors import LockstepError, WriteError
 from lockstep.fsutil import write_failure_hint
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 HISTORY_ENV = "LOCKSTEP_HISTORY"
 BUSY_TIMEOUT_MS = 60_000  # a writer waits this long for another run's transaction
 
@@ -68,6 +68,7 @@ CREATE TABLE IF NOT EXISTS results (
     peak_mem_mb REAL,                 -- v2: peak allocated device memory
     mfu REAL,                         -- v2: model FLOPs utilisation at the median tok/s
     machine TEXT,                     -- v2: the host the framework ran on (its record's)
+    roofline_fraction REAL,           -- v3: median tok/s / the case's shape roofline tok/s
     PRIMARY KEY (run_id, case_name, framework)
 );
 CREATE INDEX IF NOT EXISTS results_by_case ON results (case_name, framework);
@@ -85,6 +86,10 @@ _MIGRATE_1_TO_2 = [
     "ALTER TABLE results ADD COLUMN mfu REAL",
     "ALTER TABLE results ADD COLUMN machine TEXT",
     "CREATE INDEX IF NOT EXISTS runs_by_content ON runs (content_sha256)",
+]
+# Version 2 -> 3: the share of the case's shape roofline (lockstep/roofline.py); older rows keep NULL.
+_MIGRATE_2_TO_3 = [
+    "ALTER TABLE results ADD COLUMN roofline_fraction REAL",
 ]
 
 
@@ -118,6 +123,7 @@ class ResultRow:
     peak_mem_mb: float | None = None
     mfu: float | None = None
     machine: str | None = None
+    roofline_fraction: float | None = None
     steps: int | None = None  # len(losses) as stored; read back even when the losses are not (runs(losses=False))
 
     def content(self) -> list:
@@ -154,7 +160,8 @@ class RunRow:
 _RESULT_COLUMNS = ["case_name", "framework", "role", "verdict", "reason", "framework_commit", "framework_version",
                    "framework_build", "torch_version", "megatron_core_version", "device", "device_name", "dtype",
                    "steps", "losses", "max_abs_diff", "max_diff_step", "threshold", "tps_median", "tps_min",
-                   "tps_max", "tps_cv", "inputs_sha256", "record_sha256", "peak_mem_mb", "mfu", "machine"]
+                   "tps_max", "tps_cv", "inputs_sha256", "record_sha256", "peak_mem_mb", "mfu", "machine",
+                   "roofline_fraction"]
 
 
 _RUN_COLUMNS = "run_id, recorded_at, kind, source, lockstep_commit, baseline_framework, passed, host"
@@ -201,7 +208,7 @@ class HistoryStore:
         if not create and not self.path.is_file():
             raise LockstepError(f"{self.path}: no history database there yet (lockstep run and compare "
                                 "write it; --history FILE or LOCKSTEP_HISTORY choose another)")
-        if not create and self._schema_version_read_only() == 1:
+        if not create and (self._schema_version_read_only() or SCHEMA_VERSION) < SCHEMA_VERSION:
             with self._connect(create=True):  # lockstep's own file of an older schema: migrated once
                 pass
         try:
@@ -297,17 +304,20 @@ class HistoryStore:
                 _rollback(conn)
                 raise
         row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-        if row is not None and row[0] == 1:
-            self._migrate_1_to_2(conn)
+        if row is not None and row[0] in (1, 2):
+            self._migrate(conn)
         self._check_version(conn)
 
-    def _migrate_1_to_2(self, conn: sqlite3.Connection) -> None:
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Version 1 or 2 to SCHEMA_VERSION in one transaction: every column first, then the
+        content keys a version-1 file lacks (worked out from rows read with every column)."""
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 1:  # not done meanwhile
-                for stmt in _MIGRATE_1_TO_2:
+            version = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
+            if version in (1, 2):  # not done meanwhile
+                for stmt in (_MIGRATE_1_TO_2 if version == 1 else []) + _MIGRATE_2_TO_3:
                     conn.execute(stmt)
-                for row in conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs").fetchall():
+                for row in conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs").fetchall() if version == 1 else []:
                     run = self._run_from_row(conn, row)
                     conn.execute("UPDATE runs SET content_sha256 = ? WHERE run_id = ?", (run.content_key(), run.run_id))
                 conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))

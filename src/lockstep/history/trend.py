@@ -28,6 +28,7 @@ class TrendPoint:
     steps: int = 0
     peak_mem_mb: float | None = None
     mfu: float | None = None
+    roofline_fraction: float | None = None
     machine: str | None = None
     device_name: str | None = None
     torch_version: str | None = None
@@ -51,6 +52,7 @@ def point_of(run: RunRow, r: ResultRow) -> TrendPoint:
         identity=r.framework_version or "-", verdict=r.verdict, max_abs_diff=r.max_abs_diff, threshold=r.threshold,
         tps_median=r.tps_median, tps_min=r.tps_min, tps_max=r.tps_max, tps_cv=r.tps_cv, inputs_sha256=r.inputs_sha256,
         steps=len(r.losses), peak_mem_mb=r.peak_mem_mb, mfu=r.mfu, machine=r.machine or run.host,
+        roofline_fraction=r.roofline_fraction,
         device_name=r.device_name, torch_version=r.torch_version, megatron_core_version=r.megatron_core_version)
 
 

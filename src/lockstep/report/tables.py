@@ -44,10 +44,12 @@ def skipped_lines(data: ReportData) -> list[str]:
 
 
 THROUGHPUT_HEADER = ["case", "framework", "tok/s median", "min", "max", "CV", "spread", "MFU", "model TFLOP/s",
-                     "peak allocated MB", "peak reserved MB"]
+                     "roofline tok/s", "% of roofline", "peak allocated MB", "peak reserved MB"]
 THROUGHPUT_NOTE = (f"Over the steps after warm-up; every step's time is the slowest rank's. CV = sample standard "
                    f"deviation / mean; NOISY above {NOISY_CV:.0%}. MFU = FLOPs per token (PaLM: 6·N_matmul + "
-                   f"12·L·T·C) × median tok/s ÷ (dense peak of the device for the dtype × devices).")
+                   f"12·L·T·C) × median tok/s ÷ (dense peak of the device for the dtype × devices); none on a CPU. "
+                   f"Roofline tok/s = devices × B·T ÷ the time of the case's own GEMMs (forward and backward) timed "
+                   f"alone on the run's device in its dtype; % of roofline = median tok/s ÷ roofline tok/s.")
 
 
 TIMING_HEADER = ["framework", "case", "wall s", "start-up", "weights", "data", "training", "teardown",
@@ -98,9 +100,14 @@ def throughput_rows(data: ReportData) -> list[list[str]]:
             s = t.tokens_per_s
             rows.append([case, fw, _num(s and s.median, ",.0f"), _num(s and s.min, ",.0f"), _num(s and s.max, ",.0f"),
                          _num(s and s.cv, ".1%"), "-" if s is None else "NOISY" if s.noisy else "ok",
-                         _num(t.mfu, ".1%"), _num(t.model_tflops, ".2f"), _num(t.peak_allocated_mb, ",.0f"),
-                         _num(t.peak_reserved_mb, ",.0f")])
+                         _num(t.mfu, ".1%"), _num(t.model_tflops, ".2f"), *roofline_cells(t),
+                         _num(t.peak_allocated_mb, ",.0f"), _num(t.peak_reserved_mb, ",.0f")])
     return rows
+
+
+def roofline_cells(t) -> list[str]:
+    """The throughput table's "roofline tok/s" and "% of roofline" of one run."""
+    return [_num(t.roofline_tokens_per_s, ",.0f"), _num(t.roofline_fraction, ".1%")]
 
 
 def problem_lines(data: ReportData) -> list[str]:

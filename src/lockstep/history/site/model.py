@@ -96,6 +96,11 @@ class CommitPoint:
         vals = self._vals("mfu")
         return statistics.median(vals) if vals else None
 
+    @property
+    def roofline_fraction(self) -> float | None:
+        vals = self._vals("roofline_fraction")
+        return statistics.median(vals) if vals else None
+
     def distinct(self, fn) -> list[str]:
         seen = []
         for p in self.points:

@@ -81,6 +81,19 @@ def td(text: str, num: bool = False, raw: bool = False) -> str:
 
 # -- overview --------------------------------------------------------------------------------
 
+def _cell_lines(r: ResultRow) -> list[str]:
+    """An overview cell: the verdict, max |Δloss|, tok/s, and the figures against the hardware's limits."""
+    lines = [badge(r.verdict, verdict_label(r))]
+    if r.max_abs_diff is not None:
+        lines.append(f"<small>max |Δloss| {fmt(r.max_abs_diff)}</small>")
+    lines.append(f"<small>tok/s {tps_text(r.tps_median, r.tps_cv)}</small>")
+    if r.mfu is not None:
+        lines.append(f"<small>MFU {pct(r.mfu)}</small>")
+    if r.roofline_fraction is not None:
+        lines.append(f"<small>{pct(r.roofline_fraction)} of roofline</small>")
+    return lines
+
+
 def overview(model: SiteModel, since: str | None, n_diffs: list[tuple[str, str]]) -> str:
     fws = model.frameworks
     rows = []
@@ -94,14 +107,8 @@ def overview(model: SiteModel, since: str | None, n_diffs: list[tuple[str, str]]
             r = p.result
             s = model.series_for(p.run, r)
             href = trend_href(s, 0) if s else run_href(p.run.run_id, 0)
-            lines = [badge(r.verdict, verdict_label(r))]
-            if r.max_abs_diff is not None:
-                lines.append(f"<small>max |Δloss| {fmt(r.max_abs_diff)}</small>")
-            lines.append(f"<small>tok/s {tps_text(r.tps_median, r.tps_cv)}</small>")
-            if r.mfu is not None:
-                lines.append(f"<small>MFU {pct(r.mfu)}</small>")
             cells.append(f'<td class="cell" data-case="{escape(case)}" data-framework="{escape(fw)}">'
-                         f'<a href="{href}">{"<br>".join(lines)}</a></td>')
+                         f'<a href="{href}">{"<br>".join(_cell_lines(r))}</a></td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     matrix = ("<table class=matrix><thead><tr><th>case \\ framework</th>" + "".join(f"<th>{escape(f)}</th>" for f in fws)
               + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
@@ -109,7 +116,8 @@ def overview(model: SiteModel, since: str | None, n_diffs: list[tuple[str, str]]
     intro = (f"<p>{len(model.runs)} runs{f' since {escape(since)}' if since else ''}"
              + (f", the latest {escape(last.recorded_at[:19].replace('T', ' '))} UTC" if last else "")
              + ". Each cell: the latest verdict class of that case on that framework, its max |Δloss| against the "
-               "baseline, median tok/s over steps 2..N ± its CV, and MFU where the device's peak is known; "
+               "baseline, median tok/s over steps 2..N ± its CV, MFU where the device's peak is known, and the share "
+               "of the case's shape roofline where the run measured one; "
                "it links to the trend.</p>")
     series_rows = []
     for (case, fw), ss in sorted(model.series_of_pair.items()):
@@ -145,7 +153,8 @@ def _tip(s: Series, c: CommitPoint) -> str:
              "verdict: " + ", ".join(f"{k} x{v}" for k, v in verdicts.items()),
              f"max |Δloss| {fmt(c.max_abs_diff)}" + (f" (threshold {fmt(c.threshold)})" if c.threshold else ""),
              f"tok/s median {fmt(c.tps_median)} (min {fmt(lo)} .. max {fmt(hi)}, CV {pct(c.tps_cv)})",
-             f"peak memory {fmt(c.peak_mem_mb)} MB, MFU {pct(c.mfu)}",
+             f"peak memory {fmt(c.peak_mem_mb)} MB, MFU {pct(c.mfu)}"
+             + (f", {pct(c.roofline_fraction)} of roofline" if c.roofline_fraction is not None else ""),
              "machine: " + ("; ".join(c.machines()) or "-"),
              "versions: " + ("; ".join(c.versions()) or "-")]
     return "\n".join(lines)
@@ -190,7 +199,8 @@ def trend_page(model: SiteModel, s: Series, chunk: list[CommitPoint], k: int, n_
                          raw=True)
                     + td(fmt(c.max_abs_diff), num=True) + td(tps_text(c.tps_median, c.tps_cv), num=True)
                     + td(f"{fmt(lo)} .. {fmt(hi)}", num=True) + td(fmt(c.peak_mem_mb), num=True)
-                    + td(pct(c.mfu), num=True) + td("; ".join(c.machines()) or "-")
+                    + td(pct(c.mfu), num=True) + td(pct(c.roofline_fraction), num=True)
+                    + td("; ".join(c.machines()) or "-")
                     + td("; ".join(c.versions()) or "-") + "</tr>")
     pager = ""
     if n_pages > 1:
@@ -212,7 +222,7 @@ def trend_page(model: SiteModel, s: Series, chunk: list[CommitPoint], k: int, n_
                                               "ERROR", "SKIPPED")) + " " + badge(None, "baseline") + "</p>")
     body = (intro + other + pager + charts
             + table(["commit", "runs (latest first)", "verdict", "max |Δloss|", "tok/s median ± CV",
-                     "tok/s min .. max", "peak MB", "MFU", "machine", "versions"], rows) + pager)
+                     "tok/s min .. max", "peak MB", "MFU", "% of roofline", "machine", "versions"], rows) + pager)
     return page(f"{s.case} on {s.framework}" + (f" (page {k + 1})" if k < n_pages - 1 else ""), body, 1)
 
 
@@ -269,7 +279,7 @@ def _result_row(model: SiteModel, run: RunRow, r: ResultRow) -> str:
     return ("<tr>" + td(r.case) + td(name, raw=True) + td(r.role) + td(badge(r.verdict, verdict_label(r)), raw=True)
             + td(fmt(r.max_abs_diff), num=True) + td(fmt(r.threshold), num=True)
             + td(tps_text(r.tps_median, r.tps_cv), num=True) + td(fmt(r.peak_mem_mb), num=True) + td(pct(r.mfu), num=True)
-            + td(short_commit(r.framework_commit)) + td(r.framework_version or "-")
+            + td(pct(r.roofline_fraction), num=True) + td(short_commit(r.framework_commit)) + td(r.framework_version or "-")
             + td(" ".join(x for x in (r.machine, r.device_name) if x) or "-") + td(r.reason or "") + "</tr>")
 
 
@@ -303,7 +313,7 @@ def run_page(model: SiteModel, run: RunRow, links: list[tuple[str, str]], prev: 
         body += "<p class=muted>No report or diagnose output of this run is reachable from here.</p>"
     body += "<h2>Results</h2>" + table(
         ["case", "framework", "role", "verdict", "max |Δloss|", "threshold", "tok/s median ± CV", "peak MB", "MFU",
-         "commit", "version", "machine", "reason"], [_result_row(model, run, r) for r in run.results])
+         "% of roofline", "commit", "version", "machine", "reason"], [_result_row(model, run, r) for r in run.results])
     if prev is not None:
         body += (f'<h2>Changes since the previous run of these pairs</h2><p>A <a href="{quote(safe_name(prev.run_id))}.html">'
                  f"{escape(prev.run_id)}</a> → B this run (as <code>lockstep history diff {escape(prev.run_id)} "

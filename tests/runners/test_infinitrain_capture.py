@@ -200,3 +200,33 @@ def test_adam_moments_give_the_whole_gradients_paired_by_the_update_they_imply(t
     wrong = {**w1, "qkvw[1]": w0["qkvw[1]"] + (w0["qkvw[1]"] - w1["qkvw[1]"])}  # moved the other way
     assert weights_only.moment_gradients(path, w0, wrong, lr, adam) is None
     assert weights_only.moment_gradients(tmp_path / "none.ckpt", w0, w1, lr, adam) is None
+
+
+def test_a_build_judged_against_another_build_recovers_at_its_lr(gpt2_tiny, token_ids, gpt2_case, tmp_path):
+    """Two builds' gradients are recovered at one lr, so identical builds give identical captures:
+    the baseline build (no reference: 2^24) and a test build whose reference is that capture. At the
+    lr the reference's gradient sizes would pick (2^22 on gpt2-tiny) the same build's step differs
+    in its last bits, which `--expect identical` would call NOT IDENTICAL."""
+    config, tensors = gpt2_tiny
+    case = gpt2_case()
+    w0 = split_canonical(tensors, config)
+    exact = capture_reference(GPT2.from_llmc(tensors, config), case, token_ids)
+    exact.save(tmp_path / "pytorch.npz")
+    by_sizes = weights_only.sgd_lr_for(str(tmp_path / "pytorch.npz"), w0)
+    assert by_sizes == weights_only.sgd_recovery_lr({n: weights_only.rms(w) for n, w in w0.items()},
+                                                    {n: weights_only.rms(g) for n, g in exact.grads.items()})
+    assert weights_only.sgd_lr_for(None, w0) == weights_only.DEFAULT_SGD_RECOVERY_LR != by_sizes
+
+    model = GPT2.from_llmc(tensors, config)
+    w1, _ = one_step(model, case, token_ids, torch.optim.SGD(model.parameters(), lr=weights_only.DEFAULT_SGD_RECOVERY_LR))
+    base = StepCapture(framework="infinitrain@a", loss=exact.loss, grad_kind=GRAD_SGD_RECOVERED,
+                       meta={"recovery_lr": weights_only.DEFAULT_SGD_RECOVERY_LR})
+    for name in w0:
+        base.grads[name], base.grad_precision[name] = weights_only.recover_sgd(w0[name], w1[name],
+                                                                               weights_only.DEFAULT_SGD_RECOVERY_LR)
+    base.save(tmp_path / "base.npz")
+    lr = weights_only.sgd_lr_for(str(tmp_path / "base.npz"), w0)
+    assert lr == weights_only.DEFAULT_SGD_RECOVERY_LR
+    model = GPT2.from_llmc(tensors, config)
+    w1_again, _ = one_step(model, case, token_ids, torch.optim.SGD(model.parameters(), lr=lr))
+    assert all(np.array_equal(weights_only.recover_sgd(w0[n], w1_again[n], lr)[0], base.grads[n]) for n in w0)

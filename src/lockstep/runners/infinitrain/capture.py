@@ -81,6 +81,18 @@ def reference_grad_rms(path: str) -> dict[str, float]:
     return out
 
 
+def sgd_lr_for(reference: str | None, w0: dict[str, np.ndarray]) -> float:
+    """The SGD recovery lr: the reference's own where it recovered its gradients this way too (another
+    InfiniTrain build: two recoveries at one lr round alike, so identical builds give identical
+    captures, as `--expect identical` needs), else one from the reference's gradient sizes."""
+    if not reference:
+        return DEFAULT_SGD_RECOVERY_LR
+    ref = StepCapture.load(reference)
+    if ref.grad_kind == GRAD_SGD_RECOVERED and ref.meta.get("recovery_lr"):
+        return float(ref.meta["recovery_lr"])
+    return sgd_recovery_lr({n: rms(w) for n, w in w0.items()}, reference_grad_rms(reference))
+
+
 def recover_sgd(w0: np.ndarray, w1: np.ndarray, lr: float) -> tuple[np.ndarray, float]:
     """g = (w0 - w1)/lr, and the bound on ||error||/||g|| that w1's FP32 rounding allows."""
     g = (np.asarray(w0, dtype=np.float64) - np.asarray(w1, dtype=np.float64)) / lr
@@ -126,8 +138,7 @@ def launch_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Capture
     w0 = initial_weights(case, inputs, request)
     sgd = family.optimizer.kind == "sgd"
     if sgd:
-        lr = (sgd_recovery_lr({n: rms(w) for n, w in w0.items()}, reference_grad_rms(request.reference))
-              if request.reference else DEFAULT_SGD_RECOVERY_LR)
+        lr = sgd_lr_for(request.reference, w0)
     else:
         lr = ADAM_RECOVERY_LR
     at = f"_step{start + 1}" if start else ""

@@ -227,3 +227,25 @@ def test_a_run_that_does_not_finish_says_so_and_leaves_no_summary(tmp_path, exc,
     assert not (out / "summary.json").exists()
     with open_run_dir(out, FRAMEWORKS, {}):  # the lock was released
         pass
+
+
+@pytest.mark.parametrize("earlier_status", ["running", "finished"])
+def test_checkpoint_folders_of_a_killed_run_are_moved_aside_and_a_recorded_runs_kept(tmp_path, earlier_status):
+    """A SIGKILLed run leaves run.json "running", and its workers may have gone on writing step
+    folders after it died: no recorded run vouches for them, so the re-run moves them aside. A run
+    that ended (finished, failed, interrupted) keeps them for a later resume."""
+    out = lockstep_run_dir(tmp_path / "o")
+    manifest = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps({**manifest, "status": earlier_status, "frameworks": ["pytorch", "megatron"]}))
+    (out / "megatron" / "gpt2_1.checkpoints" / "step_000004").mkdir(parents=True)
+    (out / "megatron" / "gpt2_1.checkpoints" / "step_000004" / "common.pt").write_bytes(b"written after the kill")
+    with open_run_dir(out, FRAMEWORKS, {"cases": [{"name": "gpt2_1"}]}) as rd:
+        moved = {m.original: m.moved_to for m in rd.moved_aside}
+        if earlier_status == "running":
+            assert list(moved) == ["megatron/gpt2_1.checkpoints"]
+            assert re.fullmatch(re.escape("megatron/gpt2_1.checkpoints") + MOVED, moved["megatron/gpt2_1.checkpoints"])
+            assert not (out / "megatron" / "gpt2_1.checkpoints").exists()
+            assert (out / moved["megatron/gpt2_1.checkpoints"] / "step_000004" / "common.pt").read_bytes() == (
+                b"written after the kill")
+        else:
+            assert moved == {} and (out / "megatron" / "gpt2_1.checkpoints" / "step_000004").is_dir()

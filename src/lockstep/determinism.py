@@ -9,7 +9,6 @@ was written, not what a runner returned. It also pools each pair's tok/s over th
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from dataclasses import dataclass, field
@@ -19,7 +18,6 @@ from lockstep.compare.policy import loss_threshold
 from lockstep.compare.throughput import RepeatedThroughput, throughput_over_repeats
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import read_run_record
-from lockstep.fsutil import atomic_write
 
 REPEATS_DIR = "repeats"
 
@@ -128,14 +126,3 @@ def analyse_repeats(out_dir: str | os.PathLike, pairs: list[tuple[str, str]], re
     for framework, case in pairs:
         report.pairs.append(analyse_pair(Path(out_dir), framework, case, repeats))
     return report
-
-
-def add_to_summary(summary_path: str | os.PathLike, report: DeterminismReport) -> dict:
-    """summary.json gains a "determinism" section; the comparison's sections stay as written."""
-    summary_path = Path(summary_path)
-    summary = json.loads(summary_path.read_text())
-    summary["determinism"] = report.to_json()
-    with atomic_write(summary_path, "w", what="run summary") as f:
-        json.dump(summary, f, indent=2, allow_nan=True)
-        f.write("\n")
-    return summary

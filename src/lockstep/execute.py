@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -19,6 +19,7 @@ from lockstep.models import model_shape
 from lockstep.plan import RunPlan, RunRequest, default_frameworks
 from lockstep.runners import get_runner
 from lockstep.runners.base import FrameworkRunner, RunInputs, first_step
+from lockstep.stepcheck.request import certificate_request
 
 
 @dataclass
@@ -49,84 +50,103 @@ def execute_plan(plan: RunPlan, on_start: Callable[[CaseSpec, str], None] | None
     from lockstep.determinism import repeat_dir
 
     plan.out_dir.mkdir(parents=True, exist_ok=True)
-    out_dirs = [repeat_dir(plan.out_dir, k) for k in range(1, repeat + 1)]
-    pairs = [(case, runner) for case in plan.cases for runner in plan.runners]
-    outcomes: dict[tuple[str, str], CaseOutcome] = {}
+    run = PlanExecution(plan, [repeat_dir(plan.out_dir, k) for k in range(1, repeat + 1)], on_start, on_step, on_end)
+    try:
+        run.skip_what_cannot_run()
+        # Pairs that run on their own (in this process, or a process each) first, while the first
+        # worker group starts beside them; then each group's pairs, a group at a time.
+        run.prestart_first_group()
+        run.run_pairs(grouped=False)
+        if on_groups is not None and run.any_left_in_groups():
+            on_groups()  # this process only waits on worker groups from here on
+        run.run_pairs(grouped=True)
+    except BaseException:
+        for g in run.groups.values():
+            g.__exit__(*sys.exc_info())  # interrupted or failing: no rank may outlive lockstep
+        raise
+    for g in run.groups.values():
+        g.close()  # prestarted for a pair that did not need it after all
+    return [run.outcomes[(case.name, runner.name)] for case, runner in run.pairs]
 
-    skip_reason = plan.skip_reason
 
-    def key_of(case: CaseSpec, runner: FrameworkRunner):
-        return runner.worker_group_key(case, plan.inputs[case.name]) if plan.persistent_workers else None
+@dataclass
+class PlanExecution:
+    """One execute_plan's bookkeeping: the pairs in plan order, their outcomes so far, and the open
+    worker groups ((runner, key) -> WorkerGroup)."""
 
-    def finished(runner: FrameworkRunner):
-        def on_done(case: CaseSpec, records: list[RunRecord]) -> None:
-            outcome = CaseOutcome(case, runner.name, record=records[0])
-            outcomes[(case.name, runner.name)] = outcome
-            if on_end:
-                on_end(outcome)
-        return on_done
+    plan: RunPlan
+    out_dirs: list[Path]
+    on_start: Callable | None
+    on_step: Callable | None
+    on_end: Callable | None
+    outcomes: dict[tuple[str, str], CaseOutcome] = field(default_factory=dict)
+    groups: dict[tuple[str, object], object] = field(default_factory=dict)
 
-    groups: dict[tuple[str, object], object] = {}  # (runner, key) -> its open WorkerGroup
+    @property
+    def pairs(self) -> list[tuple[CaseSpec, FrameworkRunner]]:
+        return [(case, runner) for case in self.plan.cases for runner in self.plan.runners]
 
-    def group_of(case: CaseSpec, runner: FrameworkRunner, key):
-        if (runner.name, key) not in groups:
-            groups[(runner.name, key)] = runner.open_workers(case, plan.inputs[case.name])
-        return groups[(runner.name, key)]
+    def key_of(self, case: CaseSpec, runner: FrameworkRunner):
+        return runner.worker_group_key(case, self.plan.inputs[case.name]) if self.plan.persistent_workers else None
 
-    def prestart_first_group() -> None:
+    def done(self, outcome: CaseOutcome) -> None:
+        self.outcomes[(outcome.case.name, outcome.framework)] = outcome
+        if self.on_end:
+            self.on_end(outcome)
+
+    def skip_what_cannot_run(self) -> None:
+        for case, runner in self.pairs:
+            reason = self.plan.skip_reason(case, runner)
+            if reason:
+                self.done(CaseOutcome(case, runner.name, skipped=reason))
+
+    def group_of(self, case: CaseSpec, runner: FrameworkRunner, key):
+        if (runner.name, key) not in self.groups:
+            self.groups[(runner.name, key)] = runner.open_workers(case, self.plan.inputs[case.name])
+        return self.groups[(runner.name, key)]
+
+    def prestart_first_group(self) -> None:
         """The first worker group starts up while the pairs that need none run in this process (one
         node only: every node must start its groups in the same order); one started before the
         plan for the same runner and key is that group."""
-        early = dict(plan.early_groups)
-        plan.early_groups.clear()
-        if not plan.nodes.multi_node:
-            for c, r in pairs:
-                key = None if skip_reason(c, r) else key_of(c, r)
+        early = dict(self.plan.early_groups)
+        self.plan.early_groups.clear()
+        if not self.plan.nodes.multi_node:
+            for c, r in self.pairs:
+                key = None if self.plan.skip_reason(c, r) else self.key_of(c, r)
                 if key is not None:
                     if (r.name, key) in early:
-                        groups[(r.name, key)] = early.pop((r.name, key))
-                    group_of(c, r, key).prestart(c.to_dict(), plan.out_dir / r.name)
+                        self.groups[(r.name, key)] = early.pop((r.name, key))
+                    self.group_of(c, r, key).prestart(c.to_dict(), self.plan.out_dir / r.name)
                     break
         for unneeded in early.values():
             unneeded.discard()  # it ran no case: nothing to wait for
 
-    def run_pair(case: CaseSpec, runner: FrameworkRunner, key) -> None:
-        batch = [case] if key is None else [
-            c for c, r in pairs if r is runner and (c.name, r.name) not in outcomes
-            and not skip_reason(c, r) and key_of(c, r) == key]
-        runner.run_many([(c, inputs_for(plan, c, runner)) for c in batch], out_dirs, on_start=on_start,
-                        on_step=on_step, on_done=finished(runner), persistent=key is not None,
-                        group=group_of(case, runner, key) if key is not None else None)
-        if key is not None:
-            groups.pop((runner.name, key)).close()  # every case of its key ran: free its devices
+    def any_left_in_groups(self) -> bool:
+        return any((c.name, r.name) not in self.outcomes and self.key_of(c, r) is not None for c, r in self.pairs)
 
-    try:
-        for case, runner in pairs:
-            reason = skip_reason(case, runner)
-            if reason:
-                outcome = outcomes[(case.name, runner.name)] = CaseOutcome(case, runner.name, skipped=reason)
-                if on_end:
-                    on_end(outcome)
-        # Pairs that run on their own (in this process, or a process each) first, while the first
-        # worker group starts beside them; then each group's pairs, a group at a time.
-        prestart_first_group()
-        for grouped in (False, True):
-            if grouped and on_groups is not None and any(
-                    (c.name, r.name) not in outcomes and key_of(c, r) is not None for c, r in pairs):
-                on_groups()  # this process only waits on worker groups from here on
-            for case, runner in pairs:
-                if (case.name, runner.name) in outcomes:
-                    continue  # skipped, or ran earlier in a worker group with an earlier case
-                key = key_of(case, runner)
-                if (key is not None) == grouped:
-                    run_pair(case, runner, key)
-    except BaseException:
-        for g in groups.values():
-            g.__exit__(*sys.exc_info())  # interrupted or failing: no rank may outlive lockstep
-        raise
-    for g in groups.values():
-        g.close()  # prestarted for a pair that did not need it after all
-    return [outcomes[(case.name, runner.name)] for case, runner in pairs]
+    def run_pairs(self, grouped: bool) -> None:
+        for case, runner in self.pairs:
+            if (case.name, runner.name) in self.outcomes:
+                continue  # skipped, or ran earlier in a worker group with an earlier case
+            key = self.key_of(case, runner)
+            if (key is not None) == grouped:
+                self.run_pair(case, runner, key)
+
+    def run_pair(self, case: CaseSpec, runner: FrameworkRunner, key) -> None:
+        plan = self.plan
+        batch = [case] if key is None else [
+            c for c, r in self.pairs if r is runner and (c.name, r.name) not in self.outcomes
+            and not plan.skip_reason(c, r) and self.key_of(c, r) == key]
+
+        def on_done(c: CaseSpec, records: list[RunRecord]) -> None:
+            self.done(CaseOutcome(c, runner.name, record=records[0]))
+
+        runner.run_many([(c, inputs_for(plan, c, runner)) for c in batch], self.out_dirs, on_start=self.on_start,
+                        on_step=self.on_step, on_done=on_done, persistent=key is not None,
+                        group=self.group_of(case, runner, key) if key is not None else None)
+        if key is not None:
+            self.groups.pop((runner.name, key)).close()  # every case of its key ran: free its devices
 
 
 def start_first_group_early(req: RunRequest) -> dict:
@@ -181,21 +201,8 @@ def inputs_for(plan: RunPlan, case: CaseSpec, runner: FrameworkRunner) -> RunInp
 
     A resumed case records nothing while it trains: its certified step is the first one after the
     resume point, captured by every framework after all runs from the reference's saved state
-    (pipeline.certify_outcomes), never its step 1 from the initial weights, which it does not train."""
+    (stepcheck/certificates.py), never its step 1 from the initial weights, which it does not train."""
     inputs = plan.inputs[case.name]
     if not plan.certifies(case) or first_step(case) > 1:
         return inputs
-    return dataclasses.replace(inputs, capture=capture_request(plan, case, runner))
-
-
-def capture_request(plan: RunPlan, case: CaseSpec, runner: FrameworkRunner):
-    """What the certificate asks `runner` to record of the case's step 1 (sketches, Adam's update)."""
-    from lockstep.capture.request import CAPTURE_ROWS, CaptureRequest
-
-    optimizer = plan.inputs[case.name].family.optimizer
-    baseline = plan.runners[0].name
-    return CaptureRequest(path=str(plan.capture_path(runner.name, case)),
-                          adam_eps=optimizer.eps if optimizer.kind == "adam" else None, rows=CAPTURE_ROWS,
-                          reference=str(plan.capture_path(baseline, case)) if runner.name != baseline else None)
-
-
+    return dataclasses.replace(inputs, capture=certificate_request(plan, case, runner.name))

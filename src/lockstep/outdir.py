@@ -55,6 +55,10 @@ SUMMARY_KEYS = ("run_dir", "baseline", "frameworks", "comparisons")
 # case that was stopped before it ended (runners/base.py).
 CASE_OUTPUT_SUFFIXES = (".log", ".jsonl", ".final.npz", ".certificate.json", ".npz", ".fp64.jsonl", ".log.partial")
 CASE_OUTPUT_DIR_SUFFIX = ".save"
+# A case's step folders, `<case>.checkpoints/` beside its log (runners/checkpoint_plan.checkpoints_root).
+# Kept for a later resume when the run that wrote them was recorded; moved aside when that run was
+# killed (its run.json still says "running"): its workers may have written them after lockstep died.
+CHECKPOINTS_DIR_SUFFIX = ".checkpoints"
 CAPTURE_WORK_DIR = "work"
 
 STATUS_RUNNING, STATUS_FINISHED, STATUS_INTERRUPTED, STATUS_FAILED = "running", "finished", "interrupted", "failed"
@@ -338,7 +342,8 @@ def _clear_earlier_outputs(out: Path, framework_dirs: list[str], earlier: dict, 
             _remove_if_empty(images)
         for top in framework_dirs:
             if (out / top).is_dir() and not (out / top).is_symlink():
-                moved += _clear_tree(out, out / top, cases, frameworks, stamp)
+                moved += _clear_tree(out, out / top, cases, frameworks, stamp,
+                                     killed=earlier.get("status") == STATUS_RUNNING)
     except OSError as e:
         raise OutDirError(f"{e.filename or out}: cannot clear the earlier run's outputs ({os_problem(e)})") from None
     return moved
@@ -365,8 +370,10 @@ def is_lockstep_output(path: Path) -> bool:
     return mark in head or mark in tail
 
 
-def _clear_tree(out: Path, top: Path, cases: list[str], frameworks: set[str], stamp: str) -> list[MovedAside]:
-    """One of lockstep's directories (`pytorch/`, or `repeats/` holding `<k>/<framework>/`)."""
+def _clear_tree(out: Path, top: Path, cases: list[str], frameworks: set[str], stamp: str,
+                killed: bool = False) -> list[MovedAside]:
+    """One of lockstep's directories (`pytorch/`, or `repeats/` holding `<k>/<framework>/`);
+    `killed`: the earlier run never marked its end (see CHECKPOINTS_DIR_SUFFIX)."""
     moved: list[MovedAside] = []
     lockstep_dirs = [top]
     for dirpath, dirnames, filenames in os.walk(top):
@@ -377,6 +384,8 @@ def _clear_tree(out: Path, top: Path, cases: list[str], frameworks: set[str], st
             if here.parent.name == STEP1_DIR and (here / CAPTURE_WORK_DIR).is_dir():
                 shutil.rmtree(here / CAPTURE_WORK_DIR)
                 dirnames[:] = [d for d in dirnames if d != CAPTURE_WORK_DIR]
+            if killed:
+                moved += _move_checkpoints_aside(out, here, cases, stamp, dirnames)
             for case in cases:
                 for suffix in CASE_OUTPUT_SUFFIXES:
                     if (here / f"{case}{suffix}").is_file():
@@ -394,6 +403,17 @@ def _clear_tree(out: Path, top: Path, cases: list[str], frameworks: set[str], st
                 moved.append(MovedAside(str((here / name).relative_to(out)), _move(out, here / name, stamp)))
     for d in sorted(set(lockstep_dirs), key=lambda p: len(p.parts), reverse=True):
         _remove_if_empty(d)
+    return moved
+
+
+def _move_checkpoints_aside(out: Path, here: Path, cases: list[str], stamp: str, dirnames: list[str]) -> list[MovedAside]:
+    """The killed run's `<case>.checkpoints/` in one framework directory, moved aside (and not walked)."""
+    moved: list[MovedAside] = []
+    for case in cases:
+        folder = here / f"{case}{CHECKPOINTS_DIR_SUFFIX}"
+        if folder.is_dir() and not folder.is_symlink():
+            moved.append(MovedAside(str(folder.relative_to(out)), _move(out, folder, stamp)))
+            dirnames[:] = [d for d in dirnames if d != folder.name]
     return moved
 
 

@@ -14,7 +14,6 @@ trains; the history gains the run only after run.json says it finished.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -23,20 +22,21 @@ from pathlib import Path
 from lockstep.cases.spec import CaseSpec
 from lockstep.compare.options import CompareOptions
 from lockstep.compare.pairing import EVIDENCE_DIR, STEP1_DIR
-from lockstep.compare.run_dir import RunComparison, compare_run
+from lockstep.compare.run_dir import RunComparison, compare_run, write_summary
 from lockstep.determinism import REPEATS_DIR
 from lockstep.errors import LockstepError, WriteError
-from lockstep.execute import CaseOutcome, capture_request, execute_plan
+from lockstep.execute import CaseOutcome, execute_plan
 from lockstep.formats import run_manifest
+from lockstep.formats.logs import ParsedRuns
 from lockstep.formats.run_record import StepRecord
 from lockstep.fsutil import check_writable_target, os_problem
 from lockstep.outdir import CASE_OUTPUT_SUFFIXES, STATUS_FINISHED, RunDir, check_out_dir, open_run_dir
 from lockstep.plan import RunPlan, RunRequest, plan_run
 from lockstep.run_verdict import RunVerdict, run_verdict
-from lockstep.runners import framework_names, get_runner, reference_framework
-from lockstep.runners.base import first_step
-from lockstep.runners.checkpoint_plan import plan_for
+from lockstep.runners import framework_names, reference_framework
+from lockstep.runners.reference import reference_services
 from lockstep.step_contract import Stopwatch
+from lockstep.stepcheck.certificates import certify_outcomes, certify_unexplained
 
 
 @dataclass
@@ -171,11 +171,39 @@ def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: boo
         early_groups.clear()  # the plan's now: execute_plan takes or stops them
     if not plan.nodes.writes_records:
         return follow_plan(plan, observer, repeat, timing)
-    result = RunResult(plan=plan, outcomes=[])
+    stages = RunStages(plan, options, outputs, observer, timing, RunResult(plan=plan, outcomes=[]))
     names = [*dict.fromkeys([*framework_names(), *(r.name for r in plan.runners)])]
     with open_run_dir(plan.out_dir, [*names, REPEATS_DIR, STEP1_DIR, EVIDENCE_DIR], run_manifest.manifest_of(plan),
                       force=force) as run_dir:
         observer.opened(plan, run_dir)
+        stages.run_pairs(run_dir, repeat)
+        stages.judge(repeat)
+        history_run = stages.write_outputs(run_dir)
+    result = stages.result
+    if history_run is not None:
+        # Only now: a run that run.json does not call finished is never in the history.
+        result.history_error = append_to_history(result, history_run, Path(outputs.history))
+    return result
+
+
+@dataclass
+class RunStages:
+    """One run's stages after its plan, in order: run the pairs, judge them (certificates, the one
+    comparison, evidence, resumes, summary.json once), write the verdict's outputs."""
+
+    plan: RunPlan
+    options: CompareOptions
+    outputs: RunOutputs
+    observer: RunObserver
+    timing: "RunTiming"
+    result: RunResult
+    files: ParsedRuns = field(default_factory=ParsedRuns)  # every record parsed once, whichever stage reads it first
+
+    @property
+    def baseline(self) -> str:
+        return self.plan.runners[0].name
+
+    def run_pairs(self, run_dir: RunDir, repeat: int) -> None:
         skipped: list[dict] = []
 
         def ended(outcome: CaseOutcome) -> None:
@@ -183,63 +211,81 @@ def _run_planned(plan: RunPlan, options: CompareOptions, repeat: int, force: boo
                 # In run.json at once, so that even an interrupted run's manifest lists its skips.
                 skipped.append(run_manifest.skip_entry(outcome.case.name, outcome.framework, outcome.skipped))
                 run_dir.update_manifest(skipped=skipped)
-            observer.ended(outcome)
+            self.observer.ended(outcome)
 
-        with timing.stage("runs"), observer.running():
-            result.outcomes = execute_plan(plan, on_start=observer.started, on_step=observer.step, on_end=ended,
-                                           repeat=repeat, on_groups=observer.waiting_on_groups)
-        observer.ran(result.outcomes)
-        baseline = plan.runners[0].name
-        with timing.stage("certificates"):
-            result.certificates = certify_outcomes(plan, result.outcomes, say=observer.say)
-        with timing.stage("comparison"):
-            result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options)
-        with timing.stage("evidence"):
-            more = gather_evidence(plan, result.comparison.summary, say=observer.say)
-        if more:  # the policy asked for evidence it did not have: judged again, with it
-            with timing.stage("comparison"):
-                result.comparison = compare_run(plan.out_dir, baseline_framework=baseline, options=options)
+        with self.timing.stage("runs"), self.observer.running():
+            self.result.outcomes = execute_plan(self.plan, on_start=self.observer.started, on_step=self.observer.step,
+                                                on_end=ended, repeat=repeat, on_groups=self.observer.waiting_on_groups)
+        self.observer.ran(self.result.outcomes)
+
+    def compare(self) -> None:
+        with self.timing.stage("comparison"):
+            self.result.comparison = compare_run(self.plan.out_dir, baseline_framework=self.baseline,
+                                                 options=self.options, write=False, files=self.files)
+
+    def judge(self, repeat: int) -> None:
+        plan, result, say = self.plan, self.result, self.observer.say
+        with self.timing.stage("certificates"):
+            result.certificates = certify_outcomes(plan, result.outcomes, say=say)
+        self.compare()
+        with self.timing.stage("evidence"):
+            more = gather_evidence(plan, result.comparison.summary, say=say)
+        with self.timing.stage("certificates"):
+            late = certify_unexplained(plan, result.outcomes, result.comparison.summary, say=say)
+            result.certificates += late
+        if more or late:  # the policy asked for evidence or a certificate it did not have: judged again, with it
+            self.compare()
         if repeat > 1:
             result.determinism = add_determinism(plan, result, repeat)
-        with timing.stage("comparison"):
-            add_resume_verdicts(plan, result, say=observer.say)
-        observer.compared(result)
+        with self.timing.stage("comparison"):
+            add_resume_verdicts(plan, result, say=say)
+            write_summary(plan.out_dir, result.summary)  # once, every section in it
+        self.observer.compared(result)
+
+    def write_outputs(self, run_dir: RunDir):
+        """The verdict, JUnit, timing, report and run.json's finish; returns the history row to append."""
+        plan, result, outputs = self.plan, self.result, self.outputs
         report_paths = report_paths_of(plan) if outputs.report and any(o.record is not None for o in result.outcomes) else []
         result.verdict = run_verdict(result.outcomes, result.summary, [r.name for r in plan.runners], plan.out_dir,
                                      report_paths)
         if outputs.junit is not None:
-            from lockstep.report.junit import cases_from_comparisons, write_junit
-
-            write_junit(outputs.junit, cases_from_comparisons(result.summary.get("comparisons", []),
-                                                              nothing_compared_is_error=not result.summary.get("determinism")))
-            result.junit_path = Path(outputs.junit)
+            self.write_junit()
         # One account of the run's time, frozen here: run.json, the report and the terminal show it.
-        result.timing = timing.to_json(result.outcomes)
+        result.timing = self.timing.to_json(result.outcomes)
         run_dir.update_manifest(timing=result.timing)
         # The history row is made now (the report's trends show it) and appended once the run finished.
         history_run = None
         if outputs.history is not None:
             try:
-                history_run = history_run_of(result)
+                history_run = history_run_of(result, self.files)
             except LockstepError as e:
                 result.history_error = str(e)  # said at the end; the run's own outputs stand
         if report_paths:
-            from lockstep.report import write_report
-            from lockstep.report.data import gather
-
-            data = gather(plan.out_dir, baseline_framework=baseline, options=options,
-                          comparisons=result.comparison.reports)
-            data.run_lines = list(result.verdict.lines)
-            data.timing = result.timing
-            result.report_paths = list(write_report(plan.out_dir, baseline_framework=baseline, options=options,
-                                                    history_path=outputs.history, data=data,
-                                                    pending_history=history_run))
+            self.write_report(history_run)
         run_dir.mark(STATUS_FINISHED, verdict=result.verdict.word, verdict_lines=result.verdict.lines,
                      timing=result.timing)
-    if history_run is not None:
-        # Only now: a run that run.json does not call finished is never in the history.
-        result.history_error = append_to_history(result, history_run, Path(outputs.history))
-    return result
+        return history_run
+
+    def write_junit(self) -> None:
+        from lockstep.report.junit import cases_from_comparisons, write_junit
+
+        summary = self.result.summary
+        write_junit(self.outputs.junit, cases_from_comparisons(summary.get("comparisons", []),
+                                                               nothing_compared_is_error=not summary.get("determinism")))
+        self.result.junit_path = Path(self.outputs.junit)
+
+    def write_report(self, history_run) -> None:
+        from lockstep.report import write_report
+        from lockstep.report.data import gather
+
+        result = self.result
+        data = gather(self.plan.out_dir, baseline_framework=self.baseline, options=self.options,
+                      comparisons=result.comparison.reports, files=self.files)
+        data.run_lines = list(result.verdict.lines)
+        data.timing = result.timing
+        result.report_paths = list(write_report(self.plan.out_dir, baseline_framework=self.baseline,
+                                                options=self.options, history_path=self.outputs.history, data=data,
+                                                pending_history=history_run))
 
 
 def report_paths_of(plan: RunPlan) -> list[Path]:
@@ -248,11 +294,11 @@ def report_paths_of(plan: RunPlan) -> list[Path]:
     return [plan.out_dir / HTML_NAME, plan.out_dir / MARKDOWN_NAME]
 
 
-def history_run_of(result: RunResult):
+def history_run_of(result: RunResult, files: ParsedRuns | None = None):
     """The history's row of this run (a RunRow)."""
     from lockstep.history import run_from_summary
 
-    return run_from_summary(result.summary, result.plan.out_dir)
+    return run_from_summary(result.summary, result.plan.out_dir, files)
 
 
 def append_to_history(result: RunResult, run, path: Path) -> str | None:
@@ -270,12 +316,11 @@ def append_to_history(result: RunResult, run, path: Path) -> str | None:
 
 def add_determinism(plan: RunPlan, result: RunResult, repeat: int):
     """Bitwise identical repeats per framework and case, into summary.json and the result's summary."""
-    from lockstep.compare.run_dir import SUMMARY_NAME
-    from lockstep.determinism import add_to_summary, analyse_repeats
+    from lockstep.determinism import analyse_repeats
 
     report = analyse_repeats(plan.out_dir, [(o.framework, o.case.name) for o in result.outcomes if not o.skipped],
                              repeat, baseline=plan.runners[0].name)
-    result.comparison.summary = add_to_summary(plan.out_dir / SUMMARY_NAME, report)
+    result.comparison.summary["determinism"] = report.to_json()
     return report
 
 
@@ -283,11 +328,10 @@ def add_resume_verdicts(plan: RunPlan, result: RunResult, say=lambda text: None)
     """Every resumed case judged against the run of the case that saved it, per framework
     (compare/resume.py), into summary.json's "resumes"; a resume that is not exact is judged
     again with the reference's alternatives (trained then, under evidence/resume/) to tell its cause."""
-    from lockstep.compare.resume import ResumeVerdictClass, add_to_summary, judge_resume, resume_entry
-    from lockstep.compare.run_dir import SUMMARY_NAME
+    from lockstep.compare.resume import ResumeVerdictClass, judge_resume, resume_entry
 
     records = {(o.framework, o.case.name): o.record for o in result.outcomes if o.record is not None}
-    reference = next((r for r in plan.runners if r.name == "pytorch"), None)
+    reference = reference_services() if reference_framework() in (r.name for r in plan.runners) else None
     alternatives: dict[str, list] = {}
     entries = []
     for o in result.outcomes:
@@ -302,11 +346,9 @@ def add_resume_verdicts(plan: RunPlan, result: RunResult, say=lambda text: None)
             if verdict.verdict is not ResumeVerdictClass.EXACT and reference is not None \
                     and records.get((reference.name, spec.resume_case)) is not None:
                 if o.case.name not in alternatives:
-                    from lockstep.runners.pytorch.alternatives import train_alternatives
-
                     say(f"resume of {o.framework}/{o.case.name} is not exact: training the reference's alternatives")
-                    alternatives[o.case.name] = train_alternatives(
-                        reference, o.case, plan.inputs[o.case.name],
+                    alternatives[o.case.name] = reference.train_resume_alternatives(
+                        o.case, plan.inputs[o.case.name],
                         plan.out_dir / reference.name / f"{o.case.name}.log", plan.out_dir / EVIDENCE_DIR / "resume")
                 verdict = judge_resume(source, o.record, alternatives[o.case.name])
             entries.append(resume_entry(o.framework, o.case.name, spec.resume_case, verdict))
@@ -317,7 +359,7 @@ def add_resume_verdicts(plan: RunPlan, result: RunResult, say=lambda text: None)
         if entries[-1]["passed"]:
             say(f"resume {o.framework}/{o.case.name} (from {spec.resume_case}): {entries[-1]['sentence']}")
     if entries and result.comparison is not None:
-        result.comparison.summary = add_to_summary(plan.out_dir / SUMMARY_NAME, entries)
+        result.comparison.summary["resumes"] = entries
     return entries
 
 
@@ -348,95 +390,10 @@ def clear_node_logs(node_dir: Path, plan: RunPlan) -> None:
                     raise LockstepError(f"{path}: cannot remove the earlier run's log ({os_problem(e)})") from None
 
 
-def certify_outcomes(plan: RunPlan, outcomes: list[CaseOutcome], say=lambda text: None) -> list:
-    """Each certified pair's captures compared (certify/), the certificate written beside the test's
-    record for the comparison to read; a pair without both captures gets one saying why."""
-    from lockstep.certify.certificate import Certificate, certificate_path, certify, write_certificate
-    from lockstep.formats.step_capture import StepCapture
-
-    baseline = plan.runners[0].name
-    by_pair = {(o.case.name, o.framework): o for o in outcomes}
-    made = []
-    fp64s: dict = {}  # case -> the reference's step 1 in FP64, made once for every test framework
-    for case in plan.cases:
-        base = by_pair.get((case.name, baseline))
-        if not plan.certifies(case) or base is None or base.record is None or not base.record.ok:
-            continue
-        resumed = first_step(case) > 1
-        ref, ref_problem = resumed_capture(plan, case, plan.runners[0]) if resumed else _capture_of(base)
-        for runner in plan.runners[1:]:
-            test = by_pair.get((case.name, runner.name))
-            if test is None or test.record is None or not test.record.ok:
-                continue
-            cert = Certificate(case=case.name, baseline=baseline, test=runner.name, dtype=case.dtype,
-                               step=first_step(case))
-            other, other_problem = resumed_capture(plan, case, runner) if resumed else _capture_of(test)
-            if ref is None or other is None:
-                cert.problem = "; ".join(p for p in (ref_problem, other_problem) if p)
-            else:
-                optimizer = plan.inputs[case.name].family.optimizer
-                eps = optimizer.eps if optimizer.kind == "adam" else 1e-8
-                try:
-                    cert = certify(StepCapture.load(ref), StepCapture.load(other), case, adam_eps=eps)
-                    # (the FP64 run is of step 1: a resumed case's certified step is a later one)
-                    if cert.close_call and baseline == reference_framework() and not resumed:
-                        say(f"step-1 certificate {runner.name} vs {baseline} on {case.name}: a close call; measuring "
-                            "what FP32 moves the reference itself (its step 1 in FP64)")
-                        if case.name not in fp64s:
-                            fp64s[case.name] = fp64_capture(plan, case)
-                        cert = certify(StepCapture.load(ref), StepCapture.load(other), case, adam_eps=eps,
-                                       fp64=fp64s[case.name])
-                except (LockstepError, ValueError) as e:
-                    cert.problem = f"the captures cannot be compared: {e}"
-            write_certificate(certificate_path(plan.out_dir / runner.name, case.name), cert)
-            say(f"step-{cert.step} certificate {runner.name} vs {baseline} on {case.name}: {cert.summary_line()}")
-            made.append(cert)
-    return made
-
-
-def resumed_capture(plan: RunPlan, case: CaseSpec, runner) -> tuple[str | None, str | None]:
-    """A resumed case's certified step, as `_capture_of` gives step 1: the first step it trains
-    (resume point + 1), recorded by `runner` from the reference's saved state after the resume point
-    (its saving case's step folder, as `lockstep diagnose --at-step` starts from it), so both sides
-    of the certificate start the step from the same state; each framework's own resume is judged
-    by the resume verdict. Made after every run, when the reference's folder is there."""
-    reference = reference_framework()
-    if plan.runners[0].name != reference:
-        return None, (f"a resumed case is certified from the {reference} reference's saved state, and the "
-                      f"baseline is {plan.runners[0].name}")
-    inputs = plan.inputs[case.name]
-    problem = runner.at_step_problem(case, inputs)
-    if problem:
-        return None, f"{runner.name} cannot record step {first_step(case)} from the reference's saved state ({problem})"
-    resume = plan_for(case, plan.out_dir / reference / f"{case.name}.log").resume
-    request = dataclasses.replace(capture_request(plan, case, runner), start_step=resume.step,
-                                  start_state=resume.directory)
-    try:
-        runner.capture(case, dataclasses.replace(inputs, capture=request), Path(request.path).parent / "work", request)
-    except LockstepError as e:
-        return None, f"{runner.name} could not record step {request.step} from the reference's saved state ({e})"
-    return request.path, None
-
-
-def fp64_capture(plan: RunPlan, case: CaseSpec):
-    """The reference's step 1 of the case in FP64, sketched like the certificate's captures."""
-    reference = reference_framework()
-    return get_runner(reference).fp64_step1(case, plan.inputs[case.name], plan.capture_path(f"{reference}-fp64", case))
-
-
-def _capture_of(outcome: CaseOutcome) -> tuple[str | None, str | None]:
-    """(the capture's path from the record, None), or (None, a sentence saying why there is none)."""
-    meta = outcome.record.meta
-    path = meta.get("step1_capture")
-    if path and Path(path).is_file():
-        return path, None
-    return None, f"{outcome.framework} recorded no step 1 ({meta.get('step1_capture_error') or 'no capture written'})"
-
-
 def gather_evidence(plan: RunPlan, summary: dict, say=lambda text: None) -> bool:
     """Run what the policy asked for in `summary` (an FP64 reference run per case whose clean step 1
     may be Adam amplifying rounding); True when something new was written (compare again)."""
-    reference = reference_framework()
+    reference = reference_services()
     wanted = sorted({c["case"] for comp in summary.get("comparisons", []) for c in comp.get("cases", [])
                      if c.get("evidence_wanted") == "fp64-reference"})
     wrote = False
@@ -445,8 +402,9 @@ def gather_evidence(plan: RunPlan, summary: dict, say=lambda text: None) -> bool
         path = plan.out_dir / EVIDENCE_DIR / f"{name}.fp64.jsonl"
         if case is None or path.exists():
             continue
-        say(f"evidence: {name} in FP64 on the {reference} reference (is the FP32 difference Adam amplifying rounding?)")
-        record = get_runner(reference).train_fp64(case, plan.inputs[name], path)
+        say(f"evidence: {name} in FP64 on the {reference.name} reference (is the FP32 difference Adam amplifying "
+            "rounding?)")
+        record = reference.train_fp64(case, plan.inputs[name], path)
         if not record.ok:
             say(f"evidence for {name} could not be made: {record.error}")
         wrote = True

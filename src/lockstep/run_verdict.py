@@ -70,7 +70,7 @@ def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: l
     compared = sum(len(v) for v in counts.values())
 
     head = ", ".join(f"{len(counts[c])} {c.value}" for c in VerdictClass if c is not VerdictClass.ERROR
-                     and (c is not VerdictClass.NOT_COMPARABLE or counts[c])) + \
+                     and (c.counted_when_absent or counts[c])) + \
         f", {_plural(n_err, 'error')} | {_plural(len(failed_runs), 'failed run')} | {len(skipped)} skipped"
     lines: list[str] = []
     if not ran:

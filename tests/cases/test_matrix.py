@@ -69,3 +69,14 @@ def test_cli_bad_matrix_is_one_line_exit_1(tmp_path, capsys):
     assert main(["run", "--matrix", str(path), "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("lockstep: error: ") and str(path) in err[0] and "defaults" in err[0]
+
+
+def test_a_lora_target_that_names_no_layer_is_refused_at_plan_time():
+    lora = '[case.lora]\nrank = 4\nalpha = 8.0\ntarget_modules = ["c_attn", "q_proj"]\n'
+    with pytest.raises(CaseError) as info:
+        parse_matrix(DEFAULTS + CASE + lora, "my.toml")
+    msg = str(info.value)
+    assert msg.startswith("my.toml: case a: lora target_modules: q_proj names no linear layer of gpt2")
+    assert "c_attn" not in msg.split("of gpt2")[0].split(":")[-1]
+    good = parse_matrix(DEFAULTS + CASE + lora.replace(', "q_proj"', ""), "my.toml")
+    assert good[0].lora.target_modules == ("c_attn",)

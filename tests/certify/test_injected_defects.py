@@ -92,7 +92,7 @@ def test_with_adam_updates_only_the_output_gradients_still_name_the_layernorm(re
     test = capture_reference(gpt2_with(tensors, config, ln_2=1), case, token_ids, framework="test")
     test.grads = {n: adam_first_update(g, 1e-8).astype(np.float32) for n, g in test.grads.items()}
     test.grad_kind = GRAD_ADAM_UPDATE
-    v = diagnose_captures(reference, test, case)
+    v = diagnose_captures(reference, test, case, adam_eps=1e-8)
     assert v.first_diverging_module is None and v.first_diverging_output_grad == "attproj[1]"
     assert [(f.kind, f.where) for f in v.findings if f.kind == BACKWARD_INPUT] == [(BACKWARD_INPUT, "ln2[1]")]
     by_name = {d.name: d for d in v.output_grads}

@@ -381,3 +381,15 @@ def test_the_docs_cpu_demo_runs_as_written(tmp_path):
     record = read_run_record(work / "demo-run" / "megatron" / "gpt2_1.jsonl")
     assert len(record.losses()) == 3 and abs(record.losses()[0] - np.log(50257)) < 0.1  # a random model's start
     assert record.meta["checkpoint_sha256"] == sha256_file(work / "tiny-gpt2.bin")  # trained from what convert wrote
+
+
+@pytest.mark.parametrize("what", ["missing", "file"])
+def test_from_infinitrain_says_what_the_path_is_when_it_is_no_folder(capsys, tmp_path, what):
+    source = tmp_path / "checkpoint_step_000010"
+    if what == "file":
+        source.write_bytes(b"not a folder")
+    rc, out, err = convert(capsys, "--from-infinitrain", str(source), "--out", str(tmp_path / "x.bin"))
+    assert rc == 1 and out == ""
+    assert err.count("\n") == 1 and str(source) in err and "is a directory" not in err
+    assert ("no such directory" if what == "missing" else "is a file, not a folder") in err
+    assert not (tmp_path / "x.bin").exists()

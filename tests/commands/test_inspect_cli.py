@@ -230,3 +230,52 @@ def test_usage_error_exits_2(capsys):
     with pytest.raises(SystemExit) as info:
         main(["inspect"])
     assert info.value.code == 2
+
+
+def _run_dir_with_records(tmp_path: Path) -> Path:
+    from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
+
+    run = tmp_path / "run"
+    for framework, last in (("pytorch", 10.7), ("infinitrain", 10.7)):
+        write_run_record(run / framework / "gpt2_1.jsonl",
+                         RunRecord(framework, "gpt2_1", [StepRecord(1, 10.9), StepRecord(2, 10.8), StepRecord(3, last)],
+                                   meta={"dtype": "float32"}))
+    return run
+
+
+def test_a_run_record_is_named_with_its_framework_case_steps_and_status(tmp_path, capsys):
+    record = _run_dir_with_records(tmp_path) / "infinitrain" / "gpt2_1.jsonl"
+    assert main(["inspect", str(record)]) == 0
+    out = capsys.readouterr().out
+    assert f"{record}: run record" in out and "valid" in out
+    for word in ("infinitrain", "gpt2_1", "steps", "3", "status", "ok", "10.7"):
+        assert word in out
+    assert main(["inspect", str(record), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "run record" and doc["fields"]["framework"] == "infinitrain"
+    assert doc["fields"]["case"] == "gpt2_1" and doc["fields"]["steps"] == 3 and doc["fields"]["status"] == "ok"
+
+
+def test_a_runs_summary_and_run_json_are_named(tmp_path, capsys):
+    from lockstep.compare.run_dir import compare_run_dir
+    from lockstep.formats.run_manifest import write_manifest
+
+    run = _run_dir_with_records(tmp_path)
+    compare_run_dir(run)
+    write_manifest(run, {"status": "finished", "cases": [{"name": "gpt2_1"}], "frameworks": ["pytorch", "infinitrain"],
+                         "baseline": "pytorch", "device": "cpu"})
+    assert main(["inspect", str(run / "summary.json"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["kind"] == "run summary (summary.json)" and summary["fields"]["verdict"] == "PASS"
+    assert summary["derived"]["cases"] == 1
+    assert main(["inspect", str(run / "run.json")]) == 0
+    out = capsys.readouterr().out
+    assert "run manifest (run.json)" in out and "finished" in out and "pytorch, infinitrain" in out
+
+
+def test_json_that_lockstep_did_not_write_is_one_sentence(tmp_path, capsys):
+    other = tmp_path / "package.json"
+    other.write_text('{"name": "left-pad"}\n')
+    assert main(["inspect", str(other)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is JSON, but not a file lockstep wrote" in err and "magic" not in err

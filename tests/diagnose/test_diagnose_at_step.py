@@ -1,5 +1,5 @@
 """`lockstep diagnose --at-step N`: step N+1 compared from inside, every framework starting it from
-the reference's state after step N (diagnose/at_step.py).
+the reference's state after step N (stepcheck/state.py).
 
 The acceptance: a defect that first shows after step 1 -- pytorch-fast's Adam bias-correcting every
 update as step 1 does (tests/support/defects.py) -- passes the step-1 comparison (its certificate

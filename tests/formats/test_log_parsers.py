@@ -113,6 +113,20 @@ def test_infinitrain_writer_round_trip():
     assert rec.steps[0].peak_mem_mb == 1234
 
 
+def test_a_zero_peak_in_an_infinitrain_line_is_unknown_not_zero():
+    """A build that tracks no device memory prints `peak used:     0 MB`: no training step peaks at
+    nothing, so the record says nothing (and the throughput table "-"), not 0."""
+    from lockstep.compare.throughput import throughput_of
+
+    line = infinitrain_step_line(INFINITRAIN_TAIL_LINE[:55], 2, 10, 5.060843, 1e-4, 2400.1, 107, peak_used_mb=0,
+                                 peak_reserved_mb=0)
+    assert "peak used:     0 MB | peak reserved:     0 MB" in line
+    rec = parse_infinitrain_log(line, "a.log")
+    assert rec.steps[0].peak_mem_mb is None and "peak_reserved_mb" not in rec.meta
+    t = throughput_of(rec)
+    assert t.peak_allocated_mb is None and t.peak_reserved_mb is None
+
+
 # ---------------------------------------------------------------- llm.c / PyTorch
 
 def test_llmc_line(tmp_path):

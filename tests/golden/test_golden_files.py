@@ -190,3 +190,51 @@ def test_an_infinitrain_rebuild_with_other_flags_is_named(tmp_path):
     c = tmp_path / "c.jsonl"
     write(c, "megatron", "gpt2_1", LOSSES, meta=ENV)
     assert changes(ea, environment_of(read_run_record(c))) == []
+
+
+def _spec(steps: int, lr: float = 1e-4) -> dict:
+    return {"case_spec": {"dtype": "float32", "steps": steps, "lr": lr, "total_batch": 256, "seq_len": 64}}
+
+
+LONG = [10.98 - 0.05 * i for i in range(10)]
+
+
+def _golden_of_three_steps(tmp_path):
+    ref = tmp_path / "ref3"
+    write(ref / "pytorch" / "gpt2_1.jsonl", "pytorch", "gpt2_1", LONG[:3], meta={**ENV, **_spec(3)})
+    path = tmp_path / "golden3.json"
+    write_golden(path, record_golden([ref], "pytorch"))
+    return path
+
+
+def test_a_longer_run_than_the_golden_values_is_not_judged_by_its_first_steps(tmp_path, capsys):
+    golden = _golden_of_three_steps(tmp_path)
+    run = tmp_path / "run10"
+    write(run / "infinitrain" / "gpt2_1.jsonl", "infinitrain", "gpt2_1", LONG, meta={**ENV, **_spec(10)})
+    rc = main(["golden", "check", str(run), "--golden", str(golden)])
+    out = capsys.readouterr().out
+    assert rc == 1 and "PASS" not in out and "ERROR" in out
+    [v] = check_run_dir(read_golden(golden), run)
+    assert v.outcome == "error"
+    assert "not the run the golden values were recorded from (steps 10 vs 3 in the golden file; inputs digest" in \
+        v.message
+
+
+def test_a_record_without_a_spec_is_still_told_apart_by_its_steps(tmp_path):
+    golden = _golden_of_three_steps(tmp_path)
+    run = tmp_path / "bare"
+    write(run / "infinitrain" / "gpt2_1.jsonl", "infinitrain", "gpt2_1", LONG)  # a spec without steps, no digest
+    [v] = check_run_dir(read_golden(golden), run)
+    assert v.outcome == "error"
+    assert "(10 steps vs 3 in the golden file, which has no values for steps 4..10;" in v.message
+
+
+def test_other_hyper_parameters_are_named_and_the_same_run_passes(tmp_path):
+    golden = _golden_of_three_steps(tmp_path)
+    run = tmp_path / "lr"
+    write(run / "infinitrain" / "gpt2_1.jsonl", "infinitrain", "gpt2_1", LONG[:3], meta={**ENV, **_spec(3, lr=3e-4)})
+    [v] = check_run_dir(read_golden(golden), run)
+    assert v.outcome == "error" and "lr 0.0003 vs 0.0001 in the golden file" in v.message
+    write(run / "infinitrain" / "gpt2_1.jsonl", "infinitrain", "gpt2_1", LONG[:3], meta={**ENV, **_spec(3)})
+    [v] = check_run_dir(read_golden(golden), run)
+    assert v.outcome == "passed"

@@ -164,6 +164,59 @@ def test_cli_site_and_one_sentence_for_nothing_to_show(tmp_path, capsys):
     assert rc == 1 and "not an ISO 8601 date" in capsys.readouterr().err
 
 
+
+def _small_history(tmp_path) -> HistoryStore:
+    store = HistoryStore(tmp_path / "history.sqlite")
+    store.append_many(many_runs(3, tmp_path / "runs"))
+    return store
+
+
+def test_a_folder_the_site_never_wrote_is_refused_and_left_as_it_was(tmp_path, capsys):
+    store = _small_history(tmp_path)
+    site = tmp_path / "www"
+    site.mkdir()
+    (site / "index.html").write_text("<h1>my own page</h1>")
+    (site / "style.css").write_text("body { color: red }")
+    rc = main(["history", "--history", str(store.path), "site", str(site)])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"lockstep: error: {site}: is not empty (index.html, style.css) and was not written by "
+                          "lockstep history site")
+    assert sorted(p.name for p in site.iterdir()) == ["index.html", "style.css"]
+    assert (site / "index.html").read_text() == "<h1>my own page</h1>"
+    assert (site / "style.css").read_text() == "body { color: red }"
+
+
+def test_force_moves_the_users_files_aside_and_deletes_nothing(tmp_path, capsys):
+    store = _small_history(tmp_path)
+    site = tmp_path / "www"
+    site.mkdir()
+    (site / "index.html").write_text("<h1>my own page</h1>")
+    (site / "notes.txt").write_text("mine")
+    rc = main(["history", "--history", str(store.path), "site", str(site), "--force"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "moved aside" in out
+    [moved] = site.glob("index.html.moved-by-lockstep-*")
+    assert moved.read_text() == "<h1>my own page</h1>" and (site / "notes.txt").read_text() == "mine"
+    assert "lockstep" in (site / "index.html").read_text()
+    # the folder is the site's now: a rebuild needs no --force
+    assert main(["history", "--history", str(store.path), "site", str(site)]) == 0
+
+
+def test_pages_are_written_with_the_users_umask(tmp_path):
+    import os
+
+    store = _small_history(tmp_path)
+    old = os.umask(0o022)
+    try:
+        build_site(store, tmp_path / "site")
+    finally:
+        os.umask(old)
+    pages = [p for p in (tmp_path / "site").rglob("*") if p.is_file()]
+    assert len(pages) > 5
+    assert {oct(p.stat().st_mode & 0o777) for p in pages} == {"0o644"}
+
+
 @needs_chromium
 def test_chromium_shows_the_overview_cells_from_disk(long_history, tmp_path):
     store, site, _ = long_history

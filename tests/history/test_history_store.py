@@ -182,3 +182,46 @@ def test_a_full_disk_under_sqlite_is_no_space_not_a_damaged_file(history_file):
     full.sqlite_errorname = "SQLITE_FULL"  # what SQLite sets when write() fails with ENOSPC
     assert str(HistoryStore(history_file)._problem(full)) == (
         f"{history_file}: cannot write the history database: no space left on device")
+
+
+def _someone_elses_database(path: Path) -> Path:
+    conn = sqlite3.connect(path)
+    conn.executescript("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL);"
+                       "INSERT INTO invoices VALUES (1, 12.5);")
+    conn.commit()
+    conn.close()
+    os.utime(path, (1_700_000_000, 1_700_000_000))
+    return path
+
+
+@pytest.mark.parametrize("command", [[], ["trend", "--case", "gpt2_1", "--framework", "pytorch"],
+                                     ["diff", "a", "b"], ["site", "SITE"]], ids=lambda c: c[0] if c else "list")
+def test_reading_someone_elses_sqlite_file_refuses_it_and_leaves_it_untouched(tmp_path, capsys, command):
+    theirs = _someone_elses_database(tmp_path / "accounts.sqlite")
+    before = (theirs.read_bytes(), theirs.stat().st_mtime_ns)
+    argv = [str(tmp_path / "site") if a == "SITE" else a for a in command]
+    rc = main(["history", "--history", str(theirs), *argv])
+    err = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in err
+    assert err.strip().splitlines() == [f"lockstep: error: {theirs}: an SQLite database that is not a lockstep "
+                                        "history (its tables: invoices); it was left untouched, choose another "
+                                        "with --history"]
+    assert (theirs.read_bytes(), theirs.stat().st_mtime_ns) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["accounts.sqlite"]  # no -wal, -shm, site or journal
+
+
+def test_appending_to_someone_elses_sqlite_file_refuses_it(tmp_path):
+    theirs = _someone_elses_database(tmp_path / "accounts.sqlite")
+    before = (theirs.read_bytes(), theirs.stat().st_mtime_ns)
+    with pytest.raises(LockstepError, match="not a lockstep history"):
+        HistoryStore(theirs).append(RunRow("x", "2026-11-30T00:00:00+00:00", "run", "src"))
+    assert (theirs.read_bytes(), theirs.stat().st_mtime_ns) == before
+
+
+
+def test_reading_an_empty_file_says_so_and_writes_nothing_into_it(tmp_path, capsys):
+    empty = tmp_path / "history.sqlite"
+    empty.write_bytes(b"")
+    assert main(["history", "--history", str(empty)]) == 1
+    assert "an empty file, no lockstep history yet" in capsys.readouterr().err
+    assert empty.read_bytes() == b"" and sorted(p.name for p in tmp_path.iterdir()) == ["history.sqlite"]

@@ -115,6 +115,40 @@ def test_gpt2_hub_layout_converts_to_the_same_bytes(saved, tmp_path):
     assert sha256_file(tmp_path / "hub.bin") == sha256_file(tmp_path / "saved.bin")
 
 
+
+def _gpt2_with_head(saved, folder, head_of) -> None:
+    """The saved GPT-2 with an lm_head.weight stored beside wte: head_of(wte) -> the head."""
+    _, source = saved("gpt2")
+    tensors = safetensors_numpy.load_file(str(source / "model.safetensors"))
+    tensors["lm_head.weight"] = head_of(tensors["transformer.wte.weight"])
+    folder.mkdir()
+    safetensors_numpy.save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text((source / "config.json").read_text())
+
+
+def test_an_untied_gpt2_head_is_refused_with_its_difference(saved, tmp_path):
+    def nudged(wte):
+        head = wte.copy()
+        head[7, 3] += 0.25
+        return head
+
+    _gpt2_with_head(saved, tmp_path / "untied", nudged)
+    with pytest.raises(FormatError) as refused:
+        convert_hf_checkpoint(tmp_path / "untied", tmp_path / "out.bin")
+    message = str(refused.value)
+    assert str(tmp_path / "untied" / "model.safetensors") in message
+    assert "untied lm_head.weight that differs from transformer.wte.weight by up to 0.25" in message
+    assert "drop it" in message and not (tmp_path / "out.bin").exists()
+
+
+def test_a_gpt2_head_equal_to_wte_converts_to_the_same_bytes(saved, tmp_path):
+    _, folder = saved("gpt2")
+    _gpt2_with_head(saved, tmp_path / "tied", lambda wte: wte.copy())
+    convert_hf_checkpoint(folder, tmp_path / "saved.bin")
+    convert_hf_checkpoint(tmp_path / "tied", tmp_path / "tied.bin")
+    assert sha256_file(tmp_path / "tied.bin") == sha256_file(tmp_path / "saved.bin")
+
+
 def test_sharded_checkpoint_converts_to_the_same_bytes(saved, tmp_path):
     model, folder = saved("llama3")
     sharded = save(model, tmp_path / "sharded", max_shard_size="100KB")

@@ -152,3 +152,52 @@ def test_the_step1_certificates_are_in_both_reports(tmp_path):
     assert tables.certificate_rows(data) == []
     html_path, md_path = write_report(run, history_path=None, data=data)
     assert "Step-1 certificates" not in html_path.read_text() and "Step-1 certificates" not in md_path.read_text()
+
+
+def _one_framework_run(run: Path, manifest: dict) -> Path:
+    put(run, "pytorch", "gpt2_1", LOSSES, "2026-11-30T05:00:10+00:00", "2026-11-30T05:00:20+00:00")
+    (run / "run.json").write_text(json.dumps({"frameworks": ["pytorch"], "baseline": "pytorch",
+                                              "cases": [{"name": "gpt2_1"}, {"name": "gpt2_2"}], **manifest}))
+    return run
+
+
+def test_resume_verdicts_are_a_table_in_both_reports_and_no_heading_stands_above_an_empty_table(tmp_path):
+    run = _one_framework_run(tmp_path / "run", {"status": "finished", "verdict_lines": [
+        "OK: pytorch only, its resumes compared with the runs that saved them | 0 PASS"]})
+    sentence = "resume broken (optimizer state lost): max |dloss| 0.0123 at step 5 after step 3"
+    (run / "summary.json").write_text(json.dumps({"comparisons": [], "resumes": [
+        {"framework": "pytorch", "case": "gpt2_1_resume", "resume_case": "gpt2_1", "verdict": "resume broken",
+         "resume_from": 3, "sentence": sentence, "passed": False},
+        {"framework": "pytorch", "case": "gpt2_2_resume", "resume_case": "gpt2_2", "verdict": None,
+         "error": "gpt2_2.jsonl: the uninterrupted run failed", "passed": False}]}))
+    data = gather(run)
+    assert tables.resume_rows(data) == [
+        ["pytorch", "gpt2_1_resume", "gpt2_1 (step 3)", "resume broken", sentence],
+        ["pytorch", "gpt2_2_resume", "gpt2_2", "ERROR", "gpt2_2.jsonl: the uninterrupted run failed"]]
+    html_path, md_path = write_report(run, data=data)
+    md, page = md_path.read_text(), html_path.read_text()
+    assert "## Resumes" in md and f"| pytorch | gpt2_1_resume | gpt2_1 (step 3) | resume broken | {sentence.replace('|', chr(92) + '|')} |" in md
+    assert "<h2>Resumes</h2>" in page and "resume broken (optimizer state lost)" in page
+    # One framework: nothing compared across frameworks, so no Verdicts heading above an empty table.
+    assert "## Verdicts" not in md and "<h2>Verdicts</h2>" not in page
+
+
+def test_a_run_killed_without_a_word_or_still_running_is_said_so(tmp_path):
+    import os
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that is no process any more: the run was SIGKILLed
+    run = _one_framework_run(tmp_path / "killed", {"status": "running", "pid": dead.pid})
+    line = tables.interrupted_line(gather(run))
+    assert line == ("DID NOT FINISH: run.json says the run is running, but its process (pid "
+                    f"{dead.pid}) is gone: it was killed (SIGKILL, out of memory, a lost machine); this report "
+                    "covers the cases that finished, 1 (case, framework) pair(s) did not: pytorch/gpt2_2.")
+    _, md_path = write_report(run)
+    assert f"**{line}**" in md_path.read_text() and "not run: pytorch did not finish" in md_path.read_text()
+    live = _one_framework_run(tmp_path / "live", {"status": "running", "pid": os.getpid()})
+    assert tables.interrupted_line(gather(live)) == (
+        f"STILL RUNNING: the run (pid {os.getpid()}) has not ended; this report covers the cases finished so far, "
+        "1 (case, framework) pair(s) have not: pytorch/gpt2_2.")
+    done = _one_framework_run(tmp_path / "done", {"status": "finished", "pid": dead.pid})
+    assert tables.interrupted_line(gather(done)) is None

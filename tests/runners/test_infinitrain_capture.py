@@ -94,7 +94,7 @@ def test_adam_first_step_shows_its_update(gpt2_tiny, token_ids, gpt2_case):
     assert np.all(np.diff(np.abs(u[ramp])[order]) >= -1.0001 / 127)
     test = StepCapture(framework="weights-only", loss=cap.loss, grad_kind=GRAD_ADAM_UPDATE,
                        grads={n: weights_only.recover_adam_update(w0[n], w1[n], lr) for n in w0})
-    v = diagnose_captures(cap, test, gpt2_case())
+    v = diagnose_captures(cap, test, gpt2_case(), adam_eps=1e-8)  # the eps its Adam ran with
     # The same signs but for an element or so at the saturation edge, which FP32 may put on either side.
     assert v.findings == [] and v.grads[0].kind == "adam update"
     assert max(d.rel for d in v.grads) <= 2 * ADAM_SIGN_SHARE ** 0.5
@@ -104,7 +104,7 @@ def test_adam_first_step_shows_its_update(gpt2_tiny, token_ids, gpt2_case):
     bad = gpt2_with(tensors, config, c_attn=True)
     w1_bad, _ = one_step(bad, gpt2_case(), token_ids, torch.optim.Adam(bad.parameters(), lr=lr, eps=1e-8))
     test.grads = {n: weights_only.recover_adam_update(w0[n], w1_bad[n], lr) for n in w0}
-    assert [(f.kind, f.where) for f in diagnose_captures(cap, test, gpt2_case()).findings] == [(GRADIENT_ONLY,
+    assert [(f.kind, f.where) for f in diagnose_captures(cap, test, gpt2_case(), adam_eps=1e-8).findings] == [(GRADIENT_ONLY,
                                                                                                 "qkvb[0..1]")]
 
 

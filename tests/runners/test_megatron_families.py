@@ -199,7 +199,7 @@ def logits_setup(megatron_world, family_inputs):
     """model -> (checkpoint, batch of B=2 x T=64 real tokens, megatron-core's logits)."""
     from lockstep.formats.tokens import read_token_stream
     from lockstep.runners.megatron import model as mmodel
-    from lockstep.runners.megatron.families import ADAPTERS
+    from lockstep.runners.megatron.families import adapter_of
     from lockstep.runners.megatron.weights import ChunkShard, chunk_tensors, load_chunk
 
     made = {}
@@ -210,7 +210,7 @@ def logits_setup(megatron_world, family_inputs):
         inputs = family_inputs(model)
         ckpt = load_checkpoint(inputs.checkpoint)
         cfg = ckpt.config
-        adapter = ADAPTERS[cfg.family]
+        adapter = adapter_of(cfg.family)
         c = case(model, B=2, total=128, steps=1)
         config = mmodel.transformer_config(c, cfg, adapter, mmodel.Precision.for_case(c, False), on_cpu=True)
 
@@ -468,7 +468,7 @@ def test_dp2_matches_dp1(ten_step_runs, family_inputs, tmp_path, runner, worker_
 def test_pipeline_layout_strings_and_the_checks_on_them():
     from lockstep.cases.pipeline_layout import parse_pipeline_layout
     from lockstep.errors import CaseError
-    from lockstep.runners.megatron.families import ADAPTERS
+    from lockstep.runners.megatron.families import adapter_of
 
     assert [(s.layers, s.embedding, s.loss) for s in parse_pipeline_layout("Et*3|tL")] == [(3, True, False),
                                                                                           (1, False, True)]
@@ -480,7 +480,7 @@ def test_pipeline_layout_strings_and_the_checks_on_them():
     with pytest.raises(CaseError, match=r"case c: pp_layout 'Et\*3\|tL' has 2 stage\(s\), but PP x VPP = 2 x 2 = 4"):
         case("qwen3-tiny", pp=2, vpp=2, pp_layout="Et*3|tL").check()
     qwen = SHAPES["qwen3-tiny"].config  # L=4
-    adapter = ADAPTERS["qwen3"]
+    adapter = adapter_of("qwen3")
     assert adapter.layout_problem(case("qwen3-tiny", pp=2, pp_layout="Et*3|tL"), qwen) is None  # uneven, allowed
     assert adapter.layout_problem(case("qwen3-tiny", pp=2, pp_layout="Et*3|t*2L"), qwen) == \
         "pp_layout Et*3|t*2L holds 5 layers, the model has 4"

@@ -13,7 +13,7 @@ from lockstep.models.family import split_canonical
 from lockstep.models.gpt2.config import GPT2Config
 from lockstep.models.llama3.config import Llama3Config
 from lockstep.models.lora import lora_init_tensors
-from lockstep.runners.megatron.families import ADAPTERS
+from lockstep.runners.megatron.families import adapter_of
 from lockstep.runners.megatron.families.base import ChunkShard, qkv_per_group
 from lockstep.runners.megatron.families.lora import lora_maps
 from lockstep.runners.megatron.weights import chunk_tensors
@@ -26,7 +26,7 @@ WIDE = LoraSpec(rank=4, alpha=8.0, target_modules=("c_attn", "c_fc", "c_proj"))
 
 def shard(cfg, spec, tp_rank=0, tp=1) -> ChunkShard:
     return ChunkShard(rank=tp_rank, tp_rank=tp_rank, tp_size=tp, pre_process=True, post_process=True, layers=(0, 1),
-                      vocab_rows=ADAPTERS[cfg.family].vocab_rows(cfg, tp), lora=spec)
+                      vocab_rows=adapter_of(cfg.family).vocab_rows(cfg, tp), lora=spec)
 
 
 def lora_init(cfg, spec) -> dict:
@@ -44,7 +44,7 @@ def with_base(cfg, init: dict) -> dict:
 
 
 def test_llama_adapters_sit_on_their_linears_split_as_infinitrain_splits_them():
-    maps = {m.megatron: (m.canonical, m.tp_split) for m in lora_maps(ADAPTERS["llama3"], LLAMA_CFG, shard(LLAMA_CFG, WIDE))}
+    maps = {m.megatron: (m.canonical, m.tp_split) for m in lora_maps(adapter_of("llama3"), LLAMA_CFG, shard(LLAMA_CFG, WIDE))}
     p = "decoder.layers.1."
     assert maps[p + "self_attention.linear_qkv.lora_A"] == ("lora_A.qkvw[1]", None)  # replicated
     assert maps[p + "self_attention.linear_qkv.lora_B"] == ("lora_B.qkvw[1]", "rows")
@@ -56,12 +56,12 @@ def test_llama_adapters_sit_on_their_linears_split_as_infinitrain_splits_them():
     assert not any("gate" in n for n in maps)
     assert maps[p + "mlp.linear_fc2.lora_A"] == ("lora_A.fcprojw[1]", "columns")
     assert len(maps) == 2 * 8
-    assert lora_maps(ADAPTERS["llama3"], LLAMA_CFG, dataclasses.replace(shard(LLAMA_CFG, WIDE), lora=None)) == []
+    assert lora_maps(adapter_of("llama3"), LLAMA_CFG, dataclasses.replace(shard(LLAMA_CFG, WIDE), lora=None)) == []
 
 
 def test_qkv_b_is_regrouped_like_qkvw_then_split_by_rows():
     for cfg in (GPT2_CFG, LLAMA_CFG):
-        adapter, init = ADAPTERS[cfg.family], lora_init(cfg, WIDE)
+        adapter, init = adapter_of(cfg.family), lora_init(cfg, WIDE)
         grouped = qkv_per_group(init["lora_B.qkvw[0]"], cfg.num_heads, cfg.num_kv_heads)
         assert not np.array_equal(grouped, init["lora_B.qkvw[0]"])
         for r in range(2):
@@ -79,7 +79,7 @@ def test_canonical_round_trip_over_two_tp_ranks():
     from lockstep.runners.megatron.weights import canonical_from_chunk
 
     for cfg in (GPT2_CFG, LLAMA_CFG):
-        adapter, init = ADAPTERS[cfg.family], lora_init(cfg, WIDE)
+        adapter, init = adapter_of(cfg.family), lora_init(cfg, WIDE)
         ranks = [{n: m.value for n, m in chunk_tensors(with_base(cfg, init), cfg, shard(cfg, WIDE, r, 2), adapter).items()} for r in (0, 1)]
         by_id = {id(v): n for n, v in ranks[0].items()}
         back = canonical_from_chunk(ranks[0], cfg, shard(cfg, WIDE, 0, 2), adapter,

@@ -201,9 +201,9 @@ def test_ep2_without_expert_parallelism_in_the_config_fails_only_from_inside(fil
 
 
 def test_layouts_megatron_refuses_say_why():
-    from lockstep.runners.megatron.families import ADAPTERS
+    from lockstep.runners.megatron.families import adapter_of
 
-    mixtral, llama = ADAPTERS["mixtral"], ADAPTERS["llama3"]
+    mixtral, llama = adapter_of("mixtral"), adapter_of("llama3")
     kv2 = dataclasses.replace(SMALL, num_kv_heads=2)
     assert mixtral.layout_problem(case("c", tp=2), kv2) == ("megatron-core's MoE layer trains with TP > 1 only with "
                                                            "sequence parallelism (sp = true)")

@@ -13,7 +13,7 @@ from lockstep.models.family import split_canonical
 from lockstep.models.gpt2.config import GPT2Config
 from lockstep.models.llama3.config import Llama3Config
 from lockstep.models.qwen3.config import Qwen3Config
-from lockstep.runners.megatron.families import ADAPTERS
+from lockstep.runners.megatron.families import adapter_of
 from lockstep.runners.megatron.families.base import ChunkShard, qkv_from_groups, qkv_per_group
 from lockstep.runners.megatron.weights import canonical_from_chunk, chunk_tensors, load_chunk
 
@@ -33,7 +33,7 @@ def random_tensors(cfg, seed: int = 0) -> dict[str, np.ndarray]:
 
 def shard(cfg, tp_rank=0, tp=1, pre=True, post=True, layers=(0, 1)) -> ChunkShard:
     return ChunkShard(rank=tp_rank, tp_rank=tp_rank, tp_size=tp, pre_process=pre, post_process=post,
-                      layers=tuple(layers), vocab_rows=ADAPTERS[cfg.family].vocab_rows(cfg, tp))
+                      layers=tuple(layers), vocab_rows=adapter_of(cfg.family).vocab_rows(cfg, tp))
 
 
 def test_qkv_per_group_is_megatron_order_and_inverts():
@@ -62,7 +62,7 @@ def test_gpt2_qkv_per_head_gives_the_same_q_k_v():
 
 def test_gpt2_tp1_whole_tensors_with_true_vocab():
     t = random_tensors(GPT2_CFG)
-    m = chunk_tensors(split_canonical(t, GPT2_CFG), GPT2_CFG, shard(GPT2_CFG), ADAPTERS["gpt2"])
+    m = chunk_tensors(split_canonical(t, GPT2_CFG), GPT2_CFG, shard(GPT2_CFG), adapter_of("gpt2"))
     assert m["embedding.word_embeddings.weight"].value.shape == (GPT2_CFG.vocab_size, GPT2_CFG.channels)
     np.testing.assert_array_equal(m["embedding.word_embeddings.weight"].value, t["wte"][:GPT2_CFG.vocab_size])
     np.testing.assert_array_equal(m["decoder.layers.1.mlp.linear_fc2.weight"].value, t["fcprojw"][1])
@@ -72,12 +72,12 @@ def test_gpt2_tp1_whole_tensors_with_true_vocab():
 def test_llama_fc1_is_gate_then_up_and_tp_ranks_hold_both_halves():
     t = random_tensors(LLAMA_CFG)
     canon = split_canonical(t, LLAMA_CFG)
-    whole = chunk_tensors(canon, LLAMA_CFG, shard(LLAMA_CFG), ADAPTERS["llama3"])
+    whole = chunk_tensors(canon, LLAMA_CFG, shard(LLAMA_CFG), adapter_of("llama3"))
     fc1 = whole["decoder.layers.1.mlp.linear_fc1.weight"].value
     F = LLAMA_CFG.ffn_hidden
     np.testing.assert_array_equal(fc1[:F], t["fcw2"][1])  # gate
     np.testing.assert_array_equal(fc1[F:], t["fcw"][1])  # up
-    r1 = chunk_tensors(canon, LLAMA_CFG, shard(LLAMA_CFG, tp_rank=1, tp=2), ADAPTERS["llama3"])
+    r1 = chunk_tensors(canon, LLAMA_CFG, shard(LLAMA_CFG, tp_rank=1, tp=2), adapter_of("llama3"))
     part = r1["decoder.layers.1.mlp.linear_fc1.weight"].value
     np.testing.assert_array_equal(part, np.concatenate([t["fcw2"][1][F // 2:], t["fcw"][1][F // 2:]]))
     assert whole["output_layer.weight"].value is not None  # untied: the last stage has its own head
@@ -89,7 +89,7 @@ def test_reverse_map_returns_every_canonical_tensor(family, tp):
     cfg = CONFIGS[family]
     t = random_tensors(cfg)
     canon = split_canonical(t, cfg)
-    adapter = ADAPTERS[family]
+    adapter = adapter_of(family)
     ranks = [chunk_tensors(canon, cfg, shard(cfg, tp_rank=r, tp=tp), adapter) for r in range(tp)]
     params = {name: ranks[0][name].value for name in ranks[0]}
 
@@ -110,8 +110,8 @@ def test_reverse_map_returns_every_canonical_tensor(family, tp):
 def test_pipeline_stages_take_their_layers_and_the_last_gets_the_tied_weight():
     t = random_tensors(GPT2_CFG)
     canon = split_canonical(t, GPT2_CFG)
-    first = chunk_tensors(canon, GPT2_CFG, shard(GPT2_CFG, post=False, layers=(0,)), ADAPTERS["gpt2"])
-    last = chunk_tensors(canon, GPT2_CFG, shard(GPT2_CFG, pre=False, layers=(1,)), ADAPTERS["gpt2"])
+    first = chunk_tensors(canon, GPT2_CFG, shard(GPT2_CFG, post=False, layers=(0,)), adapter_of("gpt2"))
+    last = chunk_tensors(canon, GPT2_CFG, shard(GPT2_CFG, pre=False, layers=(1,)), adapter_of("gpt2"))
     assert "embedding.position_embeddings.weight" in first and "decoder.final_layernorm.weight" not in first
     assert "output_layer.weight" not in first and "embedding.word_embeddings.weight" not in last
     np.testing.assert_array_equal(last["output_layer.weight"].value, t["wte"][:GPT2_CFG.vocab_size])
@@ -120,10 +120,10 @@ def test_pipeline_stages_take_their_layers_and_the_last_gets_the_tied_weight():
 
 def test_vocab_padded_past_vp_when_tp_does_not_divide_it():
     cfg3 = GPT2Config(max_seq_len=16, vocab_size=50, num_layers=2, num_heads=3, channels=12, padded_vocab_size=64)
-    assert ADAPTERS["gpt2"].vocab_rows(cfg3, 1) == 50 and ADAPTERS["gpt2"].vocab_rows(cfg3, 3) == 66
+    assert adapter_of("gpt2").vocab_rows(cfg3, 1) == 50 and adapter_of("gpt2").vocab_rows(cfg3, 3) == 66
     t = random_tensors(cfg3)
     last = chunk_tensors(split_canonical(t, cfg3), cfg3, shard(cfg3, tp_rank=2, tp=3),
-                         ADAPTERS["gpt2"])["embedding.word_embeddings.weight"].value
+                         adapter_of("gpt2"))["embedding.word_embeddings.weight"].value
     assert last.shape == (22, cfg3.channels)
     np.testing.assert_array_equal(last[:20], t["wte"][44:64])
     assert not last[20:].any()
@@ -132,7 +132,7 @@ def test_vocab_padded_past_vp_when_tp_does_not_divide_it():
 def test_missing_layer_is_named():
     canon = split_canonical(random_tensors(GPT2_CFG), GPT2_CFG)
     with pytest.raises(LockstepError, match=r"rank 0: decoder.layers.1.* is layer 2, but the checkpoint has only 2"):
-        chunk_tensors(canon, GPT2_CFG, shard(GPT2_CFG, layers=(1, 2)), ADAPTERS["gpt2"])
+        chunk_tensors(canon, GPT2_CFG, shard(GPT2_CFG, layers=(1, 2)), adapter_of("gpt2"))
 
 
 # --- the real megatron-core GPTModel, built on the CPU -------------------------------------------
@@ -162,7 +162,7 @@ def test_real_gptmodel_holds_exactly_the_mapped_parameters(megatron_world, model
     from lockstep.runners.megatron import model as mmodel
 
     cfg = SHAPES[model].config
-    adapter = ADAPTERS[cfg.family]
+    adapter = adapter_of(cfg.family)
     case = CaseSpec(name="c", model=model, dtype="float32", micro_batch=1, seq_len=8, total_batch=8, steps=1, lr=1e-4)
     precision = mmodel.Precision.for_case(case, native_bf16=False)
     config = mmodel.transformer_config(case, cfg, adapter, precision, on_cpu=True)
@@ -192,7 +192,7 @@ def test_shape_disagreement_names_the_tensor_and_rank(megatron_world):
     from lockstep.runners.megatron import model as mmodel
 
     cfg = SHAPES["gpt2-tiny"].config
-    adapter = ADAPTERS["gpt2"]
+    adapter = adapter_of("gpt2")
     case = CaseSpec(name="c", model="gpt2-tiny", dtype="float32", micro_batch=1, seq_len=8, total_batch=8, steps=1,
                     lr=1e-4)
     config = mmodel.transformer_config(case, cfg, adapter, mmodel.Precision.for_case(case, False), on_cpu=True)

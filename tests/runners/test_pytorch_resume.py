@@ -167,3 +167,41 @@ def test_a_dp2_resume_is_exact_per_rank_and_one_restoring_only_rank_0_is_a_shard
     verdict = judge_resume(full, broken)
     assert verdict.verdict is ResumeVerdictClass.BROKEN and verdict.cause is ResumeCause.SHARD_NOT_RESTORED, verdict.sentence()
     assert "rank(s) 1 differ" in verdict.cause_detail and "rank(s) 0 are bitwise equal" in verdict.cause_detail
+
+
+@pytest.mark.parametrize("damage", ["metadata truncated", "shard garbage", "foreign model"])
+def test_a_damaged_or_foreign_checkpoint_fails_that_case_in_one_sentence(damage, tiny_checkpoint, training_tokens,
+                                                                         tmp_path):
+    """DCP's CheckpointException is a BaseException: it must become the resuming case's failure,
+    never escape the runner (and take every other case's verdict with it)."""
+    inputs = RunInputs(checkpoint=tiny_checkpoint, tokens=training_tokens, model=SHAPES["gpt2-tiny"].config, device="cpu")
+    runner = PyTorchRunner()
+    saving = dataclasses.replace(uninterrupted_case("gpt2-tiny"), steps=RESUME_AT, lr=0.1)
+    assert runner.run(saving, inputs, tmp_path).ok
+    folder = step_dir(tmp_path / "pytorch" / "saving.checkpoints", RESUME_AT)
+    if damage == "metadata truncated":
+        metadata = folder / ".metadata"
+        metadata.write_bytes(metadata.read_bytes()[:40])
+    elif damage == "shard garbage":
+        for shard in folder.glob("*.distcp"):
+            shard.write_bytes(b"not a checkpoint" * 8)
+    else:  # a llama checkpoint of another shape where the gpt2 run's step folder should be
+        llama = dataclasses.replace(uninterrupted_case("llama3-tiny"), steps=RESUME_AT)
+        llama_inputs = dataclasses.replace(inputs, checkpoint=_small_llama(tmp_path), model=SMALL_LLAMA)
+        assert runner.run(llama, llama_inputs, tmp_path / "llama").ok
+        import shutil
+
+        shutil.rmtree(folder)
+        shutil.copytree(step_dir(tmp_path / "llama" / "pytorch" / "saving.checkpoints", RESUME_AT), folder)
+    rec = runner.run(dataclasses.replace(resumed_case("gpt2-tiny"), lr=0.1), inputs, tmp_path)
+    assert not rec.ok
+    assert rec.error.startswith(f"{folder}: the checkpoint of step {RESUME_AT} cannot be loaded (")
+    assert "\n" not in rec.error and "Traceback" not in rec.error
+
+
+def _small_llama(tmp_path):
+    from lockstep.models.init import write_initial_checkpoint
+
+    path = tmp_path / "llama3_small_seed42.bin"
+    write_initial_checkpoint(path, FAMILIES["llama3"], SMALL_LLAMA, seed=42)
+    return path

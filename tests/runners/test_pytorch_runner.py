@@ -234,3 +234,49 @@ def test_a_tp_case_at_its_dp_layout_still_sees_a_shifted_data_order(inputs, tmp_
     rec = PyTorchRunner().run(dataclasses.replace(case("gpt2_4", steps=3, B=2), tp=2), inputs, tmp_path)
     assert rec.ok, rec.error
     assert max(abs(a - b) for a, b in zip(rec.losses(), dp_only.losses())) > LOSS_LIMIT
+
+
+def test_the_fp64_evidence_record_says_when_it_finished(tiny_checkpoint, training_tokens, tmp_path):
+    inputs = RunInputs(checkpoint=tiny_checkpoint, tokens=training_tokens, model=TINY, device="cpu")
+    rec = PyTorchRunner().train_fp64(case(steps=2, B=2, T=32, total=64), inputs, tmp_path / "fp64" / "c.jsonl")
+    written = read_run_record(tmp_path / "fp64" / "c.jsonl")
+    assert rec.ok and written.meta["finished_at"] >= written.meta["started_at"]
+
+
+def _live_training_objects() -> list:
+    """Every optimizer and parameter this process still holds, reachable or a cycle awaiting
+    collection (gc.get_objects sees both; no collection here): what a device would still hold."""
+    import gc
+
+    return [o for o in gc.get_objects() if isinstance(o, (torch.optim.Optimizer, torch.nn.Parameter))]
+
+
+@pytest.mark.parametrize("ends", ["finished", "failed mid-run"])
+def test_an_in_process_pair_leaves_no_model_or_optimizer_behind(ends, inputs, tmp_path):
+    """lockstep's own process trains the reference in-process, then hands the device to the next
+    framework: nothing of the run (parameters, optimizer, the frames of a failure) may outlive it."""
+    from lockstep.errors import RunError
+
+    def stop_at_step_2(step):
+        if step.step == 2:
+            raise RunError("stopped at step 2 (a planted failure)")
+
+    before = {id(o) for o in _live_training_objects()}
+    rec = PyTorchRunner().run(case(steps=3, B=2, T=32, total=64), inputs, tmp_path,
+                              on_step=stop_at_step_2 if ends == "failed mid-run" else None)
+    assert rec.ok == (ends == "finished"), rec.error
+    left = [o for o in _live_training_objects() if id(o) not in before]
+    assert not left, f"{len(left)} optimizer/parameter object(s) outlived the run"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_an_in_process_pair_gives_the_device_memory_back(inputs, tmp_path):
+    """The next framework's processes need the card: what the caching allocator kept for this
+    process after the pair is handed back, and the record says what the run peaked at."""
+    torch.cuda.init()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    rec = PyTorchRunner().run(case(steps=3, B=2, T=32, total=64), dataclasses.replace(inputs, device="cuda"), tmp_path)
+    assert rec.ok, rec.error
+    assert torch.cuda.memory_reserved() <= before
+    assert rec.meta["peak_memory_mb"]["allocated"] > 0 and all(s.peak_mem_mb > 0 for s in rec.steps)

@@ -34,6 +34,10 @@ The reference's step with torch's own treatment of a parameter without a gradien
   without one, so torch's Adam skips an expert no token was routed to (no moment decay, no update,
   its own step count not incremented), as the reference did before the contract said otherwise.
 
+The lr schedule's negative control (tests/runners/test_lr_schedule_training.py):
+- lr_warmup_one_step_late: the pytorch reference trains step n at the contract's lr of step n - 1
+  (step 1 at step 1's), its warm-up one step late; the comparison's lr check must name step 2.
+
 A defect that shows only after step 1 (`lockstep diagnose --at-step`'s negative control):
 - fast_adam_bias_correction_step1: pytorch-fast's Adam bias-corrects every update as if it were
   the first (1 - beta^1 instead of 1 - beta^t), its step count otherwise kept: step 1 is exactly
@@ -218,7 +222,8 @@ OTHER_DEFECTS = (*LORA_DEFECTS, "data_order_off_by_one", "megatron_pp_tie_unsync
                  *MIXTRAL_DEFECTS, "mixtral_aux_loss_doubled", "megatron_expert3_grad_scaled",
                  "megatron_ep_not_in_config", "reference_skips_unrouted_experts")
 AFTER_STEP1_DEFECTS = ("fast_adam_bias_correction_step1",)
-DEFECTS = (*REFERENCE_DEFECTS, *OTHER_DEFECTS, *AFTER_STEP1_DEFECTS)
+LR_DEFECTS = ("lr_warmup_one_step_late",)
+DEFECTS = (*REFERENCE_DEFECTS, *OTHER_DEFECTS, *AFTER_STEP1_DEFECTS, *LR_DEFECTS)
 
 
 class _Forever:
@@ -284,6 +289,11 @@ def inject(name: str, patch) -> None:
         right = fast.build_fast_optimizer
         patch.setattr(fast, "build_fast_optimizer",
                       lambda *args, **kwargs: bias_corrected_as_step1(right(*args, **kwargs)))
+    elif name == "lr_warmup_one_step_late":
+        from lockstep.runners.pytorch import train
+
+        right = train.lr_at
+        patch.setattr(train, "lr_at", lambda case, step: right(case, max(step - 1, 1)))
     elif name in LORA_DEFECTS:
         _inject_lora(name, patch)
     elif name == "data_order_off_by_one":

@@ -19,6 +19,7 @@ from lockstep.bisect.build import BUILD_FAILED, DEFAULT_BUILD_TIMEOUT_S, BuiltFr
 from lockstep.bisect.git import Commit, Worktree
 from lockstep.bisect.judge import SKIP, Judgement, judge_summary
 from lockstep.compare.run_dir import SUMMARY_NAME
+from lockstep.compare.options import EXPECT_IDENTICAL, EXPECT_WITHIN_THRESHOLD
 from lockstep.errors import LockstepError
 from lockstep.fsutil import atomic_write
 from lockstep.plan import RunRequest
@@ -68,7 +69,7 @@ class CommitTester:
 
     def __init__(self, out_dir: Path, worktree: Worktree, build_command: str, framework: BuiltFramework,
                  run_request: RunRequest, build_timeout_s: float | None = DEFAULT_BUILD_TIMEOUT_S,
-                 say: Callable[[str], None] = lambda text: None):
+                 say: Callable[[str], None] = lambda text: None, expect: str = EXPECT_WITHIN_THRESHOLD):
         self.out_dir = out_dir
         self.worktree = worktree
         self.build_command = build_command
@@ -76,6 +77,8 @@ class CommitTester:
         self.run_request = run_request
         self.build_timeout_s = build_timeout_s
         self.say = say
+        self.expect = expect
+        self.identical_to: Path | None = None  # --expect identical: the good commit's run directory
 
     def earlier_outcome(self, sha: str) -> TestedCommit | None:
         path = self.out_dir / TESTED_DIR / f"{sha}.json"
@@ -121,4 +124,17 @@ class CommitTester:
             result = run_pipeline(request, outputs=RunOutputs(report=False))
         except LockstepError as e:
             return Judgement(SKIP, "NOT RUN", f"lockstep run could not start: {e}")
+        if self.expect == EXPECT_IDENTICAL:
+            return self.judge_identity(run_dir)
         return judge_summary(result.summary, run_dir / SUMMARY_NAME)
+
+    def judge_identity(self, run_dir: Path) -> Judgement:
+        """The commit's records against the good commit's, bit for bit (the good commit against itself)."""
+        from lockstep.compare import compare_paths
+        from lockstep.compare.options import CompareOptions
+
+        name = self.framework.name
+        base = (self.identical_to or run_dir) / name
+        report = compare_paths(base, run_dir / name, CompareOptions(expect=EXPECT_IDENTICAL))
+        entry = {"baseline_framework": f"{name} (good commit)", "test_framework": name, **report.to_json()}
+        return judge_summary({"comparisons": [entry]}, run_dir / name)

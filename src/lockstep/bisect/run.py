@@ -32,6 +32,7 @@ from lockstep.errors import LockstepError
 from lockstep.fsutil import atomic_write
 from lockstep.outdir import LOCK_NAME, locked_dir
 from lockstep.plan import RunRequest, plan_run
+from lockstep.compare.options import EXPECT_IDENTICAL, EXPECT_WITHIN_THRESHOLD
 from lockstep.runners import built_frameworks
 
 DEFAULT_FRAMEWORKS = ["pytorch", "infinitrain"]
@@ -51,6 +52,9 @@ class BisectRequest:
     run: RunRequest = field(default_factory=RunRequest)  # its out and build dir are set per commit
     build_timeout_s: float | None = DEFAULT_BUILD_TIMEOUT_S
     diagnose: bool = True
+    # within-threshold: each commit's build against the baseline frameworks (the default); identical:
+    # each commit's build against the good commit's, bit for bit (the baseline frameworks do not run).
+    expect: str = EXPECT_WITHIN_THRESHOLD
 
 
 @dataclass
@@ -65,6 +69,7 @@ class BisectPlan:
     commits: int  # commits git chooses among (good..bad)
     build_timeout_s: float | None = DEFAULT_BUILD_TIMEOUT_S
     diagnose: bool = True
+    expect: str = EXPECT_WITHIN_THRESHOLD
 
     @property
     def max_steps(self) -> int:
@@ -76,7 +81,7 @@ class BisectPlan:
         """What a re-run into the same OUT must repeat for its verdicts and builds to be reused."""
         run = asdict(self.run)
         return {"repo": str(self.repo), "build": self.build_command, "framework": self.framework.name,
-                **{k: run[k] for k in VERDICT_FIELDS}}
+                "expect": self.expect, **{k: run[k] for k in VERDICT_FIELDS}}
 
 
 def plan_bisect(req: BisectRequest) -> BisectPlan:
@@ -87,13 +92,16 @@ def plan_bisect(req: BisectRequest) -> BisectPlan:
                           "and LOCKSTEP_BISECT_BUILD set, and must leave the framework's executables in "
                           "$LOCKSTEP_BISECT_BUILD)")
     frameworks = req.run.frameworks or list(DEFAULT_FRAMEWORKS)
-    if len(frameworks) < 2:
+    identical = req.expect == EXPECT_IDENTICAL
+    if identical:
+        frameworks = frameworks[-1:]  # the good commit's build is its baseline
+    elif len(frameworks) < 2:
         raise BisectError(f"--frameworks {','.join(frameworks)}: bisect needs a baseline and the framework under "
                           "test (the last one listed), e.g. pytorch,infinitrain")
     under_test = frameworks[-1]
     framework = built_framework(under_test, req.run.framework_options)
     if framework is None:
-        built = [n for n, s in built_frameworks().items() if s.frameworks is None]
+        built = [n for n, s in built_frameworks().items() if n in s.names()]
         raise BisectError(f"--frameworks {','.join(frameworks)}: the framework under test (the last one) must run "
                           f"from a build directory ({', '.join(built)}, or a --command-runner trainer), "
                           f"not {under_test}")
@@ -111,11 +119,12 @@ def plan_bisect(req: BisectRequest) -> BisectPlan:
     plan = BisectPlan(repo=repo, good=commit_info(repo, good), bad=commit_info(repo, bad), build_command=req.build,
                       out_dir=Path(req.out).absolute(), run=run, framework=framework,
                       commits=commits_between(repo, good, bad), build_timeout_s=req.build_timeout_s,
-                      diagnose=req.diagnose)
+                      diagnose=req.diagnose and not identical, expect=req.expect)
     check_bisect_out(plan)
     # The matrix, cases, model, weights and tokens, checked (and made, cached) once with the baseline
     # frameworks alone: a typo in --cases must not wait for the first build.
-    plan_run(dataclasses.replace(run, frameworks=frameworks[:-1], out=str(plan.out_dir / "runs")))
+    if not identical:
+        plan_run(dataclasses.replace(run, frameworks=frameworks[:-1], out=str(plan.out_dir / "runs")))
     return plan
 
 
@@ -177,7 +186,7 @@ def run_bisect(plan: BisectPlan, say: Callable[[str], None] = lambda text: None)
 
 def _bisect(plan: BisectPlan, worktree: Worktree, say: Callable[[str], None]) -> BisectResult:
     tester = CommitTester(plan.out_dir, worktree, plan.build_command, plan.framework, plan.run,
-                          plan.build_timeout_s, say)
+                          plan.build_timeout_s, say, expect=plan.expect)
     tested: list[TestedCommit] = []
 
     def test(commit: Commit, what: str) -> TestedCommit:
@@ -189,6 +198,8 @@ def _bisect(plan: BisectPlan, worktree: Worktree, say: Callable[[str], None]) ->
         return outcome
 
     good = test(plan.good, "good endpoint")
+    if plan.expect == EXPECT_IDENTICAL and good.run_dir:
+        tester.identical_to = Path(good.run_dir)  # every later commit is judged against this build's run
     bad = test(plan.bad, "bad endpoint")
     if good.state != GOOD or bad.state != BAD:
         return BisectResult(plan, tested, reason=endpoint_problem(good, bad))

@@ -260,3 +260,25 @@ def _to_numpy(t) -> np.ndarray:
     except ImportError:  # pragma: no cover
         pass
     return np.asarray(t)
+
+
+def applied_update(before, after, lr: float):
+    """The update an optimizer applied, per unit lr: ((w_before - w_after)/lr, the bound on its
+    relative error that w_after's FP32 rounding allows, 2^-24·||w_after||/lr). At lr 0 (a warm-up
+    from 0) there is no per-unit update: the weights must not move at all, so the movement itself is
+    returned (both sides' zeros when they held still) with bound 0. Torch tensors in FP64."""
+    import torch
+
+    moved = before - after
+    if lr == 0:
+        return moved, 0.0
+    moved = moved / lr
+    norm = float(torch.linalg.vector_norm(moved))
+    bound = 2.0 ** -24 * float(torch.linalg.vector_norm(after)) / lr
+    return moved, (bound / norm if norm > 0 else 0.0)
+
+
+def zero_lr_note(step: int) -> str:
+    """The capture's sentence for a step that trained at lr 0."""
+    return (f"step {step} trained at lr 0 (the warm-up's start): the optimizer's update is checked as the weights' "
+            "movement, which must be exactly zero, not as an update per unit lr")

@@ -14,67 +14,78 @@ read as b24d92f's driver reads it: gpt2 and llama3 run every group. A test id ma
 groups that no example shares (b7e0760's `1` is in basic and in moe); within one example's groups
 it may not, since its logs would overwrite each other.
 
-An arg is mapped to a `CaseSpec` field when lockstep has one for it; any other arg is an error
-naming the file, the test and the key, never dropped. Args a test leaves out take the
+An arg is mapped to a `CaseSpec` field when lockstep has one for it; a test with any other arg is
+skipped with a reason naming the arg (the plan's notes, one line per reason), never run without it. Args a test leaves out take the
 defaults of the examples' flags (example/<family>/main.cc, DEFINE_*), so that a case trains
 what InfiniTrain's run of the same test trains.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.cases.lora_targets import unmatched_targets
-from lockstep.cases.spec import CaseSpec, CheckpointSpec, LoraSpec
+from lockstep.cases.spec import CaseSpec, CheckpointSpec, LoraSpec, LRSchedule
 from lockstep.errors import CaseError, LockstepError
 from lockstep.fsutil import read_text
 
-FAMILIES = ("gpt2", "llama3", "mixtral")  # the example executables the driver runs, in its order
-TOP_LEVEL_KEYS = ("variables", "basic_compile_commands", "test_groups")
+TOP_LEVEL_KEYS = ("variables", "basic_compile_commands", "builds", "test_groups", "tests")
+FLAT_TESTS_TAG = "tests"  # the one group of a file with a flat `tests` list (release-0.5.0, the MetaX branches)
+# arg -> (CaseSpec field, gflags type) of the args copied straight into a case's field. An arg neither
+# here nor among the example's own flags (its adapter's test_config.arg_types) skips its test with
+# the arg named. A CaseSpec field for a flag InfiniTrain has is one line here, e.g.
+# "lr_decay_style": ("lr_decay_style", str).
+CASE_FIELD_ARGS: dict[str, tuple[str, type]] = {
+    # feat/activation_checkpointing: recompute must leave every bit of training unchanged
+    "activation_recompute": ("activation_recompute", bool),
+    "recompute_granularity": ("recompute_granularity", str),
+    "recompute_method": ("recompute_method", str),
+    "recompute_num_layers": ("recompute_num_layers", int),
+}
+# feat/lr_scheduler (merged upstream): the args of the case's LRSchedule, its fields of the same names.
+LR_SCHEDULE_ARGS: dict[str, type] = {"lr_decay_style": str, "lr_warmup_iters": int, "lr_warmup_init": float,
+                                     "lr_decay_iters": int, "min_lr": float}
+# Args read but not mapped to a case field: what lockstep does instead, said in the plan's notes.
+NOTED_ARGS = {"lora_load_path": "not read: lockstep starts LoRA from its own seeded init (the same in every framework)"}
+SHELL_VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
 GROUP_KEYS = ("tag", "tests")
 TEST_KEYS = ("id", "args")
+# What each example is run as by the driver (its log name's prefix, default model, groups, flags and
+# their defaults) is said by the family's InfiniTrain adapter (runners/infinitrain/families/<family>.py,
+# `test_config`), found as the families are: no table of families here.
 
-# The examples' flag defaults (example/gpt2/main.cc and example/llama3/main.cc at b24d92f).
-FLAG_DEFAULTS = {"batch_size": 4, "sequence_length": 64, "total_batch_size": 256, "num_iteration": 10,
-                 "dtype": "float32", "nthread_per_process": 1, "tensor_parallel": 1, "sequence_parallel": False,
-                 "pipeline_parallel": 1, "virtual_pipeline_parallel": 1, "zero_stage": 0, "save_interval": 0,
-                 "max_checkpoint_keep": 3, "save_optimizer_state": True, "lora_rank": 0, "lora_alpha": 16.0}
-FAMILY_FLAG_DEFAULTS = {
-    "gpt2": {"learning_rate": 1e-4, "lora_target_modules": "c_attn,c_proj"},
-    "llama3": {"learning_rate": 1e-5, "lora_target_modules": "c_attn,c_proj,c_fc,c_fc2"},
-    # example/tiny_mixtral/main.cc at b7e0760: its own flags (batch sizes in sequences), one device.
-    "mixtral": {"micro_batch_size": 4, "global_batch_size": 4, "sequence_length": 64, "num_iteration": 10,
-                "learning_rate": 1e-4, "dtype": "float32"},
-}
-# What each example is run as by the driver: its log name's prefix, its default model, the variable
-# naming its groups and the groups it runs without it (None: every group, as b24d92f's driver).
-LOG_PREFIX = {"gpt2": "gpt2", "llama3": "llama3", "mixtral": "tiny_mixtral"}
-DEFAULT_SHAPE = {"gpt2": "gpt2", "llama3": "llama3", "mixtral": "mixtral-l32-c512"}
-GROUPS_VARIABLE = {"gpt2": "GPT2_TEST_GROUPS", "llama3": "LLAMA3_TEST_GROUPS", "mixtral": "MIXTRAL_TEST_GROUPS"}
-DEFAULT_GROUPS = {"gpt2": ("basic", "zero", "lora", "checkpoint"), "llama3": ("basic", "zero", "lora", "checkpoint"),
-                  "mixtral": ("moe",)}
-# In a file that sets no *_TEST_GROUPS variable (b24d92f's driver has none): None runs every group.
-GROUPS_WITHOUT_VARIABLES = {"gpt2": None, "llama3": None, "mixtral": DEFAULT_GROUPS["mixtral"]}
-# The args lockstep maps to a case, with the JSON type each must have (gflags' type of the flag).
-ARG_TYPES: dict[str, type] = {
-    "nthread_per_process": int, "batch_size": int, "sequence_length": int, "total_batch_size": int,
-    "num_iteration": int, "learning_rate": float, "dtype": str, "tensor_parallel": int, "sequence_parallel": bool,
-    "pipeline_parallel": int, "virtual_pipeline_parallel": int, "zero_stage": int, "lora_rank": int,
-    "lora_alpha": float, "lora_target_modules": str, "save": str, "load": str, "save_interval": int,
-    "max_checkpoint_keep": int, "save_optimizer_state": bool,
-}
-MIXTRAL_ARG_TYPES: dict[str, type] = {
-    "micro_batch_size": int, "global_batch_size": int, "sequence_length": int, "num_iteration": int,
-    "learning_rate": float, "dtype": str,
-}
-ARG_TYPES_OF = {"gpt2": ARG_TYPES, "llama3": ARG_TYPES, "mixtral": MIXTRAL_ARG_TYPES}  # each example's own flags
+
+@functools.cache  # the families are fixed once lockstep.models is imported
+def examples() -> dict:
+    """family -> TestConfigExample of every family whose InfiniTrain adapter says the driver runs it,
+    in the driver's order."""
+    from lockstep.models import FAMILIES
+    from lockstep.runners.registry import specs
+
+    found = {}
+    for fam in FAMILIES:
+        try:
+            adapter = specs()["infinitrain"].adapter(fam)
+        except LockstepError:
+            continue
+        if adapter.test_config is not None:
+            found[fam] = adapter.test_config
+    return dict(sorted(found.items(), key=lambda kv: kv[1].order))
+
+
+def _example(fam: str):
+    return examples()[fam]
+
+
+def _families_run() -> list[str]:
+    return list(examples())
+
+
 # Variables the driver itself reads, and what lockstep does instead.
-FAMILY_INPUT_VARIABLES = {"gpt2": ("GPT2_INPUT_BIN", "GPT2_LLMC_FILEPATH"),
-                          "llama3": ("LLAMA3_INPUT_BIN", "LLAMA3_LLMC_FILEPATH"),
-                          "mixtral": ("MIXTRAL_INPUT_BIN", "MIXTRAL_LLMC_FILEPATH")}
 DRIVER_VARIABLES = {
     "BUILD_DIR": "lockstep runs the InfiniTrain build given by --infinitrain-build (or LOCKSTEP_INFINITRAIN_BUILD)",
     "LOG_DIR": "logs go under the run directory (--out)",
@@ -84,7 +95,16 @@ DRIVER_VARIABLES = {
                        "compares two run directories)",
     "RUN_CTEST": "lockstep does not run InfiniTrain's ctest",
     "RUN_PROFILE_TEST": "lockstep does not run InfiniTrain's profiling build",
+    "CTEST_CMD": "lockstep does not run InfiniTrain's ctest",
+    "DEVICE_BACKEND": "InfiniTrain's driver passes it to the examples as --device; lockstep trains on the run's "
+                      "--device (cpu or cuda), and cannot run another backend",
 }
+
+
+class TestSkipped(Exception):
+    """A test lockstep cannot run: it is left out of the cases, named with the reason (the rest runs)."""
+
+    __test__ = False
 STEP_DIR = re.compile(r"^(?P<root>.*)/checkpoint_step_(?P<step>\d+)/?$")
 VARIABLE_REF = re.compile(r"@([A-Za-z_][A-Za-z0-9_]*)@")
 
@@ -104,6 +124,7 @@ class InfiniTrainMatrix:
     cases: list[CaseSpec]
     notes: list[str] = field(default_factory=list)
     inputs: dict[str, FamilyInputs] = field(default_factory=dict)  # family -> the variables' paths found here
+    skipped: dict[str, str] = field(default_factory=dict)  # case name -> why lockstep cannot run that test
 
 
 def looks_like_test_config(name_or_path: str) -> bool:
@@ -133,6 +154,10 @@ def parse_test_config(doc, source: str, model: str | None = None, groups: list[s
     families = _families(model, source)
     notes: list[str] = []
     variables = _variables(doc.get("variables", {}), source)
+    if "builds" in doc:
+        if not isinstance(doc["builds"], list):
+            raise CaseError(f"{source}: builds is {_json_type(doc['builds'])}, but it must be an array")
+        notes.append(f"{source}: builds ({len(doc['builds'])}) not run: lockstep runs an existing InfiniTrain build")
     if "basic_compile_commands" in doc:
         if not isinstance(doc["basic_compile_commands"], list):
             raise CaseError(f"{source}: basic_compile_commands is {_json_type(doc['basic_compile_commands'])}, "
@@ -141,7 +166,11 @@ def parse_test_config(doc, source: str, model: str | None = None, groups: list[s
     for name, instead in DRIVER_VARIABLES.items():
         if variables.get(name):
             notes.append(f"{source}: variables.{name} = {variables[name]!r} not used: {instead}")
+    if "tests" in doc and "test_groups" in doc:
+        raise CaseError(f"{source}: holds both tests and test_groups; an InfiniTrain test config holds one of them")
     raw_groups = doc.get("test_groups")
+    if "tests" in doc:  # the flat list of release-0.5.0's driver: one group, run by gpt2 and llama3
+        raw_groups = [{"tag": FLAT_TESTS_TAG, "tests": doc["tests"]}]
     if not isinstance(raw_groups, list) or not raw_groups:
         what = "missing" if raw_groups is None else f"{_json_type(raw_groups)}" + (" with no groups" if raw_groups == [] else "")
         raise CaseError(f"{source}: test_groups is {what}, but it must be an array of groups")
@@ -156,38 +185,58 @@ def parse_test_config(doc, source: str, model: str | None = None, groups: list[s
         families = [(f, shape) for f, shape in families if any(g in runs[f] for g in tags)]
     for fam, _ in families:
         _check_ids(tests, runs[fam], fam, source)
-        if GROUPS_VARIABLE[fam] in variables:
-            notes.append(f"{source}: variables.{GROUPS_VARIABLE[fam]} = {variables[GROUPS_VARIABLE[fam]]!r}: "
-                         f"{LOG_PREFIX[fam]} runs group(s) {_listed(runs[fam])}")
+        if _example(fam).groups_variable in variables:
+            notes.append(f"{source}: variables.{_example(fam).groups_variable} = {variables[_example(fam).groups_variable]!r}: "
+                         f"{_example(fam).log_prefix} runs group(s) {_listed(runs[fam])}")
     inputs = _inputs(variables, families, source, notes)
     saves = _save_roots(tests, variables, source)
-    cases = []
+    cases, skipped = [], {}
+    zero_stage_build = any("zero_stage" in args for _, _, args in tests)
     for group, test_id, args in tests:
         if groups and group not in groups:
             continue
         for fam, shape in families:
-            if group in runs[fam]:
-                cases.append(_case(group, test_id, args, fam, shape, variables, saves, source, notes))
+            if group not in runs[fam]:
+                continue
+            name = f"{_example(fam).log_prefix}_{test_id}"
+            try:
+                case = _case(group, test_id, args, fam, shape, variables, saves, source, notes, zero_stage_build)
+                if case.checkpoint is not None and case.checkpoint.resume_case in skipped:
+                    raise TestSkipped(f"it resumes from {case.checkpoint.resume_case}, which is skipped")
+                cases.append(case)
+            except TestSkipped as e:
+                skipped[name] = str(e)
+    notes.extend(_skip_notes(skipped, source))
     if not cases:
         raise LockstepError(f"{source}: the selected groups hold no tests"
-                            + (f" that {' or '.join(LOG_PREFIX[f] for f, _ in families)} runs ("
-                               f"{'; '.join(f'{LOG_PREFIX[f]} runs group(s) {_listed(runs[f])}' for f, _ in families)})"
+                            + (f" that {' or '.join(_example(f).log_prefix for f, _ in families)} runs ("
+                               f"{'; '.join(f'{_example(f).log_prefix} runs group(s) {_listed(runs[f])}' for f, _ in families)})"
                                if families else ""))
-    return InfiniTrainMatrix(source=source, groups=tags, cases=cases, notes=list(dict.fromkeys(notes)), inputs=inputs)
+    return InfiniTrainMatrix(source=source, groups=tags, cases=cases, notes=list(dict.fromkeys(notes)), inputs=inputs,
+                             skipped=skipped)
+
+
+def _skip_notes(skipped: dict[str, str], source: str) -> list[str]:
+    """One line per reason, with its count and the tests it skips."""
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in skipped.items():
+        by_reason.setdefault(reason, []).append(name)
+    return [f"{source}: {len(names)} test(s) skipped: {reason}: {', '.join(names)}" for reason, names in by_reason.items()]
 
 
 def _families(model: str | None, source: str) -> list[tuple[str, str]]:
     """(family, model shape) pairs the cases train."""
     if model is None:
-        return [(f, DEFAULT_SHAPE[f]) for f in FAMILIES]
+        return [(f, _example(f).default_shape) for f in _families_run()]
     from lockstep.models import SHAPES
 
     if model not in SHAPES:
         raise LockstepError(f"unknown model {model!r}; known models: {', '.join(SHAPES)}")
     fam = SHAPES[model].family
-    if fam not in FAMILIES:
-        raise CaseError(f"{source}: InfiniTrain's test config runs {', '.join(LOG_PREFIX[f] for f in FAMILIES[:-1])} "
-                        f"and {LOG_PREFIX[FAMILIES[-1]]}, but --model {model} is a {fam} model")
+    run = _families_run()
+    if fam not in run:
+        raise CaseError(f"{source}: InfiniTrain's test config runs {', '.join(_example(f).log_prefix for f in run[:-1])} "
+                        f"and {_example(run[-1]).log_prefix}, but --model {model} is a {fam} model")
     return [(fam, model)]
 
 
@@ -205,7 +254,7 @@ def _variables(raw, source: str) -> dict[str, str]:
 def _inputs(variables: dict[str, str], families, source: str, notes: list[str]) -> dict[str, FamilyInputs]:
     out = {}
     for fam, _ in families:
-        tokens_var, llmc_var = FAMILY_INPUT_VARIABLES[fam]
+        tokens_var, llmc_var = _example(fam).input_variables
         found = {}
         for var, ours in ((tokens_var, "lockstep's own token file"), (llmc_var, "lockstep's seeded init")):
             value = variables.get(var)
@@ -257,12 +306,12 @@ def _tests(raw_groups: list, source: str) -> list[tuple[str, str, dict]]:
 def _groups_of(fam: str, variables: dict[str, str], tags: list[str]) -> list[str]:
     """The groups the driver runs `fam`'s example for: its *_TEST_GROUPS variable (`*`: all), that
     variable's default when the file sets another example's, every group when it sets none (b24d92f)."""
-    if not any(v in variables for v in GROUPS_VARIABLE.values()):
-        runs = GROUPS_WITHOUT_VARIABLES[fam]
+    if not any(e.groups_variable in variables for e in examples().values()):
+        runs = _example(fam).groups_without_variables
         return list(tags) if runs is None else [t for t in tags if t in runs]
-    raw = variables.get(GROUPS_VARIABLE[fam])
+    raw = variables.get(_example(fam).groups_variable)
     if raw is None:
-        return [t for t in tags if t in DEFAULT_GROUPS[fam]]
+        return [t for t in tags if t in _example(fam).default_groups]
     named = [t.strip() for t in raw.split(",") if t.strip()]
     return list(tags) if "*" in named else [t for t in tags if t in named]
 
@@ -274,7 +323,7 @@ def _check_ids(tests, runs: list[str], fam: str, source: str) -> None:
             continue
         if test_id in seen:
             raise CaseError(f"{source}: test {test_id} is defined twice (groups {seen[test_id]} and {tag}), both run "
-                            f"by {LOG_PREFIX[fam]}; its logs would overwrite each other")
+                            f"by {_example(fam).log_prefix}; its logs would overwrite each other")
         seen[test_id] = tag
 
 
@@ -285,7 +334,7 @@ def _listed(groups: list[str]) -> str:
 def _arg(args: dict, key: str, fam: str, test_id: str, source: str, variables: dict[str, str]):
     """The test's value of `key` (or the example's default), converted as gflags would."""
     if key not in args:
-        return FAMILY_FLAG_DEFAULTS[fam].get(key, FLAG_DEFAULTS.get(key))
+        return _example(fam).flag_defaults.get(key)
     value, want = args[key], _arg_types(fam)[key]
     where = f"{source}: test {test_id}: arg {key}"
     if isinstance(value, str):
@@ -339,22 +388,45 @@ def _save_roots(tests, variables, source) -> dict[str, tuple[str, dict]]:
 
 
 def _arg_types(fam: str) -> dict[str, type]:
-    return ARG_TYPES_OF[fam]
+    return {**_example(fam).arg_types, **{k: t for k, (_, t) in CASE_FIELD_ARGS.items()}, **LR_SCHEDULE_ARGS}
+
+
+def _known_args(args: dict, fam: str, test_id: str, source: str, notes: list[str], zero_stage_build: bool) -> dict:
+    """The test's args lockstep maps, after the ones it notes, converts or skips the test for."""
+    args = dict(args)
+    for key, instead in NOTED_ARGS.items():
+        if key in args:
+            notes.append(f"{source}: test {test_id}: arg {key} = {args.pop(key)!r} {instead}")
+    if "use_distributed_optimizer" in args and "zero_stage" not in _example(fam).arg_types:
+        raise TestSkipped(f"arg use_distributed_optimizer is not a flag of {_example(fam).log_prefix}")
+    if "use_distributed_optimizer" in args:
+        if zero_stage_build:  # the file's build has zero_stage; the flag is a newer build's
+            raise TestSkipped("arg use_distributed_optimizer: the file's other tests use zero_stage, so its own "
+                              "build has no use_distributed_optimizer flag")
+        on = args.pop("use_distributed_optimizer")
+        if not isinstance(on, bool):
+            raise CaseError(f"{source}: test {test_id}: arg use_distributed_optimizer = {on!r} is "
+                            f"{_json_type(on)}, but it must be a boolean")
+        args.setdefault("zero_stage", 1 if on else 0)  # ZeRO-1: optimizer state sharded over DP
+    unknown = [k for k in args if k not in _arg_types(fam)]
+    if unknown:
+        raise TestSkipped(f"arg {unknown[0]} is not one lockstep maps to a case yet" if len(unknown) == 1 else
+                          f"args {', '.join(sorted(unknown))} are not ones lockstep maps to a case yet")
+    for key, value in args.items():
+        if isinstance(value, str) and SHELL_VARIABLE.search(value):
+            raise TestSkipped(f"arg {key} = {value!r} names a shell variable of InfiniTrain's driver")
+    return args
 
 
 def _case(group: str, test_id: str, args: dict, fam: str, shape: str, variables: dict[str, str],
-          saves: dict, source: str, notes: list[str]) -> CaseSpec:
-    types = _arg_types(fam)
-    unknown = [k for k in args if k not in types]
-    if unknown:
-        raise CaseError(f"{source}: test {test_id}: arg {unknown[0]!r} is not one lockstep maps to a "
-                        f"{LOG_PREFIX[fam]} case (it maps: {', '.join(types)})")
+          saves: dict, source: str, notes: list[str], zero_stage_build: bool = False) -> CaseSpec:
+    args = _known_args(args, fam, test_id, source, notes, zero_stage_build)
 
     def arg(key):
         return _arg(args, key, fam, test_id, source, variables)
 
-    if fam == "mixtral":
-        return _mixtral_case(group, test_id, arg, shape, source)
+    if _example(fam).sequence_batches:
+        return _sequence_batch_case(group, test_id, arg, fam, shape, source)
 
     world, tp, pp = arg("nthread_per_process"), arg("tensor_parallel"), arg("pipeline_parallel")
     for key, v in (("nthread_per_process", world), ("tensor_parallel", tp), ("pipeline_parallel", pp)):
@@ -363,26 +435,34 @@ def _case(group: str, test_id: str, args: dict, fam: str, shape: str, variables:
     if world % (tp * pp):
         raise CaseError(f"{source}: test {test_id}: nthread_per_process {world} is not a multiple of "
                         f"tensor_parallel x pipeline_parallel = {tp} x {pp}, so it has no data-parallel size")
-    name = f"{LOG_PREFIX[fam]}_{test_id}"
+    name = f"{_example(fam).log_prefix}_{test_id}"
     case = CaseSpec(name=name, model=shape, dtype=arg("dtype"), micro_batch=arg("batch_size"),
                     seq_len=arg("sequence_length"), total_batch=arg("total_batch_size"), steps=arg("num_iteration"),
                     lr=arg("learning_rate"), dp=world // (tp * pp), tp=tp, pp=pp,
                     vpp=arg("virtual_pipeline_parallel"), sp=arg("sequence_parallel"), zero=arg("zero_stage"),
                     lora=_lora(args, arg, fam, test_id, source, notes),
-                    checkpoint=_checkpoint(args, arg, fam, test_id, saves, variables, source), group=group)
+                    checkpoint=_checkpoint(args, arg, fam, test_id, saves, variables, source), group=group,
+                    lr_schedule=_lr_schedule(args, arg),
+                    **{f: arg(k) for k, (f, _) in CASE_FIELD_ARGS.items() if k in args})
     try:
         return case.check()
     except CaseError as e:
         raise CaseError(f"{source}: test {test_id}: {e}") from None
 
 
-def _mixtral_case(group: str, test_id: str, arg, shape: str, source: str) -> CaseSpec:
+def _lr_schedule(args: dict, arg) -> LRSchedule | None:
+    """The test's LR schedule where it sets any of its args (the others at InfiniTrain's defaults)."""
+    given = {k: arg(k) for k in LR_SCHEDULE_ARGS if k in args}
+    return LRSchedule(**given) if given else None
+
+
+def _sequence_batch_case(group: str, test_id: str, arg, fam: str, shape: str, source: str) -> CaseSpec:
     """tiny_mixtral's flags: its batch sizes count sequences (global = micro x accumulation), one device."""
     micro, global_batch, seq = arg("micro_batch_size"), arg("global_batch_size"), arg("sequence_length")
     if micro < 1 or global_batch % micro:
         raise CaseError(f"{source}: test {test_id}: global_batch_size {global_batch} is not a multiple of "
-                        f"micro_batch_size {micro}, as tiny_mixtral requires")
-    case = CaseSpec(name=f"{LOG_PREFIX['mixtral']}_{test_id}", model=shape, dtype=arg("dtype"), micro_batch=micro,
+                        f"micro_batch_size {micro}, as {_example(fam).log_prefix} requires")
+    case = CaseSpec(name=f"{_example(fam).log_prefix}_{test_id}", model=shape, dtype=arg("dtype"), micro_batch=micro,
                     seq_len=seq, total_batch=global_batch * seq, steps=arg("num_iteration"), lr=arg("learning_rate"),
                     group=group)
     try:
@@ -421,6 +501,9 @@ def _checkpoint(args: dict, arg, fam: str, test_id: str, saves: dict, variables:
     resume_from = resume_case = None
     if "load" in args:
         load = arg("load")
+        if save and (load.rstrip("/") + "/").startswith(save.rstrip("/") + "/"):
+            raise CaseError(f"{where}: arg load = {load!r} is inside the test's own save folder {save!r}; "
+                            "a test cannot resume from the checkpoints it is writing")
         m = STEP_DIR.match(load)
         if not m:
             raise CaseError(f"{where}: arg load = {load!r} is not a <save folder>/checkpoint_step_NNNNNN "
@@ -438,7 +521,7 @@ def _checkpoint(args: dict, arg, fam: str, test_id: str, saves: dict, variables:
         if resume_from not in kept:
             raise CaseError(f"{where}: arg load asks for step {resume_from}, but test {saver_id} keeps only steps "
                             f"{', '.join(map(str, kept))} (max_checkpoint_keep)")
-        resume_case = f"{LOG_PREFIX[fam]}_{saver_id}"
+        resume_case = f"{_example(fam).log_prefix}_{saver_id}"
     return CheckpointSpec(save_interval=interval, resume_from=resume_from, resume_case=resume_case,
                           save_optimizer_state=arg("save_optimizer_state"), max_checkpoint_keep=arg("max_checkpoint_keep"))
 

@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 from lockstep.cases.infinitrain_config import load_test_config, looks_like_test_config
+from lockstep.cases.lora_targets import LORA_LINEARS, unmatched_targets
 from lockstep.cases.spec import FIELD_TYPES, CaseSpec
 from lockstep.errors import CaseError, LockstepError
 from lockstep.fsutil import read_text
@@ -100,11 +101,26 @@ def parse_matrix(text: str, source: str) -> list[CaseSpec]:
         if case.model not in shapes:
             raise CaseError(f"{source}: case {case.name}: model {case.model!r} is not a registered model "
                             f"(known: {', '.join(sorted(shapes))})")
+        _check_lora_targets(case, source)
         if case.name in seen:
             raise CaseError(f"{source}: case {case.name} is defined twice")
         seen.add(case.name)
         cases.append(case)
     return cases
+
+
+def _check_lora_targets(case: CaseSpec, source: str) -> None:
+    """A target that names no linear layer is refused here, as InfiniTrain's test config reader
+    refuses it: at run time it would adapt nothing there and fail late."""
+    if case.lora is None:
+        return
+    from lockstep.models import SHAPES
+
+    family = SHAPES[case.model].family
+    bad = unmatched_targets(family, case.lora.target_modules)
+    if bad:
+        raise CaseError(f"{source}: case {case.name}: lora target_modules: {', '.join(bad)} names no linear layer "
+                        f"of {family} (known: {', '.join(LORA_LINEARS.get(family, ())) or 'none'})")
 
 
 def select_cases(cases: list[CaseSpec], names: list[str] | None, source: str = "the matrix") -> list[CaseSpec]:

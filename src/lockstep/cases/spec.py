@@ -81,6 +81,55 @@ class CheckpointSpec:
         return out
 
 
+LR_DECAY_STYLES = ("none", "constant", "linear", "cosine", "inverse-square-root")
+RECOMPUTE_GRANULARITIES = ("none", "full", "selective")
+RECOMPUTE_METHODS = ("none", "uniform", "block")
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """The learning rate per step (docs/reference/training-contract.md, cases/lr_schedule.py):
+    a linear warm-up from `lr_warmup_init` to the case's `lr` (the peak) over `lr_warmup_iters`
+    steps, then `lr_decay_style` down to `min_lr` by step `lr_decay_iters` (0: the case's steps).
+    Style "none" is the constant case lr with no warm-up. Names and semantics as InfiniTrain's
+    flags of the same names (Megatron's schedule as InfiniTrain ported it)."""
+
+    lr_decay_style: str = "constant"
+    lr_warmup_iters: int = 0
+    lr_warmup_init: float = 0.0
+    lr_decay_iters: int = 0
+    min_lr: float = 0.0
+
+    def decay_iters(self, steps: int) -> int:
+        return self.lr_decay_iters or steps
+
+    @property
+    def label(self) -> str:
+        if self.lr_decay_style == "none":
+            return "lr none"
+        warm = f"warm-up {self.lr_warmup_iters} from {self.lr_warmup_init:g}, " if self.lr_warmup_iters else ""
+        return f"lr {warm}{self.lr_decay_style} to {self.min_lr:g}"
+
+    def problems(self, lr: float, steps: int) -> list[str]:
+        """InfiniTrain's checks on the schedule (CreateLRScheduler), as sentences."""
+        if self.lr_decay_style not in LR_DECAY_STYLES:
+            return [f"lr_schedule lr_decay_style {self.lr_decay_style!r} is not one of {', '.join(LR_DECAY_STYLES)}"]
+        if self.lr_decay_style == "none":
+            return []
+        out = []
+        for f in ("lr_warmup_iters", "lr_warmup_init", "lr_decay_iters", "min_lr"):
+            if getattr(self, f) < 0:
+                out.append(f"lr_schedule {f} is {getattr(self, f)}, must not be negative")
+        if self.min_lr > lr:
+            out.append(f"lr_schedule min_lr {self.min_lr} is above the peak lr {lr}")
+        if self.lr_warmup_init > lr:
+            out.append(f"lr_schedule lr_warmup_init {self.lr_warmup_init} is above the peak lr {lr}")
+        if not self.lr_warmup_iters < self.decay_iters(steps):
+            out.append(f"lr_schedule lr_warmup_iters {self.lr_warmup_iters} must be below lr_decay_iters "
+                       f"{self.decay_iters(steps)}")
+        return out
+
+
 @dataclass(frozen=True)
 class CaseSpec:
     name: str
@@ -112,6 +161,14 @@ class CaseSpec:
     # ranks, which then exchange tokens. It places experts, it does not change the math: a runner
     # without expert parallelism trains the case as its DP layout.
     ep: int = 1
+    # The lr per step; None: the constant `lr` at every step (as style "none").
+    lr_schedule: LRSchedule | None = None
+    # Activation recompute (InfiniTrain's flags and defaults; megatron-core's TransformerConfig
+    # names): it trades compute for memory and must not change a bit of the math.
+    activation_recompute: bool = False
+    recompute_granularity: str = "full"  # none | full | selective
+    recompute_method: str = "none"  # none | uniform | block
+    recompute_num_layers: int = 0  # transformer layers per recompute region (uniform / block)
 
     @property
     def needs(self) -> frozenset[str]:
@@ -168,6 +225,12 @@ class CaseSpec:
             parts.append(self.lora.label)
         if self.checkpoint is not None:
             parts.append(self.checkpoint.label)
+        if self.lr_schedule is not None:
+            parts.append(self.lr_schedule.label)
+        if self.activation_recompute:
+            parts.append(f"recompute {self.recompute_granularity}"
+                         + (f" {self.recompute_method} {self.recompute_num_layers}" if self.recompute_method != "none"
+                            else ""))
         return " ".join(parts)
 
     def check(self, max_seq_len: int | None = None, available_tokens: int | None = None) -> "CaseSpec":
@@ -189,6 +252,14 @@ class CaseSpec:
         if self.dp % self.ep:
             raise CaseError(f"case {n}: expert parallelism splits the data-parallel ranks, so ep={self.ep} "
                             f"must divide dp={self.dp}")
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            raise CaseError(f"case {n}: recompute_granularity {self.recompute_granularity!r} is not one of "
+                            f"{', '.join(RECOMPUTE_GRANULARITIES)}")
+        if self.recompute_method not in RECOMPUTE_METHODS:
+            raise CaseError(f"case {n}: recompute_method {self.recompute_method!r} is not one of "
+                            f"{', '.join(RECOMPUTE_METHODS)}")
+        if self.recompute_num_layers < 0:
+            raise CaseError(f"case {n}: recompute_num_layers is {self.recompute_num_layers}, must not be negative")
         if self.zero not in ZERO_STAGES:
             raise CaseError(f"case {n}: zero is {self.zero}, must be one of {', '.join(map(str, ZERO_STAGES))}")
         if self.zero and self.dp == 1:
@@ -201,7 +272,8 @@ class CaseSpec:
                 raise CaseError(f"case {n}: pp_layout {self.pp_layout!r} has {len(stages)} stage(s), but PP x VPP = "
                                 f"{self.pp} x {self.vpp} = {self.pp * self.vpp}")
         problems = (self.lora.problems() if self.lora else []) + \
-            (self.checkpoint.problems(self.steps) if self.checkpoint else [])
+            (self.checkpoint.problems(self.steps) if self.checkpoint else []) + \
+            (self.lr_schedule.problems(self.lr, self.steps) if self.lr_schedule else [])
         if problems:
             raise CaseError(f"case {n}: {problems[0]}")
         if max_seq_len is not None and self.seq_len > max_seq_len:
@@ -239,7 +311,7 @@ class CaseSpec:
                 raise CaseError(f"{label}: {key} = {value!r:.40} is {_toml_type(value)}, "
                                 f"but {key} must be {_toml_type_name(want)}")
         values = {k: (float(v) if FIELD_TYPES[k] is float else v) for k, v in d.items()}
-        for key, sub in (("lora", LoraSpec), ("checkpoint", CheckpointSpec)):
+        for key, sub in (("lora", LoraSpec), ("checkpoint", CheckpointSpec), ("lr_schedule", LRSchedule)):
             if values.get(key) is not None:
                 values[key] = _sub_table(sub, values[key], f"{label}: {key}")
         return cls(**values)
@@ -250,12 +322,14 @@ SUB_FIELD_TYPES: dict[type, dict[str, type]] = {
     LoraSpec: {"rank": int, "alpha": float, "target_modules": list},
     CheckpointSpec: {"save_interval": int, "resume_from": int, "resume_case": str, "save_optimizer_state": bool,
                      "max_checkpoint_keep": int},
+    LRSchedule: {"lr_decay_style": str, "lr_warmup_iters": int, "lr_warmup_init": float, "lr_decay_iters": int,
+                 "min_lr": float},
 }
 SUB_OPTIONAL_FIELDS = frozenset({"resume_from", "resume_case"})
 
 
 def _sub_table(cls: type, d: dict, label: str):
-    """A LoraSpec / CheckpointSpec from its table, every key and type checked (CaseError naming it)."""
+    """A LoraSpec / CheckpointSpec / LRSchedule from its table, every key and type checked (CaseError naming it)."""
     types = SUB_FIELD_TYPES[cls]
     unknown = sorted(set(d) - set(types))
     if unknown:
@@ -286,9 +360,11 @@ def _sub_table(cls: type, d: dict, label: str):
 FIELD_TYPES: dict[str, type] = {"name": str, "model": str, "dtype": str, "micro_batch": int, "seq_len": int,
                                 "total_batch": int, "steps": int, "lr": float, "dp": int, "tp": int, "pp": int,
                                 "vpp": int, "sp": bool, "zero": int, "pp_layout": str, "lora": dict,
-                                "checkpoint": dict, "group": str, "ep": int}
+                                "checkpoint": dict, "group": str, "ep": int, "lr_schedule": dict,
+                                "activation_recompute": bool, "recompute_granularity": str, "recompute_method": str,
+                                "recompute_num_layers": int}
 # Fields whose "not set" is None (a record's case, written back by to_dict()); TOML never writes None.
-OPTIONAL_FIELDS = frozenset({"pp_layout", "lora", "checkpoint", "group"})
+OPTIONAL_FIELDS = frozenset({"pp_layout", "lora", "checkpoint", "group", "lr_schedule"})
 
 
 def _has_type(value, want: type) -> bool:

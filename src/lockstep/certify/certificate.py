@@ -49,6 +49,7 @@ class Step1Evaluation:
     findings: list[Finding]
     routing: list[LayerRouting] = field(default_factory=list)  # MoE layers: the routers compared
     applied: list[TensorDiff] = field(default_factory=list)  # the optimizers' applied updates (--at-step)
+    raw: "Step1Diffs | None" = None  # the comparison before any FP64 allowance (a second judgement reuses it)
 
 
 @dataclass
@@ -62,13 +63,13 @@ class Step1Diffs:
     applied: list[TensorDiff] = field(default_factory=list)
 
 
-def compare_step1(ref: StepCapture, test: StepCapture, adam_eps: float = 1e-8) -> Step1Diffs:
+def compare_step1(ref: StepCapture, test: StepCapture, adam_eps: float | None = None) -> Step1Diffs:
     return Step1Diffs(forward=compare_forward(ref, test), micro_batches=compare_micro_batches(ref, test),
                       grads=compare_grads(ref, test, adam_eps), output_grads=compare_output_grads(ref, test),
                       applied=compare_applied(ref, test))
 
 
-def evaluate_step1(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps: float = 1e-8,
+def evaluate_step1(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps: float | None = None,
                    structure: StepCapture | None = None, fp64: StepCapture | None = None,
                    diffs: Step1Diffs | None = None) -> Step1Evaluation:
     """Compare two step-1 captures. `structure` (the reference runner's capture) supplies the
@@ -112,7 +113,7 @@ def evaluate_step1(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps
     if routing:
         findings = add_routing_findings(findings, routing, forward, tol)
     findings = add_applied_findings(findings, diffs.applied, tol, captured_step(test))
-    return Step1Evaluation(tol, forward, micro, output_grads, grads, loss, findings, routing, diffs.applied)
+    return Step1Evaluation(tol, forward, micro, output_grads, grads, loss, findings, routing, diffs.applied, diffs)
 
 
 def captured_step(capture: StepCapture) -> int:
@@ -171,6 +172,11 @@ class Certificate:
     # The step certified: 1, or a resumed case's first step after its resume point (captured by
     # both sides from the reference's saved state after the step before, as diagnose --at-step).
     step: int = 1
+    # The tensors' comparison before any FP64 allowance, in memory only (a close call's second judgement).
+    diffs: Step1Diffs | None = field(default=None, repr=False, compare=False)
+
+    def raw_diffs(self) -> Step1Diffs | None:
+        return self.diffs
 
     @property
     def available(self) -> bool:
@@ -235,14 +241,15 @@ class Certificate:
                    problem=d.get("problem"), step=int(d.get("step", 1)))
 
 
-def certify(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps: float = 1e-8,
-            structure: StepCapture | None = None, fp64: StepCapture | None = None) -> Certificate:
+def certify(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps: float | None = None,
+            structure: StepCapture | None = None, fp64: StepCapture | None = None,
+            diffs: Step1Diffs | None = None) -> Certificate:
     start = time.perf_counter()
     if captured_step(ref) != captured_step(test):
         # Tensors of two different steps part by training, not by a defect: no certificate.
         raise ValueError(f"the {ref.framework} capture is of step {captured_step(ref)}, the {test.framework} "
                          f"capture of step {captured_step(test)}")
-    ev = evaluate_step1(ref, test, case, adam_eps, structure, fp64)
+    ev = evaluate_step1(ref, test, case, adam_eps, structure, fp64, diffs)
     micro = [d for ds in ev.micro_batches.values() for d in ds]
     cert = Certificate(
         case=case.name, baseline=ref.framework, test=test.framework, dtype=case.dtype, tolerance=ev.tolerance,
@@ -260,7 +267,7 @@ def certify(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps: float
                   **({"optimizer updates": len(ev.applied)} if ev.applied else {})},
         notes=list(ref.notes) + list(test.notes) + (
             [f"each tensor may also differ by {ROUNDING_FACTOR:g}x what FP32 moves the reference itself from an FP64 "
-             f"run of the same step ({fp64.source})"] if fp64 is not None else []))
+             f"run of the same step ({fp64.source})"] if fp64 is not None else []), diffs=ev.raw)
     cert.seconds = round(time.perf_counter() - start, 3)
     return cert
 

@@ -118,80 +118,93 @@ def differs(d: TensorDiff, tol: float) -> bool:
 
 def classify(ref: StepCapture, test: StepCapture, forward: list[TensorDiff], grads: list[TensorDiff],
              tol: float, loss: LossCheck) -> list[Finding]:
-    findings: list[Finding] = []
-    kind_of = ref.module_kind
-    first_fwd = next((d for d in forward if differs(d, tol)), None)
-    if first_fwd is not None:
-        before = forward[: forward.index(first_fwd)]
-        findings.append(Finding(FORWARD, first_fwd.name,
-                                f"forward at module {first_fwd.name}: its output differs (relative {first_fwd.rel:.2e}, "
-                                + (f"max |Δ| {first_fwd.max_abs:.2e}) while " if first_fwd.max_abs is not None
-                                 else "from its sketch) while ") +
-                                (f"all {len(before)} module outputs before it agree" if before else
-                                 "it is the first module")))
-    elif not forward and loss.delta is not None and loss.delta > loss.tolerance and not _logging_explains(loss):
-        findings.append(Finding(FORWARD, "loss",
-                                f"forward (judged from the step-1 loss, no module outputs on the test side): "
-                                f"|Δloss| {loss.delta:.2e} > {loss.tolerance:.0e}"))
-
-    by_name = {d.name: d for d in grads}
+    """Findings in the order a defect propagates: the first module whose output differs (then every
+    gradient is downstream of it), a lost tie, the input gradient of the backward where every
+    gradient upstream differs, single gradients; or the loss's logging precision alone."""
+    findings = _forward_findings(forward, tol, loss)
     explained: set[str] = set()
     if test.grad_kind != GRAD_ADAM_UPDATE:
-        for name in ref.names("tie"):
-            d = by_name.get(name)
-            if d is None or not differs(d, tol):
-                continue
-            as_emb, as_head = tie_diff(ref, test, name)
-            if min(as_emb, as_head) < d.rel / 10:
-                use = "embedding lookup" if as_emb <= as_head else "output head"
-                other = "output head" if use == "embedding lookup" else "embedding lookup"
-                findings.append(Finding(TIE, name,
-                                        f"tied weights not tied: {name}'s gradient is its {use}'s alone (relative "
-                                        f"{min(as_emb, as_head):.1e} to that part, {d.rel:.2e} to the tied sum); the "
-                                        f"{other} trains its own copy"))
-                explained.add(name)
-
+        tie = _tie_findings(ref, test, grads, tol)
+        findings += tie
+        explained = {f.where for f in tie}
     differing = [d for d in grads if d.name not in explained and differs(d, tol)]
-    if first_fwd is not None or (findings and findings[0].kind == FORWARD):
+    if findings and findings[0].kind == FORWARD:
         if differing:
             findings.append(Finding(DOWNSTREAM, findings[0].where,
                                     f"{len(differing)} of {len(grads)} gradients differ, as a forward difference "
                                     f"at {findings[0].where} makes them; fix the forward first"))
         return findings
+    findings += _backward_findings(ref, grads, explained, differing, tol)
+    if not findings and loss.delta is not None and loss.delta > loss.tolerance and _logging_explains(loss):
+        findings.append(Finding(LOGGING, "loss",
+                                f"logging precision only: forward and gradients agree; the step-1 loss differs by "
+                                f"{loss.delta:.2e}, within what an FP32 sequential sum of the per-token losses "
+                                f"moves the mean ({loss.fp32_sum_shift:.2e})"))
+    return findings
 
+
+def _forward_findings(forward: list[TensorDiff], tol: float, loss: LossCheck) -> list[Finding]:
+    """The first module whose output differs, or the step-1 loss where the test shows no module outputs."""
+    first_fwd = next((d for d in forward if differs(d, tol)), None)
+    if first_fwd is not None:
+        before = forward[: forward.index(first_fwd)]
+        return [Finding(FORWARD, first_fwd.name,
+                        f"forward at module {first_fwd.name}: its output differs (relative {first_fwd.rel:.2e}, "
+                        + (f"max |Δ| {first_fwd.max_abs:.2e}) while " if first_fwd.max_abs is not None
+                           else "from its sketch) while ") +
+                        (f"all {len(before)} module outputs before it agree" if before else "it is the first module"))]
+    if not forward and loss.delta is not None and loss.delta > loss.tolerance and not _logging_explains(loss):
+        return [Finding(FORWARD, "loss", f"forward (judged from the step-1 loss, no module outputs on the test side): "
+                                         f"|Δloss| {loss.delta:.2e} > {loss.tolerance:.0e}")]
+    return []
+
+
+def _tie_findings(ref: StepCapture, test: StepCapture, grads: list[TensorDiff], tol: float) -> list[Finding]:
+    """A tied weight whose gradient is one use's part alone: the other use trains its own copy."""
+    by_name = {d.name: d for d in grads}
+    out = []
+    for name in ref.names("tie"):
+        d = by_name.get(name)
+        if d is None or not differs(d, tol):
+            continue
+        as_emb, as_head = tie_diff(ref, test, name)
+        if min(as_emb, as_head) < d.rel / 10:
+            use = "embedding lookup" if as_emb <= as_head else "output head"
+            other = "output head" if use == "embedding lookup" else "embedding lookup"
+            out.append(Finding(TIE, name, f"tied weights not tied: {name}'s gradient is its {use}'s alone (relative "
+                                          f"{min(as_emb, as_head):.1e} to that part, {d.rel:.2e} to the tied sum); the "
+                                          f"{other} trains its own copy"))
+    return out
+
+
+def _backward_findings(ref: StepCapture, grads: list[TensorDiff], explained: set[str], differing: list[TensorDiff],
+                       tol: float) -> list[Finding]:
+    """In backward order: where every gradient upstream differs, the input gradient of the backward
+    just before it (and outliers among them); the other differing gradients one by one."""
+    kind_of = ref.module_kind
     backward = [d for d in reversed(grads) if d.name not in explained]
     first = next((i for i, d in enumerate(backward) if differs(d, tol)), None)
-    if first is not None:
-        upstream = backward[first:]
-        wrong = [d for d in upstream if differs(d, tol)]
-        if len(upstream) >= 3 and len(wrong) >= BLOCK_SHARE * len(upstream):
-            median = float(np.median([d.rel for d in wrong]))
-            if first > 0:
-                last_ok = backward[first - 1].name
-                module = module_of(last_ok)
-                kind = kind_of.get(last_ok, "module")
-                findings.append(Finding(BACKWARD_INPUT, module,
-                                        f"input gradient of {module}'s backward ({kind}): every gradient upstream of it "
-                                        f"differs ({len(wrong)} of {len(upstream)} tensors, median relative "
-                                        f"{median:.2e}) while {module}'s own and every later gradient agree"))
-            else:
-                findings.append(Finding(BACKWARD_INPUT, "loss",
-                                        f"the backward from the loss on: every gradient differs (median relative "
-                                        f"{median:.2e}), including the output head's"))
-            outliers = [d for d in wrong if d.rel > OUTLIER_FACTOR * median]
-            findings += _gradient_only_findings(outliers, kind_of)
-            isolated = [d for d in differing if d.name not in {u.name for u in upstream}]
-        else:
-            isolated = differing
-        findings += _gradient_only_findings(isolated, kind_of)
-
-    if not findings:
-        if loss.delta is not None and loss.delta > loss.tolerance and _logging_explains(loss):
-            findings.append(Finding(LOGGING, "loss",
-                                    f"logging precision only: forward and gradients agree; the step-1 loss differs by "
-                                    f"{loss.delta:.2e}, within what an FP32 sequential sum of the per-token losses "
-                                    f"moves the mean ({loss.fp32_sum_shift:.2e})"))
-    return findings
+    if first is None:
+        return []
+    upstream = backward[first:]
+    wrong = [d for d in upstream if differs(d, tol)]
+    if not (len(upstream) >= 3 and len(wrong) >= BLOCK_SHARE * len(upstream)):
+        return _gradient_only_findings(differing, kind_of)
+    median = float(np.median([d.rel for d in wrong]))
+    if first > 0:
+        last_ok = backward[first - 1].name
+        module = module_of(last_ok)
+        kind = kind_of.get(last_ok, "module")
+        found = [Finding(BACKWARD_INPUT, module,
+                         f"input gradient of {module}'s backward ({kind}): every gradient upstream of it "
+                         f"differs ({len(wrong)} of {len(upstream)} tensors, median relative "
+                         f"{median:.2e}) while {module}'s own and every later gradient agree")]
+    else:
+        found = [Finding(BACKWARD_INPUT, "loss", f"the backward from the loss on: every gradient differs (median "
+                                                 f"relative {median:.2e}), including the output head's")]
+    found += _gradient_only_findings([d for d in wrong if d.rel > OUTLIER_FACTOR * median], kind_of)
+    upstream_names = {u.name for u in upstream}
+    return found + _gradient_only_findings([d for d in differing if d.name not in upstream_names], kind_of)
 
 
 def _logging_explains(loss: LossCheck) -> bool:

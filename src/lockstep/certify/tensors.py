@@ -183,9 +183,10 @@ def compare_output_grads(ref: StepCapture, test: StepCapture) -> list[TensorDiff
             if (d := diff(ref, test, "outgrad", n, OUTPUT_GRADIENT)) is not None]
 
 
-def compare_grads(ref: StepCapture, test: StepCapture, adam_eps: float = 1e-8) -> list[TensorDiff]:
+def compare_grads(ref: StepCapture, test: StepCapture, adam_eps: float | None = None) -> list[TensorDiff]:
     """Every parameter gradient in the reference's parameter order; against a test that shows only
-    Adam's first update (InfiniTrain on Adam families), the reference's update of the same step."""
+    Adam's first update (InfiniTrain on Adam families), the reference's update of the same step,
+    with `adam_eps`, else the eps the captures were requested with (stepcheck/request.py)."""
     order = ref.param_order or ref.names("grad")
     order = order + [n for n in ref.names("grad") if n not in order]
     # An adapter only one side has is not compared: the certificate's LoRA rule names it (certify/lora.py).
@@ -193,6 +194,8 @@ def compare_grads(ref: StepCapture, test: StepCapture, adam_eps: float = 1e-8) -
     missing = [n for n in order if n not in set(test.names("grad"))]
     if missing:
         raise ValueError(f"{test.framework} has no gradient for {', '.join(missing[:3])}")
+    if test.grad_kind == GRAD_ADAM_UPDATE and adam_eps is None:
+        adam_eps = requested_adam_eps(ref, test)
     out = []
     for n in order:
         if test.grad_kind == GRAD_ADAM_UPDATE:
@@ -235,6 +238,15 @@ def compare_applied(ref: StepCapture, test: StepCapture) -> list[TensorDiff]:
 
 
 RECOVERY_ALLOWANCE = 10  # what classify allows of a recovery precision (its _limit), kept beside another part
+
+
+def requested_adam_eps(ref: StepCapture, test: StepCapture) -> float:
+    """The Adam eps the captures were requested with (the test's, else the reference's)."""
+    for cap in (test, ref):
+        eps = (cap.meta.get("request") or {}).get("adam_eps")
+        if eps is not None:
+            return float(eps)
+    raise ValueError(f"{test.framework} shows only Adam's first update, and neither capture records Adam's eps")
 
 
 def first_adam_eps(ref: StepCapture, test: StepCapture) -> float | None:

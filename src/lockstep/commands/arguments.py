@@ -4,6 +4,7 @@ import each other)."""
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def seed_argument(text: str) -> int:
@@ -14,6 +15,19 @@ def seed_argument(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative; the llm.c init takes a seed of 0 or more")
+    return value
+
+
+def timeout_argument(text: str) -> float:
+    """argparse type of every `--timeout` (seconds per framework run): a positive, finite number, as the
+    TOML's `timeout` must be; no limit is the option left out."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds (leave --timeout out for "
+                                         "no limit)")
     return value
 
 

@@ -9,8 +9,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from lockstep.compare.options import EXPECT_WITHIN_THRESHOLD, EXPECTATIONS
 from lockstep.bisect.build import DEFAULT_BUILD_TIMEOUT_S
-from lockstep.commands.arguments import seed_argument, split_list
+from lockstep.commands.arguments import seed_argument, split_list, timeout_argument
 from lockstep.runners import add_runner_arguments, framework_options_from
 
 
@@ -51,9 +52,13 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, help="override every case's step count")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--seed", type=seed_argument, default=42, help="seed of the llm.c init when no --llmc is given")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per case and framework before it fails")
+    p.add_argument("--timeout", type=timeout_argument, default=None,
+                   help="seconds per case and framework before it fails")
     p.add_argument("--out", default="lockstep-bisect", help="where the builds, runs and result go "
                                                             "(default: lockstep-bisect)")
+    p.add_argument("--expect", choices=EXPECTATIONS, default=EXPECT_WITHIN_THRESHOLD,
+                   help="identical: the first commit whose build is no longer bit for bit the good commit's (only the "
+                        "framework under test runs); default: the first whose loss leaves the threshold")
     p.add_argument("--no-diagnose", action="store_true", help="skip `lockstep diagnose` of the first bad commit")
     add_runner_arguments(p)  # each runner's own flags, as for run (--command-runner, ...)
     p.set_defaults(handler=run)
@@ -71,9 +76,10 @@ def run(args) -> int:
                              framework_options=framework_options_from(args))
     plan = plan_bisect(BisectRequest(repo=args.repo, good=args.good, bad=args.bad, build=args.build, out=args.out,
                                      run=run_request, build_timeout_s=args.build_timeout,
-                                     diagnose=not args.no_diagnose))
+                                     diagnose=not args.no_diagnose, expect=args.expect))
     console.print(f"bisect {plan.repo}: {plan.good.short} good .. {plan.bad.short} bad ({plan.commits} commits) | "
-                  f"{plan.framework.name} vs {', '.join(plan.run.frameworks[:-1])} | out {plan.out_dir}",
+                  f"{plan.framework.name} vs {', '.join(plan.run.frameworks[:-1]) or 'the good commit, bit for bit'} | "
+                  f"out {plan.out_dir}",
                   highlight=False)
     # Commit subjects may hold brackets ("[skip ci]") that rich would read as markup: escaped.
     result = run_bisect(plan, say=lambda text: console.print(f"[dim]{escape(text)}[/dim]", highlight=False))

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from lockstep.compare.policy import VerdictClass
 from lockstep.compare import CompareOptions, ComparisonReport, compare_paths
-from lockstep.compare.options import STEP2_MODES
+from lockstep.compare.options import EXPECT_WITHIN_THRESHOLD, EXPECTATIONS, STEP2_MODES
 from lockstep.commands.ci_options import add_history_arguments, add_junit_argument, append_history
 from lockstep.compare.throughput import NOISY_CV, format_memory, format_mfu, format_tokens_per_s
 from lockstep.compare.verdict import CaseVerdict
@@ -91,6 +91,10 @@ def add_parser(subparsers) -> None:
                    help="sequence length for Megatron-LM logs that state none (for tok/s)")
     p.add_argument("--peak-tflops", type=_positive_float, default=None, metavar="X",
                    help="per-device peak TFLOP/s for MFU (default: the known-device table; none on CPU)")
+    p.add_argument("--expect", choices=EXPECTATIONS, default=EXPECT_WITHIN_THRESHOLD,
+                   help="what the test must be to pass: its loss within the dtype's threshold (default), or identical "
+                        "to the baseline bit for bit (every step's loss and the step-1 captures' tensors: two builds "
+                        "of one framework, a refactor, recompute); NOT IDENTICAL names the first step and tensor")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
     add_junit_argument(p)
     add_history_arguments(p)
@@ -102,7 +106,7 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
                           warmup_steps=args.warmup_steps, min_tps_ratio=args.min_tps_ratio,
                           include_prefixes=args.include_prefix, include_cases=args.include_cases,
                           megatron_step2_correction=args.megatron_step2_correction, seq_length=args.seq_length,
-                          peak_tflops=args.peak_tflops)
+                          peak_tflops=args.peak_tflops, expect=args.expect)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,10 +133,21 @@ def run(args: argparse.Namespace) -> int:
 
         write_junit(args.junit, cases_from_comparisons(
             [{"baseline_framework": base_fw, "test_framework": test_fw, **report_json}]))
+    if nothing_in_common(report):
+        # Not a comparison of anything: as a history row it would only be ERROR cells of cases
+        # that never met.
+        console.print(f"nothing in common: {escape(str(args.baseline))} and {escape(str(args.test))} share no case; "
+                      "not added to the history")
+        return 1
     from lockstep.history import run_from_comparison
 
     append_history(args, run_from_comparison(report_json, base_fw, test_fw))
     return 0 if report.passed else 1
+
+
+def nothing_in_common(report: ComparisonReport) -> bool:
+    """Every case is on one side only: two directories of unrelated runs."""
+    return not report.cases and not report.errors and bool(report.missing)
 
 
 def framework_names(report: ComparisonReport) -> tuple[str, str]:
@@ -196,7 +211,7 @@ def step_series_table(c: CaseVerdict) -> Table:
     """Every step of a short run; for a long one, the first failing and the worst steps only."""
     failing = c.failing_steps
     if len(c.diffs) <= MAX_TABLE_STEPS:
-        rows, title = c.diffs, f"{c.case}: per-step loss (first failing step {c.first_failing_step})"
+        rows, title = c.diffs, f"{c.case}: per-step loss ({_first_failing_words(c)})"
     else:
         first, worst = c.first_failing_step, c.max_diff_step
         rows = [d for d in c.diffs if d.step in (first, worst)]
@@ -211,6 +226,11 @@ def step_series_table(c: CaseVerdict) -> Table:
         t.add_row(str(d.step), f"{d.baseline:.6f}", f"{d.test:.6f}", _fmt_diff(d.abs_diff), f"{d.allowed:.1e}", mark,
                   style=style)
     return t
+
+
+def _first_failing_words(c: CaseVerdict) -> str:
+    first = c.first_failing_step
+    return "no step fails" if first is None else f"first failing step {first}"
 
 
 def throughput_table(report: ComparisonReport) -> Table:
@@ -241,7 +261,7 @@ def print_report(console: Console, report: ComparisonReport) -> None:
     if report.cases:
         console.print(loss_table(report))
         for c in report.cases:
-            if c.error is None and not c.loss_passed:
+            if c.error is None and c.not_comparable is None and not c.loss_passed:
                 console.print(step_series_table(c))
         for c in report.cases:
             if c.error is None and c.cause:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lockstep.errors import FormatError
 from lockstep.fsutil import format_bytes, sha256_file
 from lockstep.models.family import HFOptions
 from lockstep.models.hf_convert import convert_hf_checkpoint, convertible_families
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
 def run_from_infinitrain(args: argparse.Namespace) -> int:
     from lockstep.runners.infinitrain.convert import convert_infinitrain_checkpoint
 
+    _check_is_folder(args.from_infinitrain)
     done = convert_infinitrain_checkpoint(args.from_infinitrain, args.out, like=args.like, model=args.model)
     print(f"wrote {done.out}")
     print(f"  from        {done.source} (InfiniTrain checkpoint" + (f", step {done.step})" if done.step else ")"))
@@ -83,3 +85,13 @@ def run_from_infinitrain(args: argparse.Namespace) -> int:
         print(f"  left out    {', '.join(done.dropped)} (no LLMC tensor)")
     print(f"  sha256      {sha256_file(done.out)}")
     return 0
+
+
+def _check_is_folder(path: Path) -> None:
+    """Say what --from-infinitrain names when it is no folder at all, before the checkpoint reader
+    judges a folder's contents."""
+    if not path.exists():
+        raise FormatError(path, "no such directory; give InfiniTrain's checkpoint folder (checkpoint_step_NNNNNN/)")
+    if not path.is_dir():
+        raise FormatError(path, "is a file, not a folder; give InfiniTrain's checkpoint folder "
+                                "(checkpoint_step_NNNNNN/, holding model.ckpt and trainer_state.json)")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from lockstep.commands.arguments import split_list
+from lockstep.commands.arguments import split_list, timeout_argument
 from lockstep.formats.run_manifest import manifest_path as run_manifest_path
 from lockstep.runners import add_runner_arguments, framework_names, framework_options_from
 
@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default=None, help="run directory; the verdict goes to OUT/diagnose/ (default: lockstep-out, "
                                                "or RUN_DIR)")
     p.add_argument("--seed", type=int, default=42, help="seed of the llm.c init when no --llmc is given")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per framework run before it fails")
+    p.add_argument("--timeout", type=timeout_argument, default=None, help="seconds per framework run before it fails")
     add_runner_arguments(p)  # each runner's own flags, as for run (--infinitrain-build, ...)
     p.add_argument("--at-step", type=int, default=0, metavar="N",
                    help="compare step N+1 instead of step 1, every framework starting it from the reference's state "

@@ -49,6 +49,10 @@ def add_parser(subparsers) -> None:
     st.add_argument("--diff", nargs=2, action="append", default=[], metavar=("RUN_A", "RUN_B"),
                     help="also write the diff of these two runs (repeatable); each run's page already holds its "
                          "diff against the previous run of its pairs")
+    st.add_argument("--force", action="store_true",
+                    help="OUT_DIR is not empty and was not written by history site: move what has one of the "
+                         "site's names aside (<name>.moved-by-lockstep-<UTC time>) instead of refusing; nothing is "
+                         "deleted")
     for sp in (t, d, st):  # also after the subcommand; SUPPRESS keeps the parent's value when absent here
         sp.add_argument("--history", type=Path, default=argparse.SUPPRESS, metavar="FILE", help="history database")
     p.set_defaults(handler=run)
@@ -141,7 +145,10 @@ def run_site(store: HistoryStore, args: argparse.Namespace, console: Console) ->
     from lockstep.history.site import build_site
 
     since = _since(args.since)
-    built = build_site(store, args.out_dir, since, [tuple(d) for d in args.diff])
+    built = build_site(store, args.out_dir, since, [tuple(d) for d in args.diff], force=args.force)
+    for name, moved_to in built.moved_aside:
+        console.print(f"moved aside {escape(str(built.out_dir / name))} (not written by history site, --force) -> "
+                      f"{escape(moved_to)}")
     console.print(f"history site: {built.out_dir / 'index.html'} ({built.runs} runs, {built.pages} pages, "
                   f"{built.written} written, {built.removed} removed, {built.seconds:.2f} s)")
     return 0

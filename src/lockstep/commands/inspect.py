@@ -1,5 +1,8 @@
 """`lockstep inspect FILE`: what an LLMC / llm.c file is, what its header says, and whether it is valid.
 
+On the JSON files lockstep writes (a run record, summary.json, run.json): which of them it is and
+what it says (commands/inspect_json.py).
+
 `lockstep inspect DIR` on InfiniTrain's native checkpoint folder (checkpoint_step_NNNNNN/):
 every rank's header and tensors (name, dtype, shape, statistics), its trainer state and
 topology, and every problem of the folder, one sentence each (exit 1 when there is one).
@@ -24,6 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from lockstep.errors import FormatError
+from lockstep.commands.inspect_json import inspect_json_file, looks_like_json
 from lockstep.formats.detect import FileInfo, inspect_file
 
 SCAN_CHUNK = 1 << 24  # values per step when scanning a payload: bounded memory for any file size
@@ -52,11 +56,14 @@ class Inspection:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "inspect", help="say what an LLMC checkpoint or llm.c token file is and whether it is valid",
+        "inspect", help="say what an LLMC checkpoint, llm.c token file or run record is and whether it is valid",
         description="Identify FILE by its magic number (GPT-2 / Llama 3 / Qwen3 LLMC checkpoint, GPT-2 / Llama 3 "
-                    "token stream), show its header fields and derived sizes, and check it completely. Exit 0 "
-                    "when valid, 1 with the reason when not.")
-    p.add_argument("file", metavar="FILE", type=Path, help="an LLMC checkpoint or llm.c token file")
+                    "token stream), show its header fields and derived sizes, and check it completely; a run record "
+                    "(<case>.jsonl), summary.json or run.json is named with what it says (framework, case, steps, "
+                    "status). Exit 0 when valid, 1 with the reason when not.")
+    p.add_argument("file", metavar="FILE", type=Path,
+                   help="an LLMC checkpoint, llm.c token file, run record, summary.json or run.json; or InfiniTrain's "
+                        "checkpoint folder")
     p.add_argument("--tensors", action="store_true", help="also show per-tensor statistics of a checkpoint")
     p.add_argument("--json", action="store_true", help="print the result as JSON (also when the file is invalid)")
     p.set_defaults(handler=run)
@@ -64,6 +71,8 @@ def add_parser(subparsers) -> None:
 
 def inspect_path(path: Path, tensor_stats: bool = False) -> Inspection:
     """Identify and fully validate `path`. Raises FormatError naming the file."""
+    if looks_like_json(path):  # no magic number starts with "{"
+        return Inspection(info=inspect_json_file(path), file_bytes=path.stat().st_size, tensors=[], notes=[])
     info = inspect_file(path)  # magic, version, header consistency, exact size, token ids
     notes: list[str] = []
     tensors: list[TensorSummary] = []
@@ -230,9 +239,10 @@ def _kv_table(title: str, rows: dict) -> Table:
 
 def _print(console: Console, r: Inspection) -> None:
     info = r.info
-    console.print(f"[bold]{escape(info.path)}[/]: {escape(info.format)} {escape(info.kind)}, "
-                  f"{r.file_bytes:,} bytes — [bold green]valid[/]")
-    console.print(_kv_table("header", info.fields))
+    binary = info.kind in ("checkpoint", "token stream")
+    what = f"{info.format} {info.kind}" if binary else info.kind
+    console.print(f"[bold]{escape(info.path)}[/]: {escape(what)}, {r.file_bytes:,} bytes — [bold green]valid[/]")
+    console.print(_kv_table("header" if binary else "contents", info.fields))
     console.print(_kv_table("derived", info.derived))
     if r.tensors:
         t = Table(title="tensors", title_justify="left")

@@ -8,9 +8,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from lockstep.commands.arguments import seed_argument, split_list
+from lockstep.commands.arguments import seed_argument, split_list, timeout_argument
 from lockstep.commands.ci_options import add_history_arguments, add_junit_argument, history_path
-from lockstep.compare.options import CompareOptions
+from lockstep.compare.options import EXPECT_WITHIN_THRESHOLD, EXPECTATIONS, CompareOptions
 from lockstep.compare.policy import class_of
 from lockstep.compare.throughput import (NOISY_CV, Throughput, format_memory, format_mfu,
                                          format_repeated_tokens_per_s, format_tokens_per_s, throughput_of)
@@ -47,8 +47,13 @@ def add_parser(sub) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--out", default="lockstep-out", help="run directory (default: lockstep-out)")
     p.add_argument("--seed", type=seed_argument, default=42, help="seed of the llm.c init when no --llmc is given")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per case and framework before it fails")
+    p.add_argument("--timeout", type=timeout_argument, default=None,
+                   help="seconds per case and framework before it fails")
     add_runner_arguments(p)  # each runner's own flags (--infinitrain-build, --megatron-native-bf16, --command-runner)
+    p.add_argument("--expect", choices=EXPECTATIONS, default=EXPECT_WITHIN_THRESHOLD,
+                   help="what the test must be to pass: its loss within the dtype's threshold (default), or identical "
+                        "to the baseline bit for bit (every step's loss and the step-1 captures' tensors: two builds "
+                        "of one framework, a refactor, recompute); NOT IDENTICAL names the first step and tensor")
     p.add_argument("--peak-tflops", type=float, default=None, metavar="X",
                    help="per-device peak TFLOP/s for MFU (default: the known-device table; none on CPU)")
     p.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
@@ -91,7 +96,8 @@ def run(args) -> int:
         return 0
     outputs = RunOutputs(report=not args.no_report, junit=args.junit, history=history_path(args))
     check_before_run(req, outputs, force=args.force)  # a bad --out, --junit or history: before any work
-    options = CompareOptions(peak_tflops=getattr(args, "peak_tflops", None))
+    options = CompareOptions(peak_tflops=getattr(args, "peak_tflops", None),
+                             expect=getattr(args, "expect", EXPECT_WITHIN_THRESHOLD))
     observer = TerminalObserver(console, options, report=outputs.report)
     early = start_first_group_early(req)
     try:

@@ -169,7 +169,7 @@ def _conflict(case: str, tree: CaseTree, report: ComparisonReport) -> bool:
 
 
 def compare_paths(baseline: str | os.PathLike, test: str | os.PathLike,
-                  options: CompareOptions | None = None) -> ComparisonReport:
+                  options: CompareOptions | None = None, files=None) -> ComparisonReport:
     """Compare every case of `baseline` (a run record, a log, or a tree of them) with `test`.
 
     Bad inputs never raise: each becomes an error entry naming the file, so that one broken log
@@ -179,8 +179,8 @@ def compare_paths(baseline: str | os.PathLike, test: str | os.PathLike,
     baseline, test = Path(baseline), Path(test)
     report = ComparisonReport(str(baseline), str(test), options)
     for case_pair in _pairs(baseline, test, options, report):
-        verdict = judge_case(case_pair.case, load_side(case_pair.baseline, options),
-                             load_side(case_pair.test, options), options)
+        verdict = judge_case(case_pair.case, load_side(case_pair.baseline, options, files),
+                             load_side(case_pair.test, options, files), options)
         report.cases.append(verdict)
         if verdict.error is not None:
             report.errors.append(ComparisonError(verdict.error, case=verdict.case))

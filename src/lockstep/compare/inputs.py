@@ -14,7 +14,7 @@ from lockstep.formats.run_record import RunRecord
 
 # (meta key, what it is to a reader)
 INPUT_HASHES = (("checkpoint_sha256", "initial weights"), ("data_sha256", "tokens"))
-SPEC_FIELDS = ("model", "lr", "total_batch", "seq_len", "steps")
+SPEC_FIELDS = ("model", "lr", "total_batch", "seq_len", "steps", "lr_schedule")
 
 
 def _short(value) -> str:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from lockstep.compare.options import CompareOptions
 from lockstep.errors import LockstepError
-from lockstep.formats.logs import (ORIGIN_LOCKSTEP, ORIGIN_LOCKSTEP_MEGATRON, ORIGIN_MEGATRON_LM,
-                                   correct_megatron_step2, load_run)
+from lockstep.formats.logs import (ORIGIN_LOCKSTEP, ORIGIN_LOCKSTEP_MEGATRON, ORIGIN_MEGATRON_LM, ParsedRuns,
+                                   correct_megatron_step2, load_with)
 from lockstep.formats.run_record import RunRecord, check_steps
 from lockstep.compare.pairing import CaseFile
 
@@ -35,11 +35,12 @@ class LoadedSide:
     step2_corrected: bool = False
 
 
-def load_side(file: CaseFile, options: CompareOptions) -> LoadedSide:
-    """Never raises for a bad file: the error is kept so that the other cases are still compared."""
+def load_side(file: CaseFile, options: CompareOptions, files: ParsedRuns | None = None) -> LoadedSide:
+    """Never raises for a bad file: the error is kept so that the other cases are still compared.
+    `files`: the run's files parsed once (ParsedRuns), where the caller keeps them."""
     side = LoadedSide(file)
     try:
-        record = load_run(file.path, seq_length=options.seq_length)
+        record = load_with(files, file.path, seq_length=options.seq_length)
         check_steps(record)
         if wants_step2_correction(record, options.megatron_step2_correction):
             record = correct_megatron_step2(record)

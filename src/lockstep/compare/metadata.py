@@ -58,7 +58,7 @@ def _pick(key: str, texts: list[str]) -> str:
     return TIME_KEYS[key](texts, key=_instant)
 
 
-def collect_run_metadata(run_dir: str | os.PathLike) -> dict:
+def collect_run_metadata(run_dir: str | os.PathLike, files=None) -> dict:
     """One value per run-level key where the records agree (a list of the distinct values where
     they do not); the model shape (run.json's, else the records'); the run's start and finish
     over all records; per framework its version, device and its own earliest start / latest finish."""
@@ -72,7 +72,7 @@ def collect_run_metadata(run_dir: str | os.PathLike) -> dict:
             if not case_file.is_record:
                 continue
             try:
-                rec = read_run_record(case_file.path)
+                rec = files.load(case_file.path) if files is not None else read_run_record(case_file.path)
             except LockstepError:
                 continue
             for k in RUN_KEYS:

@@ -8,6 +8,11 @@ from lockstep.step_contract import WARMUP_STEPS
 
 
 STEP2_MODES = ("auto", "on", "off")
+# What a comparison expects of the test against the baseline: the loss within the dtype's threshold
+# (the default), or the same bits (two builds of one framework: compare/identity.py).
+EXPECT_WITHIN_THRESHOLD = "within-threshold"
+EXPECT_IDENTICAL = "identical"
+EXPECTATIONS = (EXPECT_WITHIN_THRESHOLD, EXPECT_IDENTICAL)
 
 
 
@@ -26,6 +31,7 @@ class CompareOptions:
     megatron_step2_correction: str = "auto"  # "auto" | "on" | "off"
     seq_length: int | None = None  # for Megatron-LM logs that state no sequence length
     peak_tflops: float | None = None  # per-device peak for MFU, instead of the device table
+    expect: str = EXPECT_WITHIN_THRESHOLD
 
     def includes(self, case: str) -> bool:
         """A case is compared when no filter is given, or when it matches any of them."""
@@ -38,4 +44,4 @@ class CompareOptions:
                 "warmup_steps": self.warmup_steps, "min_tps_ratio": self.min_tps_ratio,
                 "include_prefixes": list(self.include_prefixes), "include_cases": list(self.include_cases),
                 "megatron_step2_correction": self.megatron_step2_correction, "seq_length": self.seq_length,
-                "peak_tflops": self.peak_tflops}
+                "peak_tflops": self.peak_tflops, "expect": self.expect}

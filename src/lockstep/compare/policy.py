@@ -55,10 +55,18 @@ class VerdictClass(str, Enum):
     # no verdict on the frameworks, never a FAIL (compare/inputs.py).
     NOT_COMPARABLE = "not comparable"
     ERROR = "ERROR"
+    # --expect identical (compare/identity.py): two builds of one framework, bit for bit.
+    IDENTICAL = "IDENTICAL"
+    NOT_IDENTICAL = "NOT IDENTICAL"
 
     @property
     def passes(self) -> bool:
-        return self in (VerdictClass.PASS, VerdictClass.PASS_WITHIN_PRECISION)
+        return self in (VerdictClass.PASS, VerdictClass.PASS_WITHIN_PRECISION, VerdictClass.IDENTICAL)
+
+    @property
+    def counted_when_absent(self) -> bool:
+        """Whether a run's head line counts it even at 0 (the classes every run can have)."""
+        return self not in (VerdictClass.NOT_COMPARABLE, VerdictClass.IDENTICAL, VerdictClass.NOT_IDENTICAL)
 
     @property
     def short(self) -> str:

@@ -231,19 +231,3 @@ def resume_entry(framework: str, case: str, resume_case: str, verdict: ResumeVer
     else:
         entry.update(verdict=None, error=error, passed=False)
     return entry
-
-
-def add_to_summary(summary_path, entries: list[dict]) -> dict:
-    """summary.json gains a "resumes" section; the comparison's sections stay as written."""
-    import json
-    from pathlib import Path
-
-    from lockstep.fsutil import atomic_write
-
-    summary_path = Path(summary_path)
-    summary = json.loads(summary_path.read_text())
-    summary["resumes"] = entries
-    with atomic_write(summary_path, "w", what="run summary") as f:
-        json.dump(summary, f, indent=2, allow_nan=True)
-        f.write("\n")
-    return summary

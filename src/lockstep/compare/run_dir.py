@@ -33,8 +33,10 @@ def compare_run_dir(run_dir: str | os.PathLike, baseline_framework: str = "pytor
 
 
 def compare_run(run_dir: str | os.PathLike, baseline_framework: str = "pytorch",
-                options: CompareOptions | None = None) -> RunComparison:
-    """`compare_run_dir`, keeping each framework's ComparisonReport beside the summary."""
+                options: CompareOptions | None = None, write: bool = True, files=None) -> RunComparison:
+    """`compare_run_dir`, keeping each framework's ComparisonReport beside the summary. `write`
+    False leaves summary.json to the caller (`lockstep run` writes it once, with every section);
+    `files` (formats.logs.ParsedRuns) parses each record once across the run's stages."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FormatError(run_dir, "is not a run directory")
@@ -42,7 +44,7 @@ def compare_run(run_dir: str | os.PathLike, baseline_framework: str = "pytorch",
     present = [d.name for d in framework_dirs(run_dir)]
     summary: dict = {"run_dir": str(run_dir), "baseline": baseline_framework, "frameworks": present,
                      "passed": None, "comparisons": [], "errors": [],
-                     "metadata": collect_run_metadata(run_dir)}
+                     "metadata": collect_run_metadata(run_dir, files)}
     reports: dict[str, ComparisonReport] = {}
     baseline_dir = run_dir / baseline_framework
     others = [name for name in present if name != baseline_framework]
@@ -52,7 +54,7 @@ def compare_run(run_dir: str | os.PathLike, baseline_framework: str = "pytorch",
             summary["passed"] = False
     else:
         for name in others:
-            report = reports[name] = compare_frameworks_in_run(run_dir, baseline_framework, name, options)
+            report = reports[name] = compare_frameworks_in_run(run_dir, baseline_framework, name, options, files)
             entry = {"baseline_framework": baseline_framework, "test_framework": name, **report.to_json()}
             if not report.judged:
                 entry["passed"] = None  # nothing ran on both sides: no verdict either way
@@ -60,16 +62,23 @@ def compare_run(run_dir: str | os.PathLike, baseline_framework: str = "pytorch",
         verdicts = [c["passed"] for c in summary["comparisons"] if c["passed"] is not None]
         if verdicts:
             summary["passed"] = all(verdicts)
-    with atomic_write(run_dir / SUMMARY_NAME, "w", what="run summary") as f:
-        json.dump(summary, f, indent=2, allow_nan=True)
-        f.write("\n")
+    if write:
+        write_summary(run_dir, summary)
     return RunComparison(summary, reports)
 
 
+def write_summary(run_dir: str | os.PathLike, summary: dict) -> Path:
+    path = Path(run_dir) / SUMMARY_NAME
+    with atomic_write(path, "w", what="run summary") as f:
+        json.dump(summary, f, indent=2, allow_nan=True)
+        f.write("\n")
+    return path
+
+
 def compare_frameworks_in_run(run_dir: str | os.PathLike, baseline_framework: str, test_framework: str,
-                              options: CompareOptions) -> ComparisonReport:
+                              options: CompareOptions, files=None) -> ComparisonReport:
     """One framework of a run against the baseline. A case that `lockstep run` skipped on either
     side (listed with its reason in run.json) is reported as skipped, not missing: the run said
     so before it started (compare_paths reads run.json beside framework directories)."""
     run_dir = Path(run_dir)
-    return compare_paths(run_dir / baseline_framework, run_dir / test_framework, options)
+    return compare_paths(run_dir / baseline_framework, run_dir / test_framework, options, files)

@@ -12,7 +12,9 @@ from pathlib import Path
 from lockstep.cases.spec import DTYPES, dtype_of_case_name
 from lockstep.compare.inputs import input_differences
 from lockstep.compare.loading import LoadedSide
-from lockstep.compare.options import CompareOptions
+from lockstep.compare.identity import IdentityVerdict, judge_identity
+from lockstep.compare.options import EXPECT_IDENTICAL, CompareOptions
+from lockstep.compare.lr_check import lr_mismatch
 from lockstep.compare.policy import (PairJudgement, VerdictClass, amplification_evidence, judge_pair,
                                      logging_precision_bound, loss_threshold, wants_amplification_evidence)
 from lockstep.compare.throughput import Throughput, throughput_of
@@ -81,6 +83,8 @@ class CaseVerdict:
     judgement: PairJudgement | None = None
     evidence_wanted: str | None = None  # what would explain this pair further ("fp64-reference")
     not_comparable: str | None = None  # what differs between the inputs the two sides trained from
+    identity: "IdentityVerdict | None" = None  # --expect identical: bit for bit, or where it first differs
+    lr_mismatch: str | None = None  # a side that trained a step at another lr than the contract's (lr_check.py)
 
     @property
     def max_abs_diff(self) -> float | None:
@@ -102,6 +106,10 @@ class CaseVerdict:
             return VerdictClass.ERROR
         if self.not_comparable is not None:
             return VerdictClass.NOT_COMPARABLE
+        if self.identity is not None:
+            return VerdictClass.IDENTICAL if self.identity.identical else VerdictClass.NOT_IDENTICAL
+        if self.lr_mismatch is not None:
+            return VerdictClass.FAIL
         verdict = self.judgement.verdict if self.judgement else (VerdictClass.PASS if self.loss_passed else
                                                                  VerdictClass.FAIL_UNEXPLAINED)
         return VerdictClass.FAIL if verdict.passes and self.throughput_passed is False else verdict
@@ -112,8 +120,12 @@ class CaseVerdict:
             return self.error
         if self.not_comparable is not None:
             return f"not comparable: {self.not_comparable}"
+        if self.lr_mismatch is not None:
+            return f"lr: {self.lr_mismatch}"
         if self.throughput_passed is False:
             return f"too slow: tok/s ratio {self.throughput_ratio} < {self.min_tps_ratio}"
+        if self.identity is not None and not self.identity.identical:
+            return self.identity.sentence()
         return self.judgement.cause if self.judgement else None
 
     @property
@@ -163,6 +175,8 @@ class CaseVerdict:
             "throughput_ratio": self.throughput_ratio, "throughput_ratio_definition": "test / baseline tok/s",
             "min_tps_ratio": self.min_tps_ratio, "throughput_passed": self.throughput_passed,
             "config": self.config, "notes": self.notes, "error": self.error, "not_comparable": self.not_comparable,
+            "identity": self.identity.to_json() if self.identity is not None else None,
+            "lr_mismatch": self.lr_mismatch,
         }
 
 
@@ -282,7 +296,10 @@ def judge_case(case: str, baseline: LoadedSide, test: LoadedSide, options: Compa
         verdict.error = str(e)
         return verdict
     verdict.loss_passed = all(d.within for d in verdict.diffs)
+    verdict.lr_mismatch = "; ".join(m for m in (lr_mismatch(b), lr_mismatch(t)) if m) or None
     verdict.judgement = _judge(case, baseline, test, verdict)
+    if options.expect == EXPECT_IDENTICAL:
+        verdict.identity = judge_identity(b, t)  # the loss's own class stays in the judgement, shown beside it
     verdict.notes += verdict.judgement.notes
     note = verdict.resolution_note()
     if note:

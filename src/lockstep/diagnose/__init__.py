@@ -2,7 +2,7 @@
 
 Each framework's runner captures step 1 with whole tensors (FrameworkRunner.capture); certify/
 compares and classifies them; here: run (plan, captures, drift, files), verdict (the findings plus
-the drift) and render (terminal and the HTML report's section). With --at-step N (at_step.py) the
+the drift) and render (terminal and the HTML report's section). With --at-step N (stepcheck/state.py) the
 step compared is N+1, every framework starting it from the reference's state after step N.
 """
 

@@ -1,7 +1,7 @@
 """`lockstep diagnose`'s data flow: plan (as `lockstep run` plans) -> step-1 captures -> drift ->
 verdicts -> <out>/diagnose/<case>_<base>_vs_<test>.{json,npz...}.
 
-With `at_step` N (> 0; diagnose/at_step.py): first the reference's state after step N, made once;
+With `at_step` N (> 0; stepcheck/state.py): first the reference's state after step N, made once;
 then every framework's capture of step N+1 from it (with the update its optimizer applied), and
 the same comparison; no drift (it runs from step 0) and no FP64 allowance (it is of step 1).
 
@@ -18,11 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lockstep.capture.request import CAPTURE_ROWS, CaptureRequest, make_sketch, update_values
-from lockstep.certify.certificate import close_call
+from lockstep.capture.request import CaptureRequest, make_sketch, update_values
 from lockstep.cases.spec import CaseSpec, CheckpointSpec
 from lockstep.compare.pairing import DIAGNOSE_DIR
-from lockstep.diagnose.at_step import ReferenceState, check_at_step, make_reference_state, remove_state
 from lockstep.diagnose.verdict import DriftRun, DriftStep, Verdict, diagnose_captures
 from lockstep.formats.step_capture import GRAD_ADAM_MOMENT, GRAD_ADAM_UPDATE, GRAD_EXACT, SKETCH_KINDS, StepCapture
 from lockstep.step_contract import LOGGED_LOSS_WORDS
@@ -33,7 +31,12 @@ from lockstep.fsutil import atomic_write, check_free_space
 from lockstep.models import read_checkpoint_layout
 from lockstep.plan import RunRequest, plan_run
 from lockstep.runners import get_runner, reference_framework, spec_for
-from lockstep.runners.base import Background, RunInputs, unsupported_needs
+from lockstep.runners.base import Background, RunInputs, capture_problem, unsupported_needs
+from lockstep.runners.reference import SavedState, reference_services
+from lockstep.stepcheck.judge import Fp64Step, judge
+from lockstep.stepcheck.request import adam_eps as adam_eps_of
+from lockstep.stepcheck.request import capture_request, optimizer_of
+from lockstep.stepcheck.state import check_at_step, make_start_state, remove_start_state, start_note
 
 DRIFT_LRS = (1e-12, 1e-5)  # frozen weights, a small step; the case's own lr is added
 DEFAULT_DRIFT_STEPS = 5
@@ -135,7 +138,7 @@ def _plan_from_run_dir(req: DiagnoseRequest) -> DiagnosePlan:
         spec = spec_for(fw, options)
         recorded = _recorded_meta(run_dir, fw, case.name)
         if spec.from_record is not None and recorded is not None:
-            options[spec.name] = spec.from_record(spec.options(options.get(spec.name)), recorded)
+            options[spec.name] = spec.from_record(spec.options(options.get(spec.name)), {**recorded, "framework": fw})
         get_runner(fw, framework_options=options).preflight(inputs)  # e.g. no build at all: said now, before any capture
     return DiagnosePlan(case=case, inputs=inputs, frameworks=frameworks, out_dir=run_dir / DIAGNOSE_DIR,
                         run_dir=run_dir, options=options)
@@ -188,33 +191,11 @@ def step1_and_drift(plan: DiagnosePlan, fw: str, request: CaptureRequest, drift:
     seconds = {} if seconds is None else seconds
     start = time.perf_counter()
     runner = plan.runner(fw)
-    problem = runner.capture_problem(plan.case, plan.inputs)
+    problem = capture_problem(runner, plan.case, plan.inputs)
     if problem:
         raise LockstepError(f"diagnose cannot look inside {fw} on case {plan.case.name}: {problem}")
-    lrs = drift_lrs(plan.case) if drift else []
-    got: dict[float, dict[int, float]] = {}
-    todo, note = [], ""
-    for lr in lrs:
-        reused = _run_dir_losses(plan, fw) if lr == plan.case.lr else None
-        if reused is not None:
-            got[lr] = reused
-            continue
-        drift_case = plan.case.with_overrides(lr=lr, steps=min(steps, plan.case.steps), name=f"{plan.case.name}_lr{lr:g}")
-        if fw == reference_framework() and (drift_case.tp > 1 or drift_case.pp > 1):
-            # The reference trains the same global batch on one device (its step-1 capture does too).
-            drift_case = drift_case.with_overrides(tp=1, pp=1, vpp=1, sp=False, pp_layout=None)
-        reason = runner.skip_reason(drift_case, plan.inputs)
-        if reason:
-            note = f"drift not measured: {fw} cannot run case {plan.case.name} here ({reason})"
-            todo = []
-            break
-        todo.append((lr, drift_case))
-    step1 = plan.case.with_overrides(steps=1, name=f"{plan.case.name}_step1")
-    if request.start_state is not None:
-        # A runner that captures as it trains (megatron's workers) resumes from the state: the case
-        # it runs is a resume at the state's step that trains the one step after it.
-        step1 = dataclasses.replace(plan.case, steps=request.step, name=f"{plan.case.name}_step{request.step}",
-                                    checkpoint=CheckpointSpec(resume_from=request.start_step))
+    got, todo, note = drift_runs(plan, fw, steps) if drift else ({}, [], "")
+    step1 = captured_case(plan, request)
     key = runner.worker_group_key(step1, plan.inputs)
     together = (key is not None and runner.skip_reason(step1, plan.inputs) is None
                 and all(runner.worker_group_key(c, plan.inputs) == key for _, c in todo))
@@ -229,22 +210,53 @@ def step1_and_drift(plan: DiagnosePlan, fw: str, request: CaptureRequest, drift:
     drift_start = time.perf_counter()
     records = runner.run_many(pairs, [plan.out_dir / "drift"], persistent=len(keys) == 1 and None not in keys)
     seconds["capture and drift" if together else "drift"] = time.perf_counter() - drift_start
-    if not together:
-        waited = time.perf_counter()
-        capture.result()
-        if capture.in_background:
-            seconds["capture reading"] = time.perf_counter() - waited
     if together:
         (first, *_), records = records[0], records[1:]
         if not first.ok or not first.meta.get("step1_capture"):
             raise LockstepError(f"{fw}'s step 1 could not be captured: "
                                 f"{first.error or first.meta.get('step1_capture_error') or 'no capture written'}")
+    else:
+        waited = time.perf_counter()
+        capture.result()
+        if capture.in_background:
+            seconds["capture reading"] = time.perf_counter() - waited
     for (lr, _), (record, *_) in zip(todo, records):
         if not record.ok:
             note = f"drift not measured from lr {lr:g} on: {fw} failed ({record.error})"
             break
         got[lr] = {s.step: s.loss for s in record.steps}
     return StepCapture.load(request.path), got, note
+
+
+def drift_runs(plan: DiagnosePlan, fw: str, steps: int) -> tuple[dict, list, str]:
+    """The drift losses the run directory already holds, the drift cases still to run ((lr, case)),
+    and why none can run (or "")."""
+    runner = plan.runner(fw)
+    got: dict[float, dict[int, float]] = {}
+    todo = []
+    for lr in drift_lrs(plan.case):
+        reused = _run_dir_losses(plan, fw) if lr == plan.case.lr else None
+        if reused is not None:
+            got[lr] = reused
+            continue
+        drift_case = plan.case.with_overrides(lr=lr, steps=min(steps, plan.case.steps), name=f"{plan.case.name}_lr{lr:g}")
+        if fw == reference_framework() and (drift_case.tp > 1 or drift_case.pp > 1):
+            # The reference trains the same global batch on one device (its step-1 capture does too).
+            drift_case = drift_case.with_overrides(tp=1, pp=1, vpp=1, sp=False, pp_layout=None)
+        reason = runner.skip_reason(drift_case, plan.inputs)
+        if reason:
+            return got, [], f"drift not measured: {fw} cannot run case {plan.case.name} here ({reason})"
+        todo.append((lr, drift_case))
+    return got, todo, ""
+
+
+def captured_case(plan: DiagnosePlan, request: CaptureRequest) -> CaseSpec:
+    """The case a runner that captures as it trains (megatron's workers) runs: step 1 alone, or from a
+    saved state a resume at the state's step that trains the one step after it."""
+    if request.start_state is None:
+        return plan.case.with_overrides(steps=1, name=f"{plan.case.name}_step1")
+    return dataclasses.replace(plan.case, steps=request.step, name=f"{plan.case.name}_step{request.step}",
+                               checkpoint=CheckpointSpec(resume_from=request.start_step))
 
 
 def drift_lrs(case) -> list[float]:
@@ -266,9 +278,9 @@ def run_diagnose(plan: DiagnosePlan, drift: bool = True, drift_steps: int = DEFA
     """The verdicts of every test against the baseline, written to plan.out_dir. The step-1
     captures are kept as sketches only once the verdicts are written (`keep_sketches_only`), unless
     `keep_tensors`."""
-    verdicts, kept = _run_diagnose(plan, drift and not plan.at_step, drift_steps, say)
-    if plan.at_step and not keep_tensors:
-        remove_state(plan)
+    verdicts, kept, state = _run_diagnose(plan, drift and not plan.at_step, drift_steps, say)
+    if state is not None and not keep_tensors:
+        remove_start_state(state)
     if not keep_tensors:
         before = sum(p.stat().st_size for p in kept)
         for path in kept:
@@ -294,120 +306,155 @@ def keep_sketches_only(path: Path) -> None:
                         ).save(path)
 
 
-def _run_diagnose(plan: DiagnosePlan, drift: bool, drift_steps: int, say) -> tuple[list[Verdict], list[Path]]:
+@dataclass
+class Looking:
+    """What one diagnose gathers on its way to the verdicts: each framework's capture of the step,
+    its drift losses and notes, where its time went, and the reference's FP64 step 1."""
+
+    plan: DiagnosePlan
+    state: SavedState | None  # the reference's state the step starts from (--at-step), or None (step 1)
+    drift: bool
+    drift_steps: int
+    captures: dict[str, StepCapture] = field(default_factory=dict)
+    losses: dict[str, dict[float, dict[int, float]]] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    fp64: Fp64Step | None = None
+    beside: bool = False  # the reference ran in a thread beside the others
+
+    @property
+    def step(self) -> int:
+        return self.plan.at_step + 1
+
+    @property
+    def fp64_path(self) -> Path:
+        return self.plan.out_dir / f"{reference_framework()}-fp64_{self.plan.case.name}_step1.npz"
+
+
+def _run_diagnose(plan: DiagnosePlan, drift: bool, drift_steps: int,
+                  say) -> tuple[list[Verdict], list[Path], SavedState | None]:
     plan.out_dir.mkdir(parents=True, exist_ok=True)
-    base, tests = plan.frameworks[0], plan.frameworks[1:]
-    ref = reference_framework()
+    tests = plan.frameworks[1:]
+    check_frameworks(plan)
+    check_free_space(plan.out_dir, diagnose_scratch_bytes(plan, tests), "lockstep diagnose's step-1 captures")
+    reference = reference_services(plan.options)
+    state = make_start_state(reference, plan.case, plan.inputs, plan.at_step, plan.out_dir, say) if plan.at_step else None
+    looking = Looking(plan, state, drift, drift_steps)
+    looking.fp64 = Fp64Step.for_pair(plan.frameworks[0], reference.name, looking.step, lambda: fp64_step1(looking))
+    capture_every_framework(looking, say)
+    verdicts = [judge_pair(looking, test, say) for test in tests]
+    if looking.fp64.capture is not None and not looking.fp64.used:
+        looking.fp64_path.unlink(missing_ok=True)  # made in advance for a close call that did not come
+    kept = [Path(c.source) for c in looking.captures.values() if c.source and Path(c.source).is_file()]
+    return verdicts, sorted(set(kept)), state
+
+
+def check_frameworks(plan: DiagnosePlan) -> None:
+    """What the case needs (LoRA, resume) every framework must implement, the reference included; the
+    reference runs in this process whatever the case's DP/TP/PP (the math is the same), the others
+    must be able to run the case here, as `lockstep run` would."""
     for fw in plan.frameworks:
-        # What the case needs (LoRA, resume) every framework must implement, the reference included.
         lacking = unsupported_needs(plan.case, plan.runner(fw))
         if lacking:
             raise LockstepError(f"{fw} cannot run case {plan.case.name}: {lacking}")
-        # The reference runs in this process whatever the case's DP/TP/PP (the math is the same);
-        # the others must be able to run the case here, as `lockstep run` would.
-        if fw != ref:
+        problem = capture_problem(plan.runner(fw), plan.case, plan.inputs)
+        if problem:
+            raise LockstepError(f"diagnose cannot look inside {fw} on case {plan.case.name}: {problem}")
+        if fw != reference_framework():
             reason = plan.runner(fw).skip_reason(plan.case, plan.inputs)
             if reason:
                 raise LockstepError(f"{fw} cannot run case {plan.case.name} here: {reason}")
-    check_free_space(plan.out_dir, diagnose_scratch_bytes(plan, tests), "lockstep diagnose's step-1 captures")
-    state: ReferenceState | None = make_reference_state(plan, say) if plan.at_step else None
-    step = plan.at_step + 1
-    captures: dict[str, StepCapture] = {}
-    losses: dict[str, dict[float, dict[int, float]]] = {}
-    notes: dict[str, str] = {}
-    seconds: dict[str, float] = {}
-    phases: dict[str, dict[str, float]] = {}
-    order = [ref] + [f for f in plan.frameworks if f != ref]  # the reference first: it has the structure
-    optimizer = plan.inputs.family.optimizer
-    adam_eps = optimizer.eps if optimizer.kind == "adam" else None
-    # Every test shows only its first Adam update (InfiniTrain on Adam families): the baseline keeps
-    # that update whole (int8 signs) and only sketches of its gradients, a quarter of the bytes.
-    signs_only = adam_view_only(plan, tests)
 
-    def one(fw: str) -> None:
-        say(f"step {step} on {fw}" + (f" from the reference's state after step {plan.at_step}" if state else "")
-            + (f", and its drift at lr {', '.join(f'{lr:g}' for lr in drift_lrs(plan.case))}"
-                                 if drift and fw in plan.frameworks else "") + " ...")
-        start = time.perf_counter()
-        request = CaptureRequest(path=str(plan.out_dir / f"{fw}_{plan.case.name}_step{step}.npz"), full=True,
-                                 adam_eps=adam_eps, rows=CAPTURE_ROWS,
-                                 reference=(str(plan.out_dir / f"{ref}_{plan.case.name}_step{step}.npz")
-                                            if fw != ref else None),
-                                 whole_grads=not (fw == base and signs_only), applied=True,
-                                 start_step=plan.at_step, start_state=str(state.folder) if state else None)
-        parts: dict[str, float] = {}
-        captures[fw], losses[fw], notes[fw] = step1_and_drift(plan, fw, request, drift and fw in plan.frameworks,
-                                                              drift_steps, parts)
-        seconds[fw] = time.perf_counter() - start
-        phases[fw] = {k: round(v, 2) for k, v in parts.items()}
-        say(f"{fw}: {seconds[fw]:.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in parts.items())})"
-            + (f" ({notes[fw]})" if notes[fw] else ""))
 
-    # The reference trains in this process, in a thread of its own beside the other frameworks' processes
-    # where the device holds both (diagnose measures no speed); a capture that reads the reference's waits.
-    fp64_path = plan.out_dir / f"{ref}-fp64_{plan.case.name}_step1.npz"
+def fp64_step1(looking: Looking) -> StepCapture:
+    """The reference's step 1 of the case in FP64 (the close call's yardstick)."""
+    start = time.perf_counter()
+    capture = reference_services(looking.plan.options).fp64_step1(looking.plan.case, looking.plan.inputs,
+                                                                 looking.fp64_path)
+    looking.seconds["fp64 step 1"] = time.perf_counter() - start
+    return capture
 
-    def fp64_step1() -> StepCapture:
-        t64 = time.perf_counter()
-        capture = plan.runner(ref).fp64_step1(plan.case, plan.inputs, fp64_path)
-        seconds["fp64 step 1"] = time.perf_counter() - t64
-        return capture
+
+def capture_every_framework(looking: Looking, say) -> None:
+    """Every framework's capture of the step, the reference first (it has the structure). The
+    reference trains in this process, in a thread of its own beside the other frameworks' processes
+    where the device holds both (diagnose measures no speed); a capture that reads the reference's
+    waits for it. Beside the others, with room for it, the reference's FP64 step 1 is made in
+    advance (it costs nothing there) and removed unused if no call is close."""
+    plan = looking.plan
+    ref = reference_framework()
 
     def reference_and_fp64(fw: str) -> None:
-        # A close call needs the reference's FP64 step 1; beside the others, with room for it, it is
-        # made in advance (it costs nothing there) and removed unused if the call is not close.
-        one(fw)
-        if base == ref and beside_fits(plan, extra=1):
-            captures["fp64"] = fp64_step1()
+        capture_one(looking, fw, say)
+        if plan.frameworks[0] == ref and beside_fits(plan, extra=1) and not looking.fp64.unavailable:
+            looking.fp64 = Fp64Step.ready(fp64_step1(looking))
 
-    reference = (Background(reference_and_fp64, ref, name=f"lockstep-diagnose-{ref}")
-                 if beside_fits(plan) and not plan.at_step else None)
+    looking.beside = beside_fits(plan) and not plan.at_step
+    reference = Background(reference_and_fp64, ref, name=f"lockstep-diagnose-{ref}") if looking.beside else None
     if reference is None:
-        one(ref)
-    for fw in order[1:]:
+        capture_one(looking, ref, say)
+    for fw in [f for f in plan.frameworks if f != ref]:
         if reference is not None and plan.runner(fw).capture_needs_reference(plan.case, plan.inputs):
             reference.result()
-        one(fw)
+        capture_one(looking, fw, say)
     if reference is not None:
         reference.result()
-    verdicts, fp64_used = [], False
-    for test in tests:
-        t1 = time.perf_counter()
-        runs = pair_drift(plan, losses, base, test) if drift else []
-        drift_note = notes[base] or notes[test]
-        verdict = diagnose_captures(captures[base], captures[test], plan.case, drift=runs,
-                                    structure=captures[ref], adam_eps=adam_eps or 1e-8)
-        if state is not None:
-            verdict.notes.insert(0, state.note())
-            if close_call(verdict.findings, verdict.ranked(), verdict.tolerance):
-                verdict.notes.append("a close call: no FP64 allowance at --at-step (the reference's FP64 run is of "
-                                     "step 1)")
-        elif base == ref and close_call(verdict.findings, verdict.ranked(), verdict.tolerance):
-            say("a close call: measuring what FP32 moves the reference itself (its step 1 in FP64) ...")
-            if "fp64" not in captures:
-                captures["fp64"] = fp64_step1()
-            fp64_used = True
-            verdict = diagnose_captures(captures[base], captures[test], plan.case, drift=runs,
-                                        structure=captures[ref], adam_eps=adam_eps or 1e-8, fp64=captures["fp64"],
-                                        diffs=verdict.raw_diffs())
-        verdict.notes += [drift_note] if drift_note else []
-        verdict.notes += [f"logged loss, {fw}: {LOGGED_LOSS_WORDS[plan.runner(fw).logged_loss]}"
-                          for fw in (base, test)]
-        verdict.seconds = {(f"step{step}_{fw}" if state else f"step1_and_drift_{fw}"): round(seconds[fw], 2)
-                           for fw in (base, test)}
-        verdict.seconds |= {f"{fw} {k}": v for fw in (base, test) for k, v in phases[fw].items()}
-        verdict.seconds |= {"compare": round(time.perf_counter() - t1, 2)}
-        if state is not None:
-            verdict.seconds["reference's state after step {}".format(state.step)] = round(state.seconds, 2)
-        if "fp64 step 1" in seconds:
-            verdict.seconds["reference's fp64 step 1" + (" (beside)" if reference is not None else ", in compare")] = \
-                round(seconds["fp64 step 1"], 2)
-        write_verdict(plan.out_dir, verdict)
-        verdicts.append(verdict)
-    if not fp64_used and "fp64" in captures:
-        fp64_path.unlink(missing_ok=True)  # made in advance for a close call that did not come
-    kept = [Path(c.source) for c in captures.values() if c.source and Path(c.source).is_file()]
-    return verdicts, sorted(set(kept))
+
+
+def capture_one(looking: Looking, fw: str, say) -> None:
+    """One framework's whole-tensor capture of the step (and its drift), with where its time went."""
+    plan, state, step = looking.plan, looking.state, looking.step
+    drift = looking.drift and fw in plan.frameworks
+    say(f"step {step} on {fw}" + (f" from the reference's state after step {plan.at_step}" if state else "")
+        + (f", and its drift at lr {', '.join(f'{lr:g}' for lr in drift_lrs(plan.case))}" if drift else "") + " ...")
+    start = time.perf_counter()
+    ref = reference_framework()
+    signs_only = adam_view_only(plan, plan.frameworks[1:])
+    request = capture_request(plan.out_dir / f"{fw}_{plan.case.name}_step{step}.npz", optimizer_of(plan.inputs),
+                              reference=(plan.out_dir / f"{ref}_{plan.case.name}_step{step}.npz" if fw != ref else None),
+                              full=True, whole_grads=not (fw == plan.frameworks[0] and signs_only), applied=True,
+                              start=state)
+    parts: dict[str, float] = {}
+    looking.captures[fw], looking.losses[fw], looking.notes[fw] = step1_and_drift(plan, fw, request, drift,
+                                                                                  looking.drift_steps, parts)
+    looking.seconds[fw] = time.perf_counter() - start
+    looking.phases[fw] = {k: round(v, 2) for k, v in parts.items()}
+    say(f"{fw}: {looking.seconds[fw]:.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in parts.items())})"
+        + (f" ({looking.notes[fw]})" if looking.notes[fw] else ""))
+
+
+def judge_pair(looking: Looking, test: str, say) -> Verdict:
+    """The baseline against `test`: one judgement (the close-call rule in stepcheck/judge.py), its
+    notes and where the time went; written to the diagnose folder."""
+    plan, base = looking.plan, looking.plan.frameworks[0]
+    t1 = time.perf_counter()
+    runs = pair_drift(plan, looking.losses, base, test) if looking.drift else []
+    captures = looking.captures
+    verdict = judge(lambda fp64, diffs: diagnose_captures(
+        captures[base], captures[test], plan.case, drift=runs, structure=captures[reference_framework()],
+        adam_eps=adam_eps_of(optimizer_of(plan.inputs)), fp64=fp64, diffs=diffs), looking.fp64, say)
+    if looking.state is not None:
+        verdict.notes.insert(0, start_note(looking.state))
+    drift_note = looking.notes[base] or looking.notes[test]
+    verdict.notes += [drift_note] if drift_note else []
+    verdict.notes += [f"logged loss, {fw}: {LOGGED_LOSS_WORDS[plan.runner(fw).logged_loss]}" for fw in (base, test)]
+    verdict.seconds = pair_seconds(looking, base, test) | {"compare": round(time.perf_counter() - t1, 2)}
+    write_verdict(plan.out_dir, verdict)
+    return verdict
+
+
+def pair_seconds(looking: Looking, base: str, test: str) -> dict[str, float]:
+    """Where a pair's time went, for its verdict."""
+    state, seconds = looking.state, looking.seconds
+    out = {(f"step{looking.step}_{fw}" if state else f"step1_and_drift_{fw}"): round(seconds[fw], 2) for fw in (base, test)}
+    out |= {f"{fw} {k}": v for fw in (base, test) for k, v in looking.phases[fw].items()}
+    if state is not None:
+        out[f"reference's state after step {state.step}"] = round(state.seconds, 2)
+    if "fp64 step 1" in seconds:
+        out["reference's fp64 step 1" + (" (beside)" if looking.beside else ", in compare")] = \
+            round(seconds["fp64 step 1"], 2)
+    return out
 
 
 def beside_fits(plan: DiagnosePlan, extra: int = 0) -> bool:

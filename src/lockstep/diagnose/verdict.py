@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from lockstep.cases.spec import CaseSpec
 from lockstep.compare.policy import loss_threshold
-from lockstep.certify.certificate import Step1Diffs, captured_step, evaluate_step1
+from lockstep.certify.certificate import Step1Diffs, captured_step, close_call, evaluate_step1
 from lockstep.certify.classify import NONE, Finding, LossCheck, add_drift_findings
 from lockstep.certify.tensors import TensorDiff
 from lockstep.formats.step_capture import StepCapture
@@ -83,6 +83,10 @@ class Verdict:
                           output_grads=self.output_grads, applied=self.applied)
 
     @property
+    def close_call(self) -> bool:
+        return close_call(self.findings, self.ranked(), self.tolerance)
+
+    @property
     def headline(self) -> str:
         return self.findings[0].line if self.findings else NONE
 
@@ -120,7 +124,7 @@ class Verdict:
 
 
 def diagnose_captures(ref: StepCapture, test: StepCapture, case: CaseSpec, drift: list[DriftRun] | None = None,
-                      structure: StepCapture | None = None, adam_eps: float = 1e-8,
+                      structure: StepCapture | None = None, adam_eps: float | None = None,
                       fp64: StepCapture | None = None, diffs: Step1Diffs | None = None) -> Verdict:
     """Compare two step-1 captures (certify.evaluate_step1) and add the drift's findings.
     `structure` (the pytorch reference's capture) supplies the parameter order, module kinds and

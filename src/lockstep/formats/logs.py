@@ -239,15 +239,21 @@ def _llmc_steps(lines: list[str], source: str, glog: bool) -> tuple[list[StepRec
             step_ms=_number(m["ms"], source, lineno, "step time"),
             tokens_per_s=_number(m["tps"], source, lineno, "tok/s"),
             lr=_number(m["lr"], source, lineno, "learning rate"),
-            peak_mem_mb=float(m["peak_used"]) if m["peak_used"] else None))
+            peak_mem_mb=_peak_mb(m["peak_used"])))
         _note_quantum(extra, m["loss"])
         extra["steps_planned"] = max(extra.get("steps_planned", 0), _count(m["steps"], source, lineno, "planned steps"))
-        if m["peak_reserved"]:
+        if _peak_mb(m["peak_reserved"]) is not None:
             extra["peak_reserved_mb"] = max(extra.get("peak_reserved_mb", 0.0), float(m["peak_reserved"]))
         if m["parallel"] and m["parallel"] != parallel_text:
             parallel_text = m["parallel"]
             extra["parallel"] = _parse_parallel(parallel_text)
     return steps, extra
+
+
+def _peak_mb(text: str | None) -> float | None:
+    """A peak-memory figure of a step line; "0 MB" is a build that tracks none (no training step
+    peaks at nothing), so unknown, not 0."""
+    return float(text) if text and int(text) > 0 else None
 
 
 def _fill_from_perf(steps: list[StepRecord], perf: dict[int, _PerfStep]) -> None:
@@ -442,3 +448,26 @@ def load_run(path: str | os.PathLike, seq_length: int | None = None) -> RunRecor
     if path.suffix == ".jsonl":
         return read_run_record(path)
     return parse_log_file(path, seq_length=seq_length)
+
+
+class ParsedRuns:
+    """The run files of one `lockstep run`, each parsed once however many of its stages read it (the
+    comparison's metadata and pairs, a second comparison after evidence, the report, the history):
+    keyed by the file's path, size and modification time, so a file written again is read again.
+    Callers treat what it returns as read-only."""
+
+    def __init__(self):
+        self._parsed: dict[tuple, RunRecord] = {}
+
+    def load(self, path: str | os.PathLike, seq_length: int | None = None) -> RunRecord:
+        path = Path(path)
+        st = path.stat()
+        key = (str(path.absolute()), seq_length, st.st_mtime_ns, st.st_size)
+        if key not in self._parsed:
+            self._parsed[key] = load_run(path, seq_length)
+        return self._parsed[key]
+
+
+def load_with(files: "ParsedRuns | None", path: str | os.PathLike, seq_length: int | None = None) -> RunRecord:
+    """`load_run`, through `files` where the caller keeps one."""
+    return files.load(path, seq_length) if files is not None else load_run(path, seq_length)

@@ -19,6 +19,11 @@ moves it by far more than the run-to-run noise) still does. A step passes when
 Each case also records the environment its values came from (golden/environment.py), and a
 golden file is validated when it is read (validate_golden): a tampered tolerance, an empty or
 non-numeric step is refused in one sentence rather than judged by.
+
+A record is judged only against golden values of the same run: the same steps, the same case spec
+(as recorded: `case_spec`) and the same inputs digest (the environment's `case_inputs`: weights,
+tokens, steps, hyper-parameters). A record that differs in any of them is an error saying what
+differs, never a PASS over the steps both happen to have (unlike_golden).
 """
 
 from __future__ import annotations
@@ -31,12 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lockstep.cases.spec import dtype_of_case_name
+from lockstep.compare.inputs import SPEC_FIELDS
 from lockstep.compare.policy import DTYPES, loss_threshold
 from lockstep.errors import FormatError, LockstepError
 from lockstep.formats.run_manifest import baseline_of
 from lockstep.formats.run_record import RunRecord, read_run_record
 from lockstep.fsutil import atomic_write
 from lockstep.golden.environment import changes, changes_sentence, environment_of
+from lockstep.history.keys import case_inputs_sha256
 
 GOLDEN_K = 3.0
 GOLDEN_SCHEMA = 2  # 2: each case records its environment; 1 (no environment) is still read
@@ -101,6 +108,8 @@ def record_golden(run_dirs: list[str | os.PathLike], framework: str | None = Non
                           "tolerance": max(threshold, k * spread), "n": len(vals)})
         cases[case] = {"dtype": dtype, "threshold": threshold, "repeats": len(records), "steps": steps,
                        "environment": environment_of(records[0])}
+        if isinstance(records[0].meta.get("case_spec"), dict):
+            cases[case]["case_spec"] = records[0].meta["case_spec"]  # what check_record judges like with like
     return {"kind": GOLDEN_KIND, "schema": GOLDEN_SCHEMA, "framework": frameworks.pop(), "k": k,
             "tolerance_rule": "max(threshold, k * spread), spread = max - min over the repeats",
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -212,6 +221,11 @@ def check_record(golden: dict, record: RunRecord) -> GoldenVerdict:
     if record.dtype and record.dtype != g["dtype"]:
         return GoldenVerdict(fw, case, "error", f"{record.source}: dtype {record.dtype}, the golden values are "
                                                 f"{g['dtype']}")
+    unlike = unlike_golden(g, record)
+    if unlike:
+        return GoldenVerdict(fw, case, "error", f"{record.source}: not the run the golden values were recorded from "
+                                                f"({'; '.join(unlike)}), so it is not judged by them; record golden "
+                                                "values of this run (golden record) to judge it")
     losses = {s.step: s.loss for s in record.steps}
     verdict = GoldenVerdict(fw, case, "passed", "")
     for gs in g["steps"]:
@@ -237,6 +251,29 @@ def check_record(golden: dict, record: RunRecord) -> GoldenVerdict:
         verdict.message = (f"within tolerance at all {len(g['steps'])} steps (max deviation {verdict.max_dev:.3e} at "
                            f"step {verdict.max_dev_step})")
     return verdict
+
+
+def unlike_golden(g: dict, record: RunRecord) -> list[str]:
+    """What makes `record` another run than the one golden values `g` came from, one phrase each
+    (the record's value first); empty when it is like (as far as both state). A step the record
+    lacks is not here: that run stopped short, a failure at that step."""
+    out = []
+    spec_g, spec_r = g.get("case_spec") or {}, record.meta.get("case_spec") or {}
+    for key in SPEC_FIELDS:
+        if spec_g.get(key) is not None and spec_r.get(key) is not None and spec_g[key] != spec_r[key]:
+            out.append(f"{key} {spec_r[key]} vs {spec_g[key]} in the golden file")
+    golden_steps = {gs["step"] for gs in g["steps"]}
+    beyond = sorted(s.step for s in record.steps if s.step not in golden_steps)
+    if beyond and not any(p.startswith("steps ") for p in out):
+        out.append(f"{len(record.steps)} steps vs {len(golden_steps)} in the golden file, which has no values for "
+                   f"steps {beyond[0]}..{beyond[-1]}" if len(beyond) > 1 else
+                   f"{len(record.steps)} steps vs {len(golden_steps)} in the golden file, which has no value for "
+                   f"step {beyond[0]}")
+    recorded, now = (g.get("environment") or {}).get("case_inputs"), case_inputs_sha256(record.meta)
+    if recorded and now and recorded != now:
+        out.append(f"inputs digest {now[:12]} vs {recorded[:12]} in the golden file: other weights, tokens, steps or "
+                   "hyper-parameters")
+    return out
 
 
 NOT_JUDGED = "not judged"

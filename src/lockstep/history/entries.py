@@ -57,19 +57,19 @@ def identity(record: RunRecord) -> dict[str, str | None]:
             "device_name": meta.get("device_name")}
 
 
-def _load(path: str | None) -> RunRecord | None:
+def _load(path: str | None, files=None) -> RunRecord | None:
     if not path:
         return None
-    from lockstep.formats.logs import load_run
+    from lockstep.formats.logs import load_with
 
     try:
-        return load_run(path)
+        return load_with(files, path)
     except (LockstepError, OSError):
         return None  # the comparison already said what is wrong with it
 
 
-def _fill_from_record(row: ResultRow, path: str | None, warmup_steps: int) -> ResultRow:
-    record = _load(path)
+def _fill_from_record(row: ResultRow, path: str | None, warmup_steps: int, files=None) -> ResultRow:
+    record = _load(path, files)
     if record is not None:
         for k, v in {**identity(record), **tokens_per_s_stats(record, warmup_steps)}.items():
             setattr(row, k, v)
@@ -97,7 +97,7 @@ def _verdict(case: dict) -> str:
     return class_of(case).value
 
 
-def results_from_comparisons(comparisons: list[dict]) -> list[ResultRow]:
+def results_from_comparisons(comparisons: list[dict], files=None) -> list[ResultRow]:
     """One row per (case, framework): the baseline's once, each test framework's with its verdict."""
     rows: dict[tuple[str, str], ResultRow] = {}
     for comp in comparisons:
@@ -108,12 +108,12 @@ def results_from_comparisons(comparisons: list[dict]) -> list[ResultRow]:
             if (c["case"], base_fw) not in rows:
                 rows[(c["case"], base_fw)] = _fill_from_record(
                     ResultRow(c["case"], base_fw, "baseline", dtype=c.get("dtype"), losses=list(b.get("losses") or [])),
-                    b.get("file"), warmup)
+                    b.get("file"), warmup, files)
             rows[(c["case"], test_fw)] = _fill_from_record(
                 ResultRow(c["case"], test_fw, "test", verdict=_verdict(c), reason=c.get("error") or c.get("cause"), dtype=c.get("dtype"),
                           losses=list(t.get("losses") or []), max_abs_diff=c.get("max_abs_diff"),
                           max_diff_step=c.get("max_diff_step"), threshold=c.get("threshold")),
-                t.get("file"), warmup)
+                t.get("file"), warmup, files)
         for sk in comp.get("skipped", []):
             rows.setdefault((sk["case"], test_fw), ResultRow(sk["case"], test_fw, "test", verdict="SKIPPED",
                                                              reason=sk["reason"]))
@@ -138,7 +138,7 @@ def _run_level_commit(summary: dict) -> str | None:
     return git_commit()
 
 
-def run_from_summary(summary: dict, run_dir: str | os.PathLike) -> RunRow:
+def run_from_summary(summary: dict, run_dir: str | os.PathLike, files=None) -> RunRow:
     """A `lockstep run`: its summary.json plus the records of frameworks that were not compared
     (a one-framework run, a failed baseline) and the pairs run.json lists as skipped."""
     from lockstep.compare import framework_dirs
@@ -147,15 +147,15 @@ def run_from_summary(summary: dict, run_dir: str | os.PathLike) -> RunRow:
 
     run_dir = Path(run_dir)
     baseline = summary.get("baseline")
-    results = results_from_comparisons(summary.get("comparisons", []))
+    results = results_from_comparisons(summary.get("comparisons", []), files)
     have = {(r.case, r.framework) for r in results}
     for fw_dir in framework_dirs(run_dir):
         for case, case_file in sorted(collect_cases(fw_dir).files.items()):
             if (case, fw_dir.name) in have:
                 continue
             role = "baseline" if fw_dir.name == baseline else "test"
-            row = _fill_from_record(ResultRow(case, fw_dir.name, role), str(case_file.path), 1)
-            record = _load(str(case_file.path))
+            row = _fill_from_record(ResultRow(case, fw_dir.name, role), str(case_file.path), 1, files)
+            record = _load(str(case_file.path), files)
             if record is not None and not record.ok:
                 row.verdict, row.reason = "ERROR", record.error
             results.append(row)

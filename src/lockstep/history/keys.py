@@ -17,6 +17,12 @@ from pathlib import Path
 INPUT_KEYS = ("case_spec", "model", "optimizer", "checkpoint_sha256", "data_sha256")
 
 
+# case_spec fields added after records existed, at their defaults: left out of the digest.
+MISSING = object()
+LATER_DEFAULTS = {"ep": 1, "lr_schedule": None, "activation_recompute": False, "recompute_granularity": "full",
+                  "recompute_method": "none", "recompute_num_layers": 0}
+
+
 def case_inputs_sha256(meta: dict) -> str | None:
     """sha256 of the inputs the record states, or None for a record that states none (a foreign
     log): such a record cannot be told apart from another run of the same case name."""
@@ -26,8 +32,8 @@ def case_inputs_sha256(meta: dict) -> str | None:
     spec = inputs.get("case_spec")
     if isinstance(spec, dict):
         # The display name is not an input; the rest of the spec is (steps, lr, batch, layout).
-        # Fields added later at their default (ep = 1) leave the digest of older records' cases as it was.
-        inputs["case_spec"] = {k: v for k, v in spec.items() if k != "name" and not (k == "ep" and v == 1)}
+        # Fields added later at their default (ep = 1, no lr_schedule) leave the digest of older records' cases as it was.
+        inputs["case_spec"] = {k: v for k, v in spec.items() if k != "name" and LATER_DEFAULTS.get(k, MISSING) != v}
     model = inputs.get("model")
     if isinstance(model, dict):
         inputs["model"] = {k: v for k, v in model.items() if k != "name"}

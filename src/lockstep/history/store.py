@@ -196,20 +196,31 @@ class HistoryStore:
 
     @contextlib.contextmanager
     def _connect(self, create: bool) -> Iterator[sqlite3.Connection]:
+        """A connection to the history: create=True for a writer (the file and its schema are made
+        where missing); else read-only, so that reading never writes into the file it reads."""
         if not create and not self.path.is_file():
             raise LockstepError(f"{self.path}: no history database there yet (lockstep run and compare "
                                 "write it; --history FILE or LOCKSTEP_HISTORY choose another)")
+        if not create and self._schema_version_read_only() == 1:
+            with self._connect(create=True):  # lockstep's own file of an older schema: migrated once
+                pass
         try:
             if create:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-            # isolation_level=None: we say BEGIN/COMMIT ourselves, so a run is exactly one transaction.
-            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+                # isolation_level=None: we say BEGIN/COMMIT ourselves, so a run is exactly one transaction.
+                conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            else:
+                conn = self._open_read_only()
         except (sqlite3.Error, OSError) as e:
             raise LockstepError(f"{self.path}: cannot open the history database ({e})") from None
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            self._set_wal(conn)
-            self._ensure_schema(conn)
+            self._refuse_foreign(conn)
+            if create:
+                self._set_wal(conn)
+                self._ensure_schema(conn)
+            else:
+                self._check_version(conn)
             yield conn
         except sqlite3.IntegrityError as e:
             raise LockstepError(f"{self.path}: a run could not be added ({e}); nothing of it was written") from None
@@ -217,6 +228,46 @@ class HistoryStore:
             raise self._problem(e) from None
         finally:
             conn.close()
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        return sqlite3.connect(f"{self.path.absolute().as_uri()}?mode=ro", uri=True,
+                               timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+
+    def _schema_version_read_only(self) -> int | None:
+        """The file's schema version, looked at without writing; None where it cannot say (the
+        connection proper then reports why)."""
+        try:
+            conn = self._open_read_only()
+        except (sqlite3.Error, OSError):
+            return None
+        try:
+            return conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
+        except sqlite3.Error:
+            return None
+        finally:
+            conn.close()
+
+    def _refuse_foreign(self, conn: sqlite3.Connection) -> None:
+        """An SQLite file with tables but not lockstep's is someone else's: it is left as it is."""
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        if tables and "schema_version" not in tables:
+            shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+            raise LockstepError(f"{self.path}: an SQLite database that is not a lockstep history (its tables: "
+                                f"{shown}); it was left untouched, choose another with --history")
+
+    def _check_version(self, conn: sqlite3.Connection) -> None:
+        if not self._has_version(conn):  # only a reader gets here without the schema: it never writes one
+            raise LockstepError(f"{self.path}: an empty file, no lockstep history yet (lockstep run and compare "
+                                "write it; --history FILE or LOCKSTEP_HISTORY choose another)")
+        row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        if row is None or row[0] != SCHEMA_VERSION:
+            raise LockstepError(f"{self.path}: history schema version {row[0] if row else None}, this lockstep "
+                                f"reads version {SCHEMA_VERSION}; use a matching lockstep or another --history file")
+
+    @staticmethod
+    def _has_version(conn: sqlite3.Connection) -> bool:
+        return conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'").fetchone() \
+            is not None
 
     @staticmethod
     def _set_wal(conn: sqlite3.Connection) -> None:
@@ -233,9 +284,7 @@ class HistoryStore:
                 time.sleep(0.05)
 
     def _ensure_schema(self, conn: sqlite3.Connection) -> None:
-        has_version = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'").fetchone()
-        if not has_version:
+        if not self._has_version(conn):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 # Statement by statement: executescript() would COMMIT behind our back.
@@ -250,10 +299,7 @@ class HistoryStore:
         row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
         if row is not None and row[0] == 1:
             self._migrate_1_to_2(conn)
-            row = (SCHEMA_VERSION,)
-        if row is None or row[0] != SCHEMA_VERSION:
-            raise LockstepError(f"{self.path}: history schema version {row[0] if row else None}, this lockstep "
-                                f"reads version {SCHEMA_VERSION}; use a matching lockstep or another --history file")
+        self._check_version(conn)
 
     def _migrate_1_to_2(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")

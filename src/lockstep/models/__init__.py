@@ -2,6 +2,11 @@
 
 Every subpackage of this package that defines `FAMILY` (a `ModelFamily`) and `SHAPES` is a
 family: adding one is adding its folder, with no table here to edit (docs/contributing.md).
+A family may also live outside lockstep, in a package of the user's: its family folders are
+found the same way when the package is named by the environment variable
+`LOCKSTEP_FAMILY_PACKAGES` (comma-separated module names) or by an entry point of the group
+`lockstep.families` (its value a module name). Both reach megatron's torchrun workers, which
+inherit the environment and the installed distributions.
 `FAMILIES` maps a family name (gpt2, llama3, qwen3, mixtral) to its `ModelFamily`; `SHAPES` maps a model
 name (gpt2, gpt2-tiny, llama3, llama3-tiny, qwen3-1.7b, ...) to a `ModelShape`. Nothing outside
 `models/` and the runners' per-family adapters names a family.
@@ -18,19 +23,51 @@ from lockstep.formats import llmc
 from lockstep.models.family import ModelFamily, ModelShape
 
 
-def _family_folders() -> list:
-    """Every `models/<family>/` package that defines FAMILY, in name order."""
+FAMILY_PACKAGES_VARIABLE = "LOCKSTEP_FAMILY_PACKAGES"
+ENTRY_POINT_GROUP = "lockstep.families"
+
+
+def _folders_in(package: str) -> list:
+    """Every subpackage of `package` that defines FAMILY, in name order."""
+    try:
+        parent = importlib.import_module(package)
+    except ImportError as e:
+        raise LockstepError(f"family package {package!r} (named by {FAMILY_PACKAGES_VARIABLE} or the entry-point "
+                            f"group {ENTRY_POINT_GROUP}) cannot be imported: {e}") from None
     found = []
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    for info in sorted(pkgutil.iter_modules(getattr(parent, "__path__", [])), key=lambda m: m.name):
         if info.ispkg:
-            module = importlib.import_module(f"{__name__}.{info.name}")
+            module = importlib.import_module(f"{package}.{info.name}")
             if isinstance(getattr(module, "FAMILY", None), ModelFamily):
                 found.append(module)
     return found
 
 
+def family_packages() -> list[str]:
+    """The packages whose subpackages are family folders: lockstep's own, then the user's."""
+    from importlib.metadata import entry_points
+
+    named = [p.strip() for p in os.environ.get(FAMILY_PACKAGES_VARIABLE, "").split(",") if p.strip()]
+    named += [ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    return list(dict.fromkeys([__name__, *named]))
+
+
+def _family_folders() -> list:
+    found, seen = [], {}
+    for package in family_packages():
+        for module in _folders_in(package):
+            name = module.FAMILY.name
+            if name in seen:
+                raise LockstepError(f"two folders define model family {name!r}: {seen[name]} and {module.__name__}")
+            seen[name] = module.__name__
+            found.append(module)
+    return found
+
+
 _FOLDERS = _family_folders()
 FAMILIES: dict[str, ModelFamily] = {f.FAMILY.name: f.FAMILY for f in _FOLDERS}
+# family -> its folder's module (e.g. lockstep.models.gpt2), where a runner also looks for its adapter.
+FAMILY_MODULES: dict[str, str] = {f.FAMILY.name: f.__name__ for f in _FOLDERS}
 SHAPES: dict[str, ModelShape] = {s.name: s for f in _FOLDERS for s in getattr(f, "SHAPES", ())}
 # family -> the shape a CPU-only machine trains instead (each family's FAMILY.cpu_shape).
 CPU_SHAPES: dict[str, str] = {name: f.cpu_shape for name, f in FAMILIES.items() if f.cpu_shape}

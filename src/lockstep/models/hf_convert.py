@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+
+import numpy as np
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,10 @@ from lockstep.formats.hf_checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE,
 from lockstep.fsutil import StaleTemp, check_writable_target, move_aside, remove_stale_temps
 from lockstep.models import FAMILIES, family, read_checkpoint_layout
 from lockstep.models.family import HFModel, HFOptions, ModelFamily
+
+HEAD = "lm_head.weight"
+# The input embedding as each family's Hugging Face layout names it (GPT-2; Llama, Qwen3, Mixtral).
+EMBEDDINGS = ("transformer.wte.weight", "model.embed_tokens.weight")
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,7 @@ def convert_hf_checkpoint(directory: str | os.PathLike, out: str | os.PathLike, 
         adapter = fam.hf
         model = adapter.read_config(ckpt.config, ckpt.config_path, options)
         stored = check_inventory(ckpt, fam, model)
+        check_tied_head(ckpt, fam, model, stored)
         layout = fam.layout(model.config)
 
         def read(name: str):
@@ -131,6 +138,23 @@ def convert_hf_checkpoint(directory: str | os.PathLike, out: str | os.PathLike, 
                           model_type=str(ckpt.config.get("model_type")), shards=len(ckpt.files),
                           source_dtypes=tuple(ckpt.dtypes()), seconds=time.perf_counter() - started,
                           notes=(*ckpt.notes, *model.notes), moved_aside=moved, removed_temps=removed)
+
+
+def check_tied_head(ckpt: HFCheckpoint, fam: ModelFamily, model: HFModel, stored: dict[str, str]) -> None:
+    """A tied model's file holds no head: the embedding is the head. A checkpoint that stores an
+    lm_head anyway must hold the embedding there, or converting would drop trained weights."""
+    if not model.tied or HEAD not in ckpt.tensors:
+        return
+    embedding = next((stored[n] for n in EMBEDDINGS if n in stored), None)
+    if embedding is None:
+        return
+    head, wte = ckpt.read(HEAD), ckpt.read(embedding)
+    if head.shape == wte.shape and np.array_equal(head, wte):
+        return
+    differs = (f"differs from {embedding} by up to {float(np.max(np.abs(head - wte))):.3g}"
+               if head.shape == wte.shape else f"has shape {head.shape}, {embedding} {wte.shape}")
+    raise FormatError(ckpt.tensors[HEAD].file, f"holds an untied {HEAD} that {differs}; the LLMC {fam.title} format "
+                                               "ties the head to the embedding, so converting would drop it")
 
 
 def check_inventory(ckpt: HFCheckpoint, fam: ModelFamily, model: HFModel) -> dict[str, str]:

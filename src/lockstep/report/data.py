@@ -4,10 +4,12 @@ case, the verdicts of each framework against the baseline, and the run's metadat
 from __future__ import annotations
 
 import functools
+import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lockstep.compare import CompareOptions, ComparisonReport, collect_run_metadata, framework_dirs
+from lockstep.compare import SUMMARY_NAME, CompareOptions, ComparisonReport, collect_run_metadata, framework_dirs
 from lockstep.compare.loading import load_side
 from lockstep.compare.pairing import collect_cases
 from lockstep.formats.run_manifest import read_manifest, skipped_pairs, timing_of
@@ -15,6 +17,7 @@ from lockstep.compare.run_dir import compare_frameworks_in_run
 from lockstep.compare.verdict import CaseVerdict
 from lockstep.errors import FormatError, LockstepError
 from lockstep.formats.run_record import RunRecord
+from lockstep.fsutil import read_text
 
 
 @dataclass
@@ -33,6 +36,14 @@ class ReportData:
     # The run's own verdict lines (lockstep run's last lines; run.json's "verdict_lines"): the
     # report's overall line is their first, so the report and the terminal count alike.
     run_lines: list[str] | None = None
+    resumes: list[dict] = field(default_factory=list)  # summary.json's "resumes" (compare/resume.py)
+
+    @functools.cached_property
+    def unfinished(self) -> str | None:
+        """How a run that did not end well stands, by run.json: "interrupted" (stopped by a signal it
+        caught), "running" (its process is alive), "killed" (run.json still says running, but its
+        process is gone: SIGKILL, out of memory, a lost machine); None for a run that ended."""
+        return unfinished_state(read_manifest(self.run_dir))
 
     @functools.cached_property
     def interrupted(self) -> dict[str, list[str]]:
@@ -54,7 +65,9 @@ class ReportData:
         """Why no framework was compared with the baseline on this case, in a few words."""
         reasons = [f"{fw} skipped ({why})" for fw, why in self.skip_reasons(case).items()]
         reasons += [f"{fw} unreadable" for fw in self.unreadable.get(case, {})]
-        reasons += [f"{fw} interrupted before it finished" for fw, cases in self.interrupted.items() if case in cases]
+        how = {"running": "has not finished it yet", "killed": "did not finish"}.get(self.unfinished or "",
+                                                                                   "interrupted before it finished")
+        reasons += [f"{fw} {how}" for fw, cases in self.interrupted.items() if case in cases]
         if not reasons:
             ran = sorted(self.records.get(case, {}))
             reasons = [f"only {', '.join(ran)} ran it" if ran else "no framework ran it"]
@@ -85,12 +98,34 @@ class ReportData:
         return all(r.passed for r in judged)
 
 
+def _pid_alive(pid) -> bool:
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: asks whether the process exists, sends nothing
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, run by another user
+    return True
+
+
+def unfinished_state(manifest: dict) -> str | None:
+    """"interrupted", "running", "killed" or None: see ReportData.unfinished."""
+    status = manifest.get("status")
+    if status == "interrupted":
+        return "interrupted"
+    if status == "running":
+        return "running" if _pid_alive(manifest.get("pid")) else "killed"
+    return None
+
+
 def interrupted_pairs(run_dir: Path, data: "ReportData") -> dict[str, list[str]]:
-    """For a run that run.json says was interrupted: framework -> the cases it planned that have
-    no record (and were neither skipped nor unreadable): the case that was stopped and those that
-    never started. Empty for a run that ended."""
+    """For a run that did not end (interrupted, killed or still running): framework -> the cases it
+    planned that have no record (and were neither skipped nor unreadable): the case that was stopped
+    and those that never started. Empty for a run that ended."""
     manifest = read_manifest(run_dir)
-    if manifest.get("status") != "interrupted":
+    if unfinished_state(manifest) is None:
         return {}
     cases = [c.get("name") for c in manifest.get("cases", []) if isinstance(c, dict) and isinstance(c.get("name"), str)]
     out: dict[str, list[str]] = {}
@@ -104,7 +139,7 @@ def interrupted_pairs(run_dir: Path, data: "ReportData") -> dict[str, list[str]]
 
 def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
            options: CompareOptions | None = None,
-           comparisons: dict[str, ComparisonReport] | None = None) -> ReportData:
+           comparisons: dict[str, ComparisonReport] | None = None, files=None) -> ReportData:
     """What the report shows. `comparisons`: each test framework's comparison as the run already
     made it (lockstep run compares once); without it, the records are compared here."""
     run_dir = Path(run_dir)
@@ -118,7 +153,7 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
         raise FormatError(run_dir, f"has no case files for the baseline framework {baseline_framework} "
                                    f"(frameworks present: {', '.join(present)}); choose one with --baseline")
     frameworks = [baseline_framework] + [f for f in present if f != baseline_framework]
-    data = ReportData(run_dir, baseline_framework, frameworks, metadata=collect_run_metadata(run_dir),
+    data = ReportData(run_dir, baseline_framework, frameworks, metadata=collect_run_metadata(run_dir, files),
                       options=options)
     try:
         data.skipped = skipped_pairs(run_dir)
@@ -130,11 +165,12 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
     if manifest.get("baseline") == baseline_framework and isinstance(lines, list) and lines and \
             all(isinstance(line, str) for line in lines):
         data.run_lines = lines  # the run's own verdict (against another --baseline it is not)
+    data.resumes = resumes_of(run_dir, data.problems)
     for fw in frameworks:
         tree = collect_cases(run_dir / fw)
         data.problems += tree.unreadable
         for case, case_file in tree.files.items():
-            side = load_side(case_file, options)
+            side = load_side(case_file, options, files)
             if side.record is not None:
                 data.records.setdefault(case, {})[fw] = side.record
             else:
@@ -146,3 +182,18 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
             data.comparisons[fw] = (comparisons[fw] if comparisons is not None and fw in comparisons else
                                     compare_frameworks_in_run(run_dir, baseline_framework, fw, options))
     return data
+
+
+def resumes_of(run_dir: Path, problems: list[str]) -> list[dict]:
+    """summary.json's "resumes" (one entry per resumed case judged, compare/resume.py); [] when the
+    run wrote no summary or judged no resume. An unreadable summary is a problem of the report."""
+    path = run_dir / SUMMARY_NAME
+    if not path.is_file():
+        return []
+    try:
+        doc = json.loads(read_text(path, "run summary"))
+    except (LockstepError, ValueError) as e:
+        problems.append(f"{path}: cannot be read ({e}); its resume verdicts are left out")
+        return []
+    entries = doc.get("resumes") if isinstance(doc, dict) else None
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []

@@ -57,11 +57,18 @@ def render_html(data: ReportData, images: dict[str, bytes], trends: dict[str, by
         *([f'<p class="overall-fail"><strong>{html.escape(line)}</strong></p>']
           if (line := tables.interrupted_line(data)) else []),
         f'<p class="{overall_cls}"><strong>{html.escape(tables.overall_line(data))}</strong></p>',
-        "<h2>Verdicts</h2>",
-        _table(tables.VERDICT_HEADER, tables.verdict_rows(data), verdict_col=tables.VERDICT_HEADER.index("verdict")),
-        "<h2>Throughput</h2>", f"<p>{html.escape(tables.THROUGHPUT_NOTE)}</p>",
-        _table(tables.THROUGHPUT_HEADER, tables.throughput_rows(data)),
     ]
+    # A heading only above a table with rows: an empty one would say something was compared.
+    verdicts, resumes, throughput = tables.verdict_rows(data), tables.resume_rows(data), tables.throughput_rows(data)
+    if verdicts:
+        parts += ["<h2>Verdicts</h2>",
+                  _table(tables.VERDICT_HEADER, verdicts, verdict_col=tables.VERDICT_HEADER.index("verdict"))]
+    if resumes:
+        parts += ["<h2>Resumes</h2>", f"<p>{html.escape(tables.RESUME_NOTE)}</p>",
+                  _table(tables.RESUME_HEADER, resumes, verdict_col=tables.RESUME_HEADER.index("verdict"))]
+    if throughput:
+        parts += ["<h2>Throughput</h2>", f"<p>{html.escape(tables.THROUGHPUT_NOTE)}</p>",
+                  _table(tables.THROUGHPUT_HEADER, throughput)]
     certificates = tables.certificate_rows(data)
     if certificates:
         parts += ["<h2>Step-1 certificates</h2>", f"<p>{html.escape(tables.CERTIFICATE_NOTE)}</p>",

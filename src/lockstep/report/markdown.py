@@ -23,10 +23,15 @@ def render_markdown(data: ReportData, image_paths: dict[str, str]) -> str:
     interrupted = tables.interrupted_line(data)
     parts = [f"# lockstep report: {data.run_dir.name}", "", *([f"**{incomplete}**", ""] if incomplete else []),
              *([f"**{interrupted}**", ""] if interrupted else []),
-             f"**{tables.overall_line(data)}**", "",
-             "## Verdicts", "", _table(tables.VERDICT_HEADER, tables.verdict_rows(data)), ""]
-    parts += ["## Throughput", "", tables.THROUGHPUT_NOTE, "",
-              _table(tables.THROUGHPUT_HEADER, tables.throughput_rows(data)), ""]
+             f"**{tables.overall_line(data)}**", ""]
+    # A heading only above a table with rows: an empty one would say something was compared.
+    verdicts, resumes, throughput = tables.verdict_rows(data), tables.resume_rows(data), tables.throughput_rows(data)
+    if verdicts:
+        parts += ["## Verdicts", "", _table(tables.VERDICT_HEADER, verdicts), ""]
+    if resumes:
+        parts += ["## Resumes", "", tables.RESUME_NOTE, "", _table(tables.RESUME_HEADER, resumes), ""]
+    if throughput:
+        parts += ["## Throughput", "", tables.THROUGHPUT_NOTE, "", _table(tables.THROUGHPUT_HEADER, throughput), ""]
     certificates = tables.certificate_rows(data)
     if certificates:
         parts += ["## Step-1 certificates", "", tables.CERTIFICATE_NOTE, "",

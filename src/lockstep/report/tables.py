@@ -7,6 +7,7 @@ from lockstep.cases.spec import dtype_of_case_name
 from lockstep.compare.metadata import model_label
 from lockstep.compare.policy import VerdictClass
 from lockstep.compare.throughput import NOISY_CV, format_tokens_per_s, throughput_of
+from lockstep.formats.run_manifest import read_manifest
 from lockstep.report.data import ReportData
 
 
@@ -170,13 +171,41 @@ def incomplete_line(data: ReportData) -> str | None:
 
 
 def interrupted_line(data: ReportData) -> str | None:
-    """Said at the top of the report of a run stopped by a signal: what it holds is what finished."""
+    """Said at the top of the report of a run that did not end (stopped by a signal, killed without
+    a word, or still running): what it holds is what finished."""
     pairs = [f"{fw}/{case}" for fw, cases in data.interrupted.items() for case in cases]
     if not pairs:
         return None
     shown = ", ".join(pairs[:6]) + (f" and {len(pairs) - 6} more" if len(pairs) > 6 else "")
+    n = f"{len(pairs)} (case, framework) pair(s)"
+    pid = read_manifest(data.run_dir).get("pid")
+    if data.unfinished == "running":
+        return (f"STILL RUNNING: the run (pid {pid}) has not ended; this report covers the cases finished so far, "
+                f"{n} have not: {shown}.")
+    if data.unfinished == "killed":
+        return (f"DID NOT FINISH: run.json says the run is running, but its process (pid {pid}) is gone: it was "
+                f"killed (SIGKILL, out of memory, a lost machine); this report covers the cases that finished, "
+                f"{n} did not: {shown}.")
     return (f"INTERRUPTED: the run was stopped before it ended; this report covers the cases that finished, "
-            f"{len(pairs)} (case, framework) pair(s) did not: {shown}.")
+            f"{n} did not: {shown}.")
+
+
+RESUME_HEADER = ["framework", "case", "resumed from", "verdict", "sentence"]
+RESUME_NOTE = ("Each resumed case against the run of the case that saved its checkpoint, after the resume point "
+               "(docs/reference/checkpoints.md, \"Judging a resume\"): exact, within the dtype's threshold, or "
+               "broken with its cause.")
+
+
+def resume_rows(data: ReportData) -> list[list[str]]:
+    """summary.json's resume verdicts; ERROR where the resume could not be judged."""
+    rows = []
+    for r in data.resumes:
+        source = str(r.get("resume_case", "-"))
+        if r.get("resume_from") is not None:
+            source += f" (step {r['resume_from']})"
+        rows.append([str(r.get("framework", "-")), str(r.get("case", "-")), source,
+                     str(r.get("verdict") or "ERROR"), str(r.get("sentence") or r.get("error") or "-")])
+    return rows
 
 
 def overall_line(data: ReportData) -> str:

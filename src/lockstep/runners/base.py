@@ -4,8 +4,8 @@ A runner turns (case spec, inputs) into a run record plus the framework's native
 `<out>/<framework>/<case>.log` and `<out>/<framework>/<case>.jsonl`. Subclasses implement
 `execute`; `run` wraps it so that every failure ends as a record marked failed.
 
-A runner that can look inside its framework also captures step 1 of a case (`capture`, and
-`capture_problem` saying when it cannot): every module output and gradient under canonical
+A runner that can look inside its framework is also a `StepInspector`: it captures step 1 of a case
+(`capture`, and `capture_problem` saying when it cannot): every module output and gradient under canonical
 names (capture/, formats/step_capture.py). `lockstep run` asks for it with `RunInputs.capture`
 (the certificate of every FP32 pair): a runner records it while it trains where it can, else
 `run` captures after the run; `lockstep diagnose` calls `capture` directly.
@@ -117,38 +117,6 @@ class FrameworkRunner(ABC):
         Runners with persistent workers also take `workers=`: the group (from `open_workers`)
         to run the case in, or None for a process of its own."""
 
-    def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
-        """Why this runner cannot capture step 1 of the case (None: it can)."""
-        return f"{self.name} cannot show its step 1 from inside"
-
-    def at_step_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
-        """Why this runner cannot capture a later step from the reference's saved state (`lockstep
-        diagnose --at-step N`: the pytorch reference's weights and optimizer state after N steps,
-        loaded by the framework in its own checkpoint format), or None when it can."""
-        return f"{self.name} cannot start a step from a saved training state yet"
-
-    def capture_needs_reference(self, case: CaseSpec, inputs: RunInputs) -> bool:
-        """Whether its capture reads the reference's (`request.reference`): then the reference's
-        step 1 must be recorded first."""
-        return False
-
-    def capture_grad_kind(self, case: CaseSpec, inputs: RunInputs) -> str:
-        """What its capture's gradients are (formats.step_capture's GRAD_*): read from the framework
-        (the default), or recovered from its saved weights."""
-        return GRAD_EXACT
-
-    def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
-        """Step 1 of the case seen from inside, written to `request.path` and returned (a
-        formats.step_capture.StepCapture); `work_dir` takes whatever the framework writes on the way."""
-        raise LockstepError(self.capture_problem(case, inputs) or f"{self.name} cannot capture step 1")
-
-    def start_capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest) -> "Background":
-        """`capture`, returned as soon as the framework has nothing more to run for it: a runner whose
-        capture ends in lockstep reading what the framework wrote (InfiniTrain's saved weights)
-        reads them in the background, so that its next runs can start meanwhile. Its `result()` is
-        the capture."""
-        return Background.done(self.capture(case, inputs, work_dir, request))
-
     def worker_group_key(self, case: CaseSpec, inputs: RunInputs) -> Hashable | None:
         """Cases with equal keys can share one persistent worker group (start once, run many);
         None (the default): the case runs on its own (in-process, or a process per case)."""
@@ -212,7 +180,8 @@ class FrameworkRunner(ABC):
                 check_complete(case, result.steps, log_path, first=first_step(case))
                 if inputs.capture is not None and not (record.meta.get("step1_capture")
                                                        or record.meta.get("step1_capture_error")):
-                    record.meta.update(self._capture_after_run(case, inputs, out_dir))
+                    record.meta.update(self.capture_after_run(case, inputs, out_dir) if isinstance(self, StepInspector)
+                                       else {"step1_capture_error": capture_problem(self, case, inputs)})
         except LockstepError as e:
             record.status, record.error = "failed", str(e)
         except OSError as e:  # an I/O failure nothing above named: its file, if it has one, and the reason
@@ -229,7 +198,45 @@ class FrameworkRunner(ABC):
         return record
 
 
-    def _capture_after_run(self, case: CaseSpec, inputs: RunInputs, out_dir: Path) -> dict:
+class StepInspector(ABC):
+    """What a runner that can show a step from inside implements besides FrameworkRunner (its
+    RunnerSpec declares how it records it: Capabilities.step1_capture). lockstep/stepcheck and
+    `lockstep diagnose` call these through `capture_problem` / `at_step_problem` below, which answer
+    for a runner that cannot look inside at all."""
+
+    def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        """Why this runner cannot capture step 1 of the case (None: it can)."""
+        return None
+
+    def at_step_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        """Why this runner cannot capture a later step from the reference's saved state (`lockstep
+        diagnose --at-step N`: the pytorch reference's weights and optimizer state after N steps,
+        loaded by the framework in its own checkpoint format), or None when it can."""
+        return f"{self.name} cannot start a step from a saved training state yet"
+
+    def capture_needs_reference(self, case: CaseSpec, inputs: RunInputs) -> bool:
+        """Whether its capture reads the reference's (`request.reference`): then the reference's
+        step 1 must be recorded first."""
+        return False
+
+    def capture_grad_kind(self, case: CaseSpec, inputs: RunInputs) -> str:
+        """What its capture's gradients are (formats.step_capture's GRAD_*): read from the framework
+        (the default), or recovered from its saved weights."""
+        return GRAD_EXACT
+
+    @abstractmethod
+    def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
+        """Step 1 of the case seen from inside, written to `request.path` and returned (a
+        formats.step_capture.StepCapture); `work_dir` takes whatever the framework writes on the way."""
+
+    def start_capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest) -> "Background":
+        """`capture`, returned as soon as the framework has nothing more to run for it: a runner whose
+        capture ends in lockstep reading what the framework wrote (InfiniTrain's saved weights)
+        reads them in the background, so that its next runs can start meanwhile. Its `result()` is
+        the capture."""
+        return Background.done(self.capture(case, inputs, work_dir, request))
+
+    def capture_after_run(self, case: CaseSpec, inputs: RunInputs, out_dir: Path) -> dict:
         """Step 1 captured on its own after a run that could not record it while training (several
         processes, InfiniTrain): a capture that fails costs the certificate, never the run."""
         import time
@@ -244,6 +251,20 @@ class FrameworkRunner(ABC):
         except LockstepError as e:
             return {"step1_capture_error": str(e)}
         return {"step1_capture": inputs.capture.path, "step1_capture_seconds": round(time.perf_counter() - start, 2)}
+
+
+def capture_problem(runner: FrameworkRunner, case: CaseSpec, inputs: RunInputs) -> str | None:
+    """Why `runner` cannot capture step 1 of the case (None: it can)."""
+    if not isinstance(runner, StepInspector):
+        return f"{runner.name} cannot show its step 1 from inside"
+    return runner.capture_problem(case, inputs)
+
+
+def at_step_problem(runner: FrameworkRunner, case: CaseSpec, inputs: RunInputs) -> str | None:
+    """Why `runner` cannot capture a later step from the reference's saved state (None: it can)."""
+    if not isinstance(runner, StepInspector):
+        return f"{runner.name} cannot show a step from inside"
+    return runner.at_step_problem(case, inputs)
 
 
 class Background:

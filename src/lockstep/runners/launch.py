@@ -39,6 +39,48 @@ def worker_env(extra: dict | None = None) -> dict:
     return env
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _libc():
+    """libc, loaded once before any fork: the pre-exec hook below must not load a library."""
+    import ctypes
+
+    global _LIBC
+    if _LIBC is None and sys.platform.startswith("linux"):
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
+
+
+_LIBC = None
+
+
+def _die_with_parent() -> None:
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+def end_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux's PR_SET_PDEATHSIG; a no-op
+    elsewhere). A worker calls it first thing: a SIGKILLed lockstep (or torchrun) can run no
+    clean-up, and a rank left alone would train on, hold its device and write checkpoint folders
+    into --out. A parent gone before the call (the worker is then an orphan of init) ends it now."""
+    if _libc() is None:
+        return
+    _die_with_parent()
+    if os.getppid() == 1:
+        os._exit(1)
+
+
+def spawn_group(cmd: list[str], **popen_kwargs) -> subprocess.Popen:
+    """`cmd` in a session of its own (so `kill_process_group` stops everything it starts), killed by
+    the kernel if lockstep itself is killed (PR_SET_PDEATHSIG, set between fork and exec: it only
+    calls the libc loaded here). The kernel sends it when the *thread* that forked the child ends:
+    a group that outlives the call must be spawned from a thread that outlives the group."""
+    _libc()
+    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent, **popen_kwargs)
+
+
 def torchrun_command(module: str, nproc: int, args: list[str], nodes: NodeLayout | None = None,
                      run_id: str = "lockstep") -> list[str]:
     """torchrun for `nproc` ranks in all: standalone on one machine, else this node's share of them
@@ -100,8 +142,7 @@ def run_workers(module: str, job: dict, nproc: int, log_path: Path, timeout_s: f
         with open_for_streaming(log_path, "native log") as log:
             log.write(f"[COMMAND] {shlex.join(cmd)}\n")
             log.flush()
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env(env),
-                                    start_new_session=True)
+            proc = spawn_group(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env(env))
             seen = [0]  # result lines read so far
 
             def poll() -> None:

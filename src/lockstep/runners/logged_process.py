@@ -19,7 +19,7 @@ from typing import Callable
 from lockstep.errors import FormatError, RunError
 from lockstep.formats.run_record import StepRecord
 from lockstep.fsutil import open_for_streaming
-from lockstep.runners.launch import supervise
+from lockstep.runners.launch import spawn_group, supervise
 
 POLL_INTERVAL_S = 0.5
 TAIL_LINES = 15
@@ -48,8 +48,7 @@ def run_logged(cmd: list[str], log_path: Path, parse: StepParser, *, env: dict, 
         log.write(f"[COMMAND] {shlex.join(cmd)}\n")
         log.flush()
         try:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                    start_new_session=True)
+            proc = spawn_group(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         except OSError as e:
             raise RunError(f"{cmd[0]}: could not start {what} ({e.strerror or e})") from None
         rc, timed_out = supervise(proc, streamer.poll, timeout_s, POLL_INTERVAL_S)

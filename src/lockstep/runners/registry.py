@@ -136,10 +136,26 @@ class RunnerSpec:
             raise LockstepError(f"{self.name} cannot train model family {family!r}: {reason}")
         if caps.family_adapters is None:
             raise LockstepError(f"{self.name} has no per-family adapters")
-        module = f"{caps.family_adapters}.{family}"
-        if not module_exists(module):
-            raise LockstepError(f"{self.name} has no adapter for model family {family!r} (no module {module})")
+        module = adapter_module(self, family)
+        if module is None:
+            raise LockstepError(f"{self.name} has no adapter for model family {family!r} (no module "
+                                f"{' or '.join(adapter_modules(self, family))})")
         return importlib.import_module(module).ADAPTER
+
+
+def adapter_modules(spec: RunnerSpec, family: str) -> list[str]:
+    """Where a runner's adapter for the family may be: its own package's `<family>` module, or, for a
+    family from outside lockstep, the module named after the runner in the family's folder."""
+    from lockstep.models import FAMILY_MODULES
+
+    out = [f"{spec.capabilities.family_adapters}.{family}"]
+    if family in FAMILY_MODULES and not FAMILY_MODULES[family].startswith("lockstep."):
+        out.append(f"{FAMILY_MODULES[family]}.{spec.name}")
+    return out
+
+
+def adapter_module(spec: RunnerSpec, family: str) -> str | None:
+    return next((m for m in adapter_modules(spec, family) if module_exists(m)), None)
 
 
 def module_exists(name: str) -> bool:
@@ -192,10 +208,11 @@ def family_gaps(families: Iterable[str], specs: Iterable[RunnerSpec]) -> list[st
                 continue
             if caps.family_adapters is None:
                 continue
-            module = f"{caps.family_adapters}.{family}"
-            if not module_exists(module):
-                gaps.append(f"{spec.name} has no adapter for model family {family!r}: add {module} (defining "
-                            f"ADAPTER), or say why not in the family's unsupported_runners")
+            module = adapter_module(spec, family)
+            if module is None:
+                gaps.append(f"{spec.name} has no adapter for model family {family!r}: add "
+                            f"{' or '.join(adapter_modules(spec, family))} (defining ADAPTER), or say why not in "
+                            "the family's unsupported_runners")
             elif not hasattr(importlib.import_module(module), "ADAPTER"):
                 gaps.append(f"{module} defines no ADAPTER")
     return gaps
@@ -223,6 +240,9 @@ def spec_for(framework: str, framework_options: FrameworkOptions | None = None) 
     for spec in all_specs.values():
         if spec.frameworks is not None and framework in spec.names(options_for(spec, framework_options)):
             return spec
+    base = framework.partition("@")[0]
+    if base != framework and base in all_specs and all_specs[base].frameworks is not None:
+        return all_specs[base]  # a named build (`infinitrain@NAME`) its options do not hold yet (a run dir's)
     raise LockstepError(f"unknown framework {framework!r}; known: {', '.join(framework_names(framework_options))} "
                         "(a trainer of a --command-runner TOML file is known once the file is given)")
 
@@ -257,9 +277,10 @@ def default_frameworks(framework_options: FrameworkOptions | None = None,
     first), and a note for each that would have been used but cannot be here."""
     names = []
     for spec in sorted(specs().values(), key=lambda s: not s.capabilities.reference):
-        use = spec.default(options_for(spec, framework_options))
+        options = options_for(spec, framework_options)
+        use = spec.default(options)
         if use is True:
-            names.append(spec.name)
+            names += spec.names(options)
         elif isinstance(use, str) and notes is not None:
             notes.append(use)
     return names

@@ -43,7 +43,7 @@ from lockstep.errors import LockstepError, RunError
 from lockstep.formats.run_record import StepRecord
 from lockstep.fsutil import open_for_streaming
 from lockstep.runners.host_memory import release_freed_memory
-from lockstep.runners.launch import (ResultsWriter, _drain, _tail, kill_process_group, one_rank_env,
+from lockstep.runners.launch import (ResultsWriter, _drain, _tail, kill_process_group, one_rank_env, spawn_group,
                                      rendezvous_id, torchrun_command, worker_env)
 from lockstep.runners.nodes import NODE_RANK_ENV, NodeLayout, reports_results
 
@@ -139,8 +139,7 @@ class WorkerGroup:
             env.update(one_rank_env())
         env[SPAWNED_AT_ENV] = repr(time.time())
         self._group_log = open(self.queue_dir / "group.log", "w")
-        self.proc = subprocess.Popen(self.command, stdout=self._group_log, stderr=subprocess.STDOUT,
-                                     env=worker_env(env), start_new_session=True)
+        self.proc = spawn_group(self.command, stdout=self._group_log, stderr=subprocess.STDOUT, env=worker_env(env))
         self.next_job, self.position = 0, 0
         self.startup_read = False
         self.starts += 1

@@ -29,6 +29,12 @@ LAYOUT_OF = {"dp": lambda c: c.dp > 1, "tp": lambda c: c.tp > 1, "pp": lambda c:
              "ep": lambda c: c.ep > 1}
 
 
+# Significant digits of the lr each log format prints ("lr %.2e" in llm.c's and InfiniTrain's step
+# lines, "%.6E" in Megatron-LM's): the comparison checks a record read from a log to these (JSON
+# step records hold the full value).
+PRINTED_LR_DIGITS = {"llmc": 3, "infinitrain": 3, "megatron": 7}
+
+
 class CommandRunner(FrameworkRunner):
     name = "command"
 
@@ -95,7 +101,9 @@ class CommandRunner(FrameworkRunner):
         check_finished(run, log_path, case.steps, t.name, timeout_s)
         if not any(out_dir.iterdir()):
             out_dir.rmdir()  # nothing written: no empty directory beside the records
+        digits = None if t.steps_file else PRINTED_LR_DIGITS.get(t.log_format)
         return ExecuteResult(steps=run.steps, meta={"worker_command": shlex.join(cmd), "launcher": "subprocess",
+                                                    **({"lr_significant_digits": digits} if digits else {}),
                                                     "command_runner": {"trainer": t.name, "source": t.source,
                                                                        "log_format": t.log_format,
                                                                        "build": fields["build"]}})

@@ -47,6 +47,12 @@ FIELDS = {
     "device": "cpu or cuda", "python": "the Python interpreter running lockstep",
     "here": "the directory of the TOML file",
     "build": "the build directory (--command-build, or each commit's under lockstep bisect; default {here})",
+    "lr_decay_style": "the lr schedule's decay: none, constant, linear, cosine or inverse-square-root "
+                      "(constant without a schedule)",
+    "lr_warmup_iters": "warm-up steps (0 without a schedule)",
+    "lr_warmup_init": "the warm-up's initial lr (Python's repr of the float)",
+    "lr_decay_iters": "the step the decay reaches min_lr (the case's steps when the schedule says 0)",
+    "min_lr": "the decay's final lr (Python's repr of the float)",
 }
 KEYS = ("command", "log_format", "steps_file", "version", "description", "families", "devices", "dtypes",
         "parallel", "env", "cwd", "timeout_s", "logged_loss", "megatron_step2_correction")
@@ -169,8 +175,20 @@ def template_fields(case, inputs, out_dir: Path, trainer: TrainerSpec, build_dir
         "world_size": case.world_size, "case": case.name, "model": inputs.model_name, "family": fam.name,
         "optimizer": fam.optimizer.kind, "device": inputs.device, "python": sys.executable,
         "here": str(trainer.here), "build": os.path.abspath(build_dir) if build_dir else str(trainer.here),
+        **schedule_fields(case),
     }
     return {k: str(v) for k, v in fields.items()}
+
+
+def schedule_fields(case) -> dict:
+    """The case's lr schedule as InfiniTrain's flag values; without one, a constant lr
+    (style constant, no warm-up), which a trainer given these flags trains the same."""
+    from lockstep.cases.spec import LRSchedule
+
+    schedule = case.lr_schedule or LRSchedule("constant")
+    return {"lr_decay_style": schedule.lr_decay_style, "lr_warmup_iters": schedule.lr_warmup_iters,
+            "lr_warmup_init": repr(float(schedule.lr_warmup_init)),
+            "lr_decay_iters": schedule.decay_iters(case.steps), "min_lr": repr(float(schedule.min_lr))}
 
 
 def parse_jsonl_steps(text: str, source: str) -> list[StepRecord]:

@@ -5,29 +5,42 @@ This file registers it (`RUNNER`) and stays cheap to import: the runner class is
 """
 
 import os
+from dataclasses import replace
 
-from lockstep.runners.infinitrain.options import BUILD_ENV_VAR, COMMIT_FILE, InfiniTrainOptions  # noqa: F401
+from lockstep.runners.infinitrain.options import (BUILD_ENV_VAR, COMMIT_FILE, InfiniTrainOptions,  # noqa: F401
+                                                 parse_builds)
 from lockstep.runners.registry import CAPTURE_AFTER_RUN, Capabilities, RunnerSpec
 
 
 def _add_arguments(parser) -> None:
-    parser.add_argument("--infinitrain-build", help=f"InfiniTrain build dir holding gpt2 (or {BUILD_ENV_VAR})")
+    parser.add_argument("--infinitrain-build", action="append", metavar="[NAME=]DIR",
+                        help=f"InfiniTrain build dir holding gpt2 (or {BUILD_ENV_VAR}); NAME=DIR, repeatable, adds "
+                             "the framework infinitrain@NAME for each named build")
 
 
 def _options_from(args) -> InfiniTrainOptions:
-    return InfiniTrainOptions(build_dir=getattr(args, "infinitrain_build", None))
+    return parse_builds(getattr(args, "infinitrain_build", None))
 
 
 def _default(options: InfiniTrainOptions) -> bool:
-    return bool(os.environ.get(BUILD_ENV_VAR))
+    return bool(os.environ.get(BUILD_ENV_VAR) or options.builds)
+
+
+def _make(framework: str, options: InfiniTrainOptions):
+    from lockstep.runners.infinitrain.runner import InfiniTrainRunner
+
+    return InfiniTrainRunner(build_dir=options.build_of(framework), name=framework)
 
 
 def _from_record(options: InfiniTrainOptions, meta: dict) -> InfiniTrainOptions:
     """The build an earlier run used, when none is given now."""
     build = meta.get("infinitrain_build")
-    if options.build_dir or not build or build == "None":
+    if not build or build == "None":
         return options
-    return InfiniTrainOptions(build_dir=build)
+    _, _, name = str(meta.get("framework", "")).partition("@")
+    if name:
+        return options if name in dict(options.builds) else replace(options, builds=(*options.builds, (name, build)))
+    return options if options.build_dir else replace(options, build_dir=build)
 
 
 RUNNER = RunnerSpec(
@@ -44,6 +57,8 @@ RUNNER = RunnerSpec(
     options_from=_options_from,
     default=_default,
     from_record=_from_record,
+    frameworks=InfiniTrainOptions.frameworks,
+    make=_make,
 )
 
 

@@ -132,7 +132,9 @@ def launch_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Capture
     else:
         lr = ADAM_RECOVERY_LR
     at = f"_step{start + 1}" if start else ""
-    step_case = case.with_overrides(steps=1, lr=lr, name=f"{case.name}{at}_recovery_lr{lr:g}")
+    # The recovery step trains at its own lr, so no schedule (a warm-up from 0 would move nothing).
+    step_case = dataclasses.replace(case.with_overrides(steps=1, lr=lr, name=f"{case.name}{at}_recovery_lr{lr:g}"),
+                                    lr_schedule=None)
     rows = request.rows
     # The dumps come from the recovery step itself, or from one micro batch of `rows` sequences (the
     # same first sequences: a sequence's forward does not depend on the others in its batch).
@@ -148,9 +150,7 @@ def launch_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Capture
         dump_case = resumed(dump_case, start) if small else step_case
         optimizer_state = None
         if not sgd:
-            from lockstep.runners.pytorch.canonical_state import read_canonical_state
-
-            state = read_canonical_state(request.start_state, request.start_step, case, str(inputs.checkpoint))
+            state = start_state(request, case, inputs)
             order = probe_parameter_order(runner, case, inputs, work_dir)
             optimizer_state = adam_state(order, state.exp_avg, state.exp_avg_sq,
                                          state.adam_step if state.adam_step is not None else start)
@@ -168,13 +168,18 @@ def launch_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Capture
     return finish
 
 
+def start_state(request: CaptureRequest, case: CaseSpec, inputs):
+    """The reference's saved state the request starts from, under canonical names (its declared service)."""
+    from lockstep.runners.reference import SavedState, reference_services
+
+    return reference_services().read_state(SavedState(request.start_step, Path(request.start_state)), case, inputs)
+
+
 def initial_weights(case: CaseSpec, inputs, request: CaptureRequest) -> dict[str, np.ndarray]:
     """The weights the recovery step starts from, canonical names: the case's init (and its LoRA
     init, the one the launch loads: `lora_A.qkvw[0]`), or the reference's after step N."""
     if request.start_state is not None:
-        from lockstep.runners.pytorch.canonical_state import read_canonical_state
-
-        return read_canonical_state(request.start_state, request.start_step, case, str(inputs.checkpoint)).weights
+        return start_state(request, case, inputs).weights
     ckpt = load_checkpoint(inputs.checkpoint)
     w0 = split_canonical(ckpt.tensors, ckpt.config)
     if case.lora is not None:

@@ -40,9 +40,9 @@ from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint
 from lockstep.formats.logs import parse_infinitrain_log
 from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
-from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
+from lockstep.runners.base import (ExecuteResult, FrameworkRunner, StepInspector, RunInputs, StepCallback, final_params_path,
                                    first_step, write_final_params)
-from lockstep.runners.infinitrain.options import BUILD_ENV_VAR, COMMIT_FILE
+from lockstep.runners.infinitrain.options import BUILD_ENV_VAR, COMMIT_FILE, LOGGED_LR_DIGITS, LR_SCHEDULE_FLAGS, RECOMPUTE_FLAGS
 from lockstep.runners.infinitrain.capture import KEEP_SAVE, PRECISION_CHECK_DIR
 from lockstep.runners.infinitrain.checkpoints import checkpoint_load_seconds, checkpoint_save_seconds, checkpoints_for
 from lockstep.runners.infinitrain.families import adapter_for
@@ -61,7 +61,7 @@ DEFAULT_TIMEOUT_S = 1800.0
 INFINITRAIN_PROCESS_ENV = ("NNODES", "NPROC_PER_NODE", "PROC_WORLD_SIZE", "GLOBAL_PROC_RANK", "LOCAL_PROC_RANK")
 
 
-class InfiniTrainRunner(FrameworkRunner):
+class InfiniTrainRunner(StepInspector, FrameworkRunner):
     name = "infinitrain"
     # Its cross entropy adds the per-token losses one by one in FP32, and it prints 6 decimals.
     logged_loss = LOGGED_FP32_SEQUENTIAL
@@ -69,8 +69,9 @@ class InfiniTrainRunner(FrameworkRunner):
     # own --save/--load checkpoints (checkpoints.py).
     supports = frozenset({NEEDS_LORA, NEEDS_CHECKPOINT})
 
-    def __init__(self, build_dir: str | os.PathLike | None = None):
-        given = build_dir if build_dir else os.environ.get(BUILD_ENV_VAR)
+    def __init__(self, build_dir: str | os.PathLike | None = None, name: str | None = None):
+        self.name = name or type(self).name  # `infinitrain@NAME` for a named build (options.py)
+        given = build_dir if build_dir else (None if name and "@" in name else os.environ.get(BUILD_ENV_VAR))
         self.build_dir: Path | None = Path(given).expanduser() if given else None
         self._facts: dict[Path, ExecutableFacts] = {}  # what each probed executable said (probe.py)
 
@@ -252,6 +253,7 @@ class InfiniTrainRunner(FrameworkRunner):
                 args += ["--zero_stage", str(case.zero)]
             else:  # older builds: DistributedOptimizer on or off, which is ZeRO-1 (_flag_skip_reason)
                 args += ["--use_distributed_optimizer=true"]
+        args += lr_schedule_flags(case) + recompute_flags(case)
         if case.lora is not None or case.checkpoint is not None:
             if run_dir is None:
                 raise ValueError(f"case {case.name}'s LoRA init and checkpoints go beside its log: give run_dir")
@@ -335,6 +337,7 @@ class InfiniTrainRunner(FrameworkRunner):
             **({"infinitrain_llmc": str(llmc), "infinitrain_llmc_version": facts.llmc_version}
                if llmc != inputs.checkpoint else {}),
             "infinitrain_commit": find_build_commit(self.build_dir) or "unknown",
+            "lr_significant_digits": LOGGED_LR_DIGITS,
             "launcher": ("subprocess" + (f", {case.world_size} threads" if case.world_size > 1 else "")
                          if not inputs.nodes.multi_node else f"infini_run on {inputs.nodes.label}"),
         }
@@ -342,6 +345,26 @@ class InfiniTrainRunner(FrameworkRunner):
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def lr_schedule_flags(case: CaseSpec) -> list[str]:
+    """The case's lr schedule as InfiniTrain's flags of the same names (none without a schedule:
+    the build's default, a constant --learning_rate). --lr_decay_iters is passed as the case
+    resolves it (0 means the run's steps in both)."""
+    schedule = case.lr_schedule
+    if schedule is None:
+        return []
+    return ["--lr_decay_style", schedule.lr_decay_style, "--lr_warmup_iters", str(schedule.lr_warmup_iters),
+            "--lr_warmup_init", repr(float(schedule.lr_warmup_init)),
+            "--lr_decay_iters", str(schedule.decay_iters(case.steps)), "--min_lr", repr(float(schedule.min_lr))]
+
+
+def recompute_flags(case: CaseSpec) -> list[str]:
+    """The case's activation recompute as InfiniTrain's flags of the same names (none when off)."""
+    if not case.activation_recompute:
+        return []
+    return ["--activation_recompute=true", "--recompute_granularity", case.recompute_granularity,
+            "--recompute_method", case.recompute_method, "--recompute_num_layers", str(case.recompute_num_layers)]
 
 
 def _flag_skip_reason(case: CaseSpec, facts: ExecutableFacts) -> str | None:
@@ -353,6 +376,14 @@ def _flag_skip_reason(case: CaseSpec, facts: ExecutableFacts) -> str | None:
                    if not facts.has_flag(f)]
         if lacking:
             return f"this InfiniTrain build's {facts.path.name} has no {', '.join(lacking)}"
+    if case.lr_schedule is not None:
+        lacking = [f"--{f}" for f in LR_SCHEDULE_FLAGS if not facts.has_flag(f)]
+        if lacking:
+            return f"this InfiniTrain build's {facts.path.name} has no {', '.join(lacking)} (the case's lr schedule)"
+    if case.activation_recompute:
+        lacking = [f"--{f}" for f in RECOMPUTE_FLAGS if not facts.has_flag(f)]
+        if lacking:
+            return f"this InfiniTrain build's {facts.path.name} has no {', '.join(lacking)} (the case's recompute)"
     if case.zero and not facts.has_flag("zero_stage"):
         if not facts.has_flag("use_distributed_optimizer"):
             return f"this InfiniTrain build's {facts.path.name} has no ZeRO flag"

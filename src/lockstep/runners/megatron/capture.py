@@ -363,14 +363,12 @@ class StepRecorder:
         tensor, sketched as `applied/NAME` with the bound on its relative error that w_after's FP32
         rounding allows (2^-24·||w_after||/lr over ||update||, as the reference's capture bounds its
         own), sent to rank 0, which writes the capture (a collective)."""
+        from lockstep.capture.request import applied_update, zero_lr_note
+
         mine, precision = {}, {}
         for name, after in self.canonical(lambda p: p.detach().float()).items():
-            after = after.double()
-            moved = (self.before.pop(name) - after) / lr
+            moved, precision[name] = applied_update(self.before.pop(name), after.double(), lr)
             mine[f"{APPLIED}/{name}"] = make_sketch(moved)
-            norm = float(torch.linalg.vector_norm(moved))
-            bound = 2.0 ** -24 * float(torch.linalg.vector_norm(after)) / lr
-            precision[name] = bound / norm if norm > 0 else 0.0
         everyone = [(mine, precision)]
         if self.layout.world > 1:
             everyone = [None] * self.layout.world if self.layout.rank == 0 else None
@@ -385,4 +383,6 @@ class StepRecorder:
             for name, bound in part.items():
                 bounds.setdefault(name, bound)
         cap.meta[APPLIED] = {"step": step, "lr": lr, "precision": bounds}
+        if lr == 0:
+            cap.notes.append(zero_lr_note(step))
         self.builder.finish()

@@ -128,12 +128,65 @@ def _sharded_state(chunks: list, optimizer, scheduler, layout: ParallelLayout, s
     return state
 
 
+WRITER_WATCH_S = 0.5  # how often a save looks at its forked writers
+
+
+def writer_problem() -> str | None:
+    """What megatron-core's torch_dist writer lacks to run at all: each forked writer process reads
+    its memory through psutil first thing, and without it dies before reporting, so the save waits
+    for its report forever."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if not getattr(filesystem_async, "HAVE_PSUTIL", True):
+        return ("megatron-core's checkpoint writer needs psutil, which is not installed "
+                "(pip install psutil, or install lockstep's megatron extra: pip install -e '.[megatron]')")
+    return None
+
+
+class DeadWriterWatch:
+    """While a save runs, every WRITER_WATCH_S: a forked writer process that ended with a non-zero
+    status (it died: an import it lacks, the OOM killer) is reported through `on_dead`, which must
+    end the rank. megatron-core's save waits on a queue for every writer's report, so a dead one
+    would leave it (and the run) waiting forever, with nothing on the terminal."""
+
+    def __init__(self, folder: Path, on_dead):
+        self.folder, self.on_dead = folder, on_dead
+
+    def __enter__(self) -> "DeadWriterWatch":
+        import threading
+
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="lockstep-writer-watch", daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def _watch(self) -> None:
+        import multiprocessing
+
+        while not self.done.wait(WRITER_WATCH_S):
+            # This process's children not yet joined (megatron joins each writer after its report);
+            # `exitcode` polls without reaping anything megatron would still wait for.
+            for child in list(multiprocessing.process._children):
+                if child.exitcode not in (None, 0) and not self.done.is_set():
+                    self.on_dead(f"{self.folder}: megatron-core's checkpoint writer process {child.pid} died "
+                                 f"(exit status {child.exitcode}) before reporting; its traceback is in this log")
+                    return
+
+
 def save_training_state(plan: SavePlan, step: int, chunks: list, optimizer, scheduler, layout: ParallelLayout,
-                        zero: int, consumed_samples: int) -> Path:
+                        zero: int, consumed_samples: int, on_dead_writer=None) -> Path:
     """dist_checkpointing-save the state after `step` (a collective: every rank writes its shards),
-    into `step_NNNNNN.partial`, renamed once complete, then prune to the newest `plan.keep`."""
+    into `step_NNNNNN.partial`, renamed once complete, then prune to the newest `plan.keep`.
+    `on_dead_writer(sentence)` ends the rank when a forked writer dies (DeadWriterWatch)."""
     from megatron.core import dist_checkpointing
 
+    problem = writer_problem()
+    if problem:
+        raise RunError(problem)
     final = step_dir(Path(plan.root), step)
     partial = partial_dir(final)
     if layout.rank == 0:
@@ -144,7 +197,8 @@ def save_training_state(plan: SavePlan, step: int, chunks: list, optimizer, sche
     state = _sharded_state(chunks, optimizer, scheduler, layout, step, metadata, with_optimizer=plan.optimizer,
                            is_loading=False, consumed_samples=consumed_samples)
     try:
-        dist_checkpointing.save(state, str(partial), content_metadata=metadata)
+        with DeadWriterWatch(partial, on_dead_writer) if on_dead_writer else _nothing():
+            dist_checkpointing.save(state, str(partial), content_metadata=metadata)
     except OSError as e:
         raise RunError(f"{partial}: could not save the checkpoint of step {step} ({e})") from None
     dist.barrier()
@@ -154,6 +208,12 @@ def save_training_state(plan: SavePlan, step: int, chunks: list, optimizer, sche
         prune(Path(plan.root), plan.keep)
     dist.barrier()
     return final
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 def saved_trainer_state(folder: Path, step: int) -> dict:

@@ -16,6 +16,9 @@ from lockstep.models import config_from_dict
 from lockstep.runners.checkpoint_plan import CheckpointPlan
 
 WORKER_MODULE = "lockstep.runners.megatron.worker"
+# As the other runners' (infinitrain, command): a case that hangs (a rank stuck in a collective, a
+# checkpoint writer that never reports) ends with a sentence instead of holding the run forever.
+DEFAULT_TIMEOUT_S = 1800.0
 # The marker line every megatron log starts with. The log parsers key on it: Megatron-LM's own
 # `pretrain_gpt.py` logs iteration 2 as the mean of iterations 1 and 2
 # (docs/reference/logs.md#megatron-lm-pretrain_gptpy), our

@@ -82,6 +82,16 @@ def pipeline_p2p(case: CaseSpec) -> PipelineP2P:
     return PipelineP2P(batch=True, overlap=False)
 
 
+def recompute_overrides(case: CaseSpec) -> dict:
+    """The case's activation recompute as TransformerConfig's fields ("none" is its None)."""
+    if not case.activation_recompute or case.recompute_granularity == "none":
+        return {}
+    selective = case.recompute_granularity == "selective"
+    return {"recompute_granularity": case.recompute_granularity,
+            "recompute_method": None if case.recompute_method == "none" else case.recompute_method,
+            "recompute_num_layers": None if selective else case.recompute_num_layers}
+
+
 def transformer_config(case: CaseSpec, model, adapter: MegatronFamily, precision: Precision, on_cpu: bool):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -104,6 +114,7 @@ def transformer_config(case: CaseSpec, model, adapter: MegatronFamily, precision
         # this (their gradients then reduce over the expert-data-parallel ranks only)
         expert_model_parallel_size=case.ep,
         sequence_parallel=case.sp,
+        **recompute_overrides(case),
         # the family's math (norm, activation, biases, RoPE pairing, QK-norm)
         **adapter.config_overrides(model),
         attention_softmax_in_fp32=True,
@@ -181,14 +192,15 @@ def wrap_for_training(config, chunks: list, precision: Precision, zero: int = 0)
 
 
 def build_optimizer(case: CaseSpec, chunks: list, precision: Precision, spec: OptimizerSpec):
-    """megatron's optimizer (the family's contract optimizer) and a constant-lr parameter scheduler."""
+    """megatron's optimizer (the family's contract optimizer) and its lr scheduler (schedule.py)."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    from lockstep.runners.megatron.schedule import build_scheduler, lr_bounds
 
     opt_config = OptimizerConfig(
         optimizer=spec.kind,  # "sgd" | "adam" (megatron's Adam is AdamW: decoupled decay, here 0)
-        lr=case.lr,
-        min_lr=case.lr,
+        lr=lr_bounds(case)[0],
+        min_lr=lr_bounds(case)[1],  # the param groups' max_lr / min_lr the scheduler reads
         weight_decay=spec.weight_decay,
         sgd_momentum=0.0,
         adam_beta1=spec.beta1,
@@ -200,8 +212,4 @@ def build_optimizer(case: CaseSpec, chunks: list, precision: Precision, spec: Op
         use_distributed_optimizer=case.zero >= 1,
     )
     optimizer = get_megatron_optimizer(opt_config, chunks)
-    scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=case.lr, max_lr=case.lr, min_lr=case.lr, lr_warmup_steps=0,
-        lr_decay_steps=max(case.steps, 1), lr_decay_style="constant", start_wd=0.0, end_wd=0.0,
-        wd_incr_steps=max(case.steps, 1), wd_incr_style="constant")
-    return optimizer, scheduler
+    return optimizer, build_scheduler(optimizer, case)

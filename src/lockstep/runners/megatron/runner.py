@@ -28,12 +28,13 @@ from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import NEEDS_CHECKPOINT, NEEDS_LORA, CaseSpec, CheckpointSpec
 from lockstep.errors import RunError
 from lockstep.formats.tokens import read_token_stream
-from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, final_params_path,
+from lockstep.runners.base import (ExecuteResult, FrameworkRunner, StepInspector, RunInputs, StepCallback, final_params_path,
                                    launch_meta, oversubscribed_env)
 from lockstep.runners.checkpoint_plan import plan_for
 from lockstep.runners.launch import run_workers
 from lockstep.runners.megatron.options import INSTALL_HINT, megatron_core_installed  # noqa: F401 (also read from here)
-from lockstep.runners.megatron.job import WORKER_MODULE, MegatronJob, MegatronOptions, missing_checkpoint
+from lockstep.runners.megatron.job import (DEFAULT_TIMEOUT_S, WORKER_MODULE, MegatronJob, MegatronOptions,
+                                          missing_checkpoint)
 from lockstep.runners.workers import WorkerGroup, WorkerGroupDied
 
 def apex_installed() -> bool:
@@ -55,7 +56,12 @@ def megatron_core_version() -> str:
     return getattr(megatron.core, "__version__", "unknown")
 
 
-class MegatronRunner(FrameworkRunner):
+def worker_timeout(inputs: RunInputs) -> float:
+    """--timeout, or the default every runner has: a hung rank never holds the run forever."""
+    return inputs.timeout_s if inputs.timeout_s is not None else DEFAULT_TIMEOUT_S
+
+
+class MegatronRunner(StepInspector, FrameworkRunner):
     name = "megatron"
     # Save/resume through megatron-core's dist_checkpointing (checkpoint.py, docs/reference/checkpoints.md);
     # LoRA through lockstep's own adapter on the parallel linears (lora.py, docs/reference/lora.md).
@@ -77,6 +83,9 @@ class MegatronRunner(FrameworkRunner):
             if self.options.native_bf16:
                 return "megatron-core's native bf16 (Float16Module and its optimizer) needs CUDA"
             return "megatron-core's bf16 autocast backward needs CUDA"
+        if case.activation_recompute and case.recompute_granularity != "none" and inputs.device != "cuda":
+            return ("megatron-core's activation recompute saves the CUDA RNG state (tensor_parallel.random's "
+                    "CheckpointFunction), so it needs CUDA")
         if case.zero == 2:
             # Its distributed optimizer shards the optimizer state (ZeRO-1) and reduce-scatters the
             # gradients into a full-size buffer; sharded gradients are Megatron-FSDP's, not used here.
@@ -171,10 +180,10 @@ class MegatronRunner(FrameworkRunner):
         canonical names) written as this runner's own step folder for the case's layout, and the
         case as a resume of it that trains step N+1 (the step the capture records)."""
         from lockstep.runners.checkpoint_plan import CheckpointPlan, ResumePlan
-        from lockstep.runners.pytorch.canonical_state import read_canonical_state
+        from lockstep.runners.reference import SavedState, reference_services
 
         request = inputs.capture
-        state = read_canonical_state(request.start_state, request.start_step, case, str(inputs.checkpoint))
+        state = reference_services().read_state(SavedState(request.start_step, Path(request.start_state)), case, inputs)
         adam = ({"exp_avg": state.exp_avg, "exp_avg_sq": state.exp_avg_sq}
                 if inputs.family.optimizer.kind == "adam" else None)
         if adam is not None and state.adam_step != request.start_step:
@@ -209,10 +218,10 @@ class MegatronRunner(FrameworkRunner):
             env = oversubscribed_env(case, inputs)
             try:
                 if workers is not None:
-                    steps, info = workers.run_job(job.to_dict(), log_path, timeout_s=inputs.timeout_s, on_step=on_step)
+                    steps, info = workers.run_job(job.to_dict(), log_path, timeout_s=worker_timeout(inputs), on_step=on_step)
                 else:
                     steps, info = run_workers(WORKER_MODULE, job.to_dict(), nproc=case.world_size, log_path=log_path,
-                                              timeout_s=inputs.timeout_s, on_step=on_step, env=env, nodes=inputs.nodes)
+                                              timeout_s=worker_timeout(inputs), on_step=on_step, env=env, nodes=inputs.nodes)
             except RunError as e:
                 # A worker that failed with a known cause left one sentence naming it (tensor, rank, ...).
                 if error_path.is_file() and error_path.read_text().strip():
@@ -292,10 +301,10 @@ def write_megatron_checkpoint(canonical_params: dict, adam_state: dict | None, s
         log_path = dest / f"write_step_{step:06d}.log"
         try:
             if workers is not None:
-                _, info = workers.run_job(job.to_dict(), log_path, timeout_s=inputs.timeout_s)
+                _, info = workers.run_job(job.to_dict(), log_path, timeout_s=worker_timeout(inputs))
             else:
                 _, info = run_workers(WORKER_MODULE, job.to_dict(), nproc=case.world_size, log_path=log_path,
-                                      timeout_s=inputs.timeout_s, env=oversubscribed_env(case, inputs), nodes=inputs.nodes)
+                                      timeout_s=worker_timeout(inputs), env=oversubscribed_env(case, inputs), nodes=inputs.nodes)
         except RunError as e:
             if error_path.is_file() and error_path.read_text().strip():
                 raise RunError(f"{log_path}: {error_path.read_text().strip()}") from None

@@ -29,8 +29,10 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -148,28 +150,98 @@ def make_forward_step(attention_mask: torch.Tensor, vocab_mask: torch.Tensor | N
     return forward_step
 
 
+@dataclass
+class Training:
+    """One case on this rank: what `start` and `load_weights` build and every step works on."""
+
+    job: MegatronJob
+    phases: Phases
+    family: Any
+    adapter: Any
+    precision: Any
+    version: str
+    layout: ParallelLayout
+    shims: list
+    vocab_rows: int
+    config: Any = None  # megatron's TransformerConfig
+    chunks: list = field(default_factory=list)
+    shards: list = field(default_factory=list)
+    optimizer: Any = None
+    scheduler: Any = None
+    info: dict = field(default_factory=dict)  # what the run adds to the record's meta
+
+    @property
+    def case(self):
+        return self.job.case
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.job.device != "cuda"
+
+    @property
+    def global_batch(self) -> int:
+        return self.case.total_batch // self.case.seq_len  # sequences per step
+
+
+@dataclass
+class Data:
+    """The case's token windows as the schedule reads them, and the schedule itself."""
+
+    batches: Any  # dataset.MicroBatches, or checkpoint_plan.ShiftedBatches after a resume
+    forward_step: Any
+    forward_backward: Any
+    indexed: Any
+
+
+@dataclass
+class StepOutcome:
+    results: list  # the schedule's per-micro-batch loss values
+    seconds: float  # this rank's step time
+    grad_norm: float | None
+    lr: float  # the lr the step trained at (read before the scheduler sets the next step's)
+
+
+@dataclass
+class StepLog:
+    """The step times and rates so far (the PERF summary's, after warm-up)."""
+
+    times_ms: list[float] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
+
+
 def train(job: MegatronJob, writer: ResultsWriter) -> dict:
+    """One case: load, data, resume, then per step train, record and save (see the module docstring)."""
+    run = start(job)
+    load_weights(run)
+    if job.write_state is not None:  # a step folder from canonical state, no training (checkpoint.write_state)
+        return write_state_only(run)
+    run.phases.lap("weights")
+    data = load_data(run)
+    first_step = resume(run, data)
+    capture, saver, log = CaptureRecorder(run, first_step), CheckpointSaver(run), StepLog()
+    if run.layout.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(run.layout.device)
+    for step in range(first_step, run.case.steps):
+        outcome = train_step(run, data, step, capture)
+        record_step(run, step + 1, outcome, writer, log)
+        saver.after_step(step + 1)
+    run.phases.lap("training")
+    return finish(run, data, log)
+
+
+def start(job: MegatronJob) -> Training:
+    """The log's marker line, the parallel state, the CPU shims and the config line."""
     from megatron.core import tensor_parallel
-    from megatron.core.distributed import finalize_model_grads
-    from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from lockstep.models import family as model_family
-    from lockstep.models import load_checkpoint
-    from lockstep.models.family import split_canonical
-    from lockstep.runners.checkpoint_plan import ShiftedBatches
-    from lockstep.runners.megatron import checkpoint as mcheckpoint
-    from lockstep.runners.megatron import dataset as mdata
     from lockstep.runners.megatron import model as mmodel
-    from lockstep.runners.megatron import weights as mweights
     from lockstep.runners.megatron.cpu_shims import apply_cpu_shims
     from lockstep.runners.megatron.families import adapter_for
     from lockstep.runners.megatron.parallel import init_parallel
 
     phases = Phases()
-    case = job.case
-    family = model_family(job.model.family)
+    case, on_cpu = job.case, job.device != "cuda"
     adapter = adapter_for(job.model)
-    on_cpu = job.device != "cuda"
     precision = mmodel.Precision.for_case(case, job.options.native_bf16)
     version = _megatron_version()
     if reports_results():
@@ -182,225 +254,362 @@ def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     shims = apply_cpu_shims() if on_cpu else []
     if not on_cpu:
         tensor_parallel.model_parallel_cuda_manual_seed(MODEL_SEED)
-    vocab_rows = adapter.vocab_rows(job.model, case.tp)
-    T, B = case.seq_len, case.micro_batch
-    global_batch = case.total_batch // T  # sequences per step
-    p2p = mmodel.pipeline_p2p(case)
-
-    _say(layout, f"config: family={family.name} num_layers={job.model.num_layers} hidden_size={job.model.channels} "
-                 f"num_attention_heads={job.model.num_heads} num_query_groups={job.model.num_kv_heads} "
-                 f"ffn_hidden_size={adapter.ffn_hidden(job.model)} seq_length={T} "
-                 f"max_position_embeddings={job.model.max_seq_len} micro_batch_size={B} global_batch_size={global_batch} "
-                 f"num_microbatches={case.accum} data_parallel_size={case.dp} tensor_model_parallel_size={case.tp} "
-                 f"pipeline_model_parallel_size={case.pp} virtual_pipeline_model_parallel_size={case.vpp} "
-                 + (f"num_moe_experts={job.model.num_experts} moe_router_topk={job.model.router_topk} "
-                    f"expert_model_parallel_size={case.ep} " if adapter.moe else "")
-                 + (f"pipeline_model_parallel_layout={case.pp_layout} " if case.pp_layout else "") +
-                 f"batch_p2p_comm={p2p.batch} overlap_p2p_comm={p2p.overlap} " +
-                 f"sequence_parallel={case.sp} vocab_size={job.model.vocab_size} padded_vocab_size={vocab_rows} "
-                 f"optimizer={family.optimizer.kind} lr={case.lr:.6E} weight_decay=0.0 clip_grad=0.0 "
-                 f"train_iters={case.steps}")
+    run = Training(job=job, phases=phases, family=model_family(job.model.family), adapter=adapter,
+                   precision=precision, version=version, layout=layout, shims=shims,
+                   vocab_rows=adapter.vocab_rows(job.model, case.tp))
+    _say(layout, config_line(run))
     if shims:
         _say(layout, "cpu shims (no CUDA): " + "; ".join(shims))
-
-    # Weights: every rank maps its own shard straight from the memory-mapped LLMC file.
     phases.lap("start-up")  # the parallel state, megatron's config
-    ckpt = load_checkpoint(job.checkpoint)
-    canonical = split_canonical(ckpt.tensors, ckpt.config)
-    if case.lora is not None:
-        from lockstep.models.lora import lora_init_tensors
+    return run
 
-        # The case's one LoRA init (the tensors every framework loads), mapped like any weight.
-        canonical |= lora_init_tensors(ckpt.family, ckpt.config, case.lora, job.lora_seed)
+
+def config_line(run: Training) -> str:
+    """The log's `config:` line, in Megatron-LM's argument names."""
+    from lockstep.runners.megatron import model as mmodel
+
+    job, case, adapter = run.job, run.case, run.adapter
+    T, B = case.seq_len, case.micro_batch
+    p2p = mmodel.pipeline_p2p(case)
+    return (f"config: family={run.family.name} num_layers={job.model.num_layers} hidden_size={job.model.channels} "
+            f"num_attention_heads={job.model.num_heads} num_query_groups={job.model.num_kv_heads} "
+            f"ffn_hidden_size={adapter.ffn_hidden(job.model)} seq_length={T} "
+            f"max_position_embeddings={job.model.max_seq_len} micro_batch_size={B} "
+            f"global_batch_size={run.global_batch} "
+            f"num_microbatches={case.accum} data_parallel_size={case.dp} tensor_model_parallel_size={case.tp} "
+            f"pipeline_model_parallel_size={case.pp} virtual_pipeline_model_parallel_size={case.vpp} "
+            + (f"num_moe_experts={job.model.num_experts} moe_router_topk={job.model.router_topk} "
+               f"expert_model_parallel_size={case.ep} " if adapter.moe else "")
+            + (f"pipeline_model_parallel_layout={case.pp_layout} " if case.pp_layout else "") +
+            f"batch_p2p_comm={p2p.batch} overlap_p2p_comm={p2p.overlap} " +
+            f"sequence_parallel={case.sp} vocab_size={job.model.vocab_size} padded_vocab_size={run.vocab_rows} "
+            f"optimizer={run.family.optimizer.kind} lr={case.lr:.6E} weight_decay=0.0 clip_grad=0.0 "
+            f"train_iters={case.steps}")
+
+
+def load_weights(run: Training) -> None:
+    """The model chunks of this rank, each mapping its own shard straight from the memory-mapped
+    LLMC file, wrapped for training, and their optimizer."""
+    from lockstep.models import load_checkpoint
+    from lockstep.runners.megatron import model as mmodel
+
+    job, case = run.job, run.case
+    ckpt = load_checkpoint(job.checkpoint)
+    canonical = _canonical_tensors(job, ckpt)
     # Never let GPTDataset wrap into a second epoch: the contract reads each token window once.
     case.check(max_seq_len=job.model.max_seq_len,
                available_tokens=len(read_token_stream(job.tokens, check_ids=False)))
-    config = mmodel.transformer_config(case, job.model, adapter, precision, on_cpu)
-    chunks = mmodel.build_model_chunks(config, job.model, adapter, layout, vocab_rows)
+    run.config = mmodel.transformer_config(case, job.model, run.adapter, run.precision, run.on_cpu)
+    chunks = mmodel.build_model_chunks(run.config, job.model, run.adapter, run.layout, run.vocab_rows)
+    loaded, adapted = _load_chunks(run, chunks, canonical, ckpt.config)
+    _check_header(run, ckpt)
+    run.chunks = mmodel.wrap_for_training(run.config, chunks, run.precision, zero=case.zero)
+    run.optimizer, run.scheduler = build_optimizer(run)
+    _say(run.layout, f"loaded {job.checkpoint} (LLMC v{ckpt.version}) into {len(run.chunks)} model chunk(s) "
+                     f"per rank ({loaded:,} values on rank 0)")
+    if case.lora is not None:
+        _say(run.layout, f"lora: {case.lora.label}, scale {case.lora.scale:g}, init seed {job.lora_seed}; "
+                         f"{adapted} linear(s) adapted on this rank, every other parameter frozen; the optimizer "
+                         "trains the adapters only")
+
+
+def _canonical_tensors(job: MegatronJob, ckpt) -> dict:
+    """The checkpoint's tensors under canonical names, plus the case's one LoRA init (the tensors
+    every framework loads), mapped like any weight."""
+    from lockstep.models.family import split_canonical
+
+    canonical = split_canonical(ckpt.tensors, ckpt.config)
+    if job.case.lora is not None:
+        from lockstep.models.lora import lora_init_tensors
+
+        canonical |= lora_init_tensors(ckpt.family, ckpt.config, job.case.lora, job.lora_seed)
+    return canonical
+
+
+def _load_chunks(run: Training, chunks: list, canonical: dict, config) -> tuple[int, int]:
+    """Each chunk on its device, LoRA-adapted when the case asks, its shard loaded; (values loaded,
+    linears adapted). Fills `run.shards`."""
+    from lockstep.runners.megatron import model as mmodel
+    from lockstep.runners.megatron import weights as mweights
+
+    layout, case = run.layout, run.case
     loaded = adapted = 0
-    shards = []
     for chunk in chunks:
-        if not on_cpu:
+        if not run.on_cpu:
             # As Megatron-LM's get_model: modules megatron does not place itself (torch's LayerNorm
             # in the local spec) are created on the CPU, so the whole chunk moves to this GPU.
             chunk.cuda(layout.device)
         shard = mweights.ChunkShard(rank=layout.rank, tp_rank=layout.tp_rank, tp_size=layout.tp,
                                     pre_process=chunk.pre_process, post_process=chunk.post_process,
-                                    layers=mmodel.chunk_layers(chunk), vocab_rows=vocab_rows,
+                                    layers=mmodel.chunk_layers(chunk), vocab_rows=run.vocab_rows,
                                     ep_rank=layout.ep_rank, ep_size=layout.ep, lora=case.lora)
-        shards.append(shard)
+        run.shards.append(shard)
         if case.lora is not None:
             from lockstep.runners.megatron import lora as mlora
 
-            adapted += mlora.apply_lora(chunk, adapter, job.model, case.lora, layout.tp)
-        loaded += mweights.load_chunk(chunk, mweights.chunk_tensors(canonical, ckpt.config, shard, adapter),
+            adapted += mlora.apply_lora(chunk, run.adapter, run.job.model, case.lora, layout.tp)
+        loaded += mweights.load_chunk(chunk, mweights.chunk_tensors(canonical, config, shard, run.adapter),
                                       layout.rank)
-    # What no tensor shape reveals (the head count; V when TP>1 loads Vp rows) must agree too.
-    differing = [f"{k} {v} (planned {getattr(job.model, k)})" for k, v in vars(ckpt.config).items()
-                 if getattr(job.model, k) != v] if ckpt.family == job.model.family else [f"family {ckpt.family}"]
+    return loaded, adapted
+
+
+def _check_header(run: Training, ckpt) -> None:
+    """What no tensor shape reveals (the head count; V when TP>1 loads Vp rows) must agree too."""
+    model = run.job.model
+    differing = [f"{k} {v} (planned {getattr(model, k)})" for k, v in vars(ckpt.config).items()
+                 if getattr(model, k) != v] if ckpt.family == model.family else [f"family {ckpt.family}"]
     if differing:
-        raise LockstepError(f"rank {layout.rank}: the checkpoint header disagrees with the planned model: "
+        raise LockstepError(f"rank {run.layout.rank}: the checkpoint header disagrees with the planned model: "
                             + ", ".join(differing))
-    chunks = mmodel.wrap_for_training(config, chunks, precision, zero=case.zero)
-    optimizer, scheduler = mmodel.build_optimizer(case, chunks, precision, family.optimizer)
-    # As Megatron-LM's training loop wires them: the schedule calls these.
+
+
+def build_optimizer(run: Training) -> tuple:
+    """The case's optimizer and its lr scheduler over the wrapped chunks, wired into megatron's
+    config as Megatron-LM's training loop wires them (the schedule calls these)."""
+    from megatron.core.distributed import finalize_model_grads
+
+    from lockstep.runners.megatron import model as mmodel
+
+    optimizer, scheduler = mmodel.build_optimizer(run.case, run.chunks, run.precision, run.family.optimizer)
+    chunks, config = run.chunks, run.config
     config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
-    _say(layout, f"loaded {job.checkpoint} (LLMC v{ckpt.version}) into {len(chunks)} model chunk(s) per rank "
-                 f"({loaded:,} values on rank 0)")
-    if case.lora is not None:
-        _say(layout, f"lora: {case.lora.label}, scale {case.lora.scale:g}, init seed {job.lora_seed}; "
-                     f"{adapted} linear(s) adapted on this rank, every other parameter frozen; the optimizer "
-                     "trains the adapters only")
-    if job.write_state is not None:  # a step folder from canonical state, no training (checkpoint.write_state)
-        written = mcheckpoint.write_state(job.write_state, chunks, shards, optimizer, scheduler, layout, case,
-                                          job.model, adapter)
-        _say(layout, f"wrote {written['checkpoint_written']} (megatron-core dist_checkpointing, step "
+    return optimizer, scheduler
+
+
+def write_state_only(run: Training) -> dict:
+    """A step folder written from the canonical weights (and Adam state), no training."""
+    from lockstep.runners.megatron import checkpoint as mcheckpoint
+
+    job = run.job
+    written = mcheckpoint.write_state(job.write_state, run.chunks, run.shards, run.optimizer, run.scheduler,
+                                      run.layout, run.case, job.model, run.adapter)
+    _say(run.layout, f"wrote {written['checkpoint_written']} (megatron-core dist_checkpointing, step "
                      f"{job.write_state['step']}) from canonical weights" + (" and Adam state" if job.write_state.get(
                          "moments") else ""))
-        phases.lap("weights")
-        return {**written, **phases.report(), "framework_version": f"megatron-core {version}",
-                "megatron_core_version": version, "world_size": layout.world}
+    run.phases.lap("weights")
+    return {**written, **run.phases.report(), "framework_version": f"megatron-core {run.version}",
+            "megatron_core_version": run.version, "world_size": run.layout.world}
 
-    # Data: the converted stream and GPTDataset's index cache are built by one rank at a time where
-    # they may share a directory: global rank 0 first, then local rank 0 of every other node (whose
-    # cache may be another disk, or the same shared one, then found complete), then all the others.
-    phases.lap("weights")
+
+def load_data(run: Training) -> Data:
+    """GPTDataset over the case's tokens, read as micro batches by the schedule's forward step.
+
+    The converted stream and GPTDataset's index cache are built by one rank at a time where they
+    may share a directory: global rank 0 first, then local rank 0 of every other node (whose cache
+    may be another disk, or the same shared one, then found complete), then all the others."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from lockstep.runners.megatron import dataset as mdata
+
+    job, case, layout = run.job, run.case, run.layout
     num_samples = mdata.samples_needed(case)
-    dataset = None
+    dataset = indexed = None
     my_turn = 0 if layout.rank == 0 else (1 if layout.local_rank == 0 else 2)
     for turn in range(3):
         if turn == my_turn:
             indexed = mdata.ensure_indexed_dataset(job.tokens, job.tokens_sha256)
-            dataset = mdata.build_gpt_dataset(indexed, T, num_samples, job.model.vocab_size, seed=DATA_SEED)
+            dataset = mdata.build_gpt_dataset(indexed, case.seq_len, num_samples, job.model.vocab_size,
+                                              seed=DATA_SEED)
         dist.barrier()
     _say(layout, f"data: megatron indexed dataset {indexed.prefix} ({indexed.num_tokens:,} tokens, one document), "
-                 f"GPTDataset with the identity shuffle ({num_samples} samples of {T}+1 tokens)")
+                 f"GPTDataset with the identity shuffle ({num_samples} samples of {case.seq_len}+1 tokens)")
     batches = mdata.MicroBatches(dataset, case, layout.dp_rank, layout.device)
-    forward_step = make_forward_step(batches.attention_mask, padded_vocab_mask(vocab_rows, job.model.vocab_size, layout))
-    phases.lap("data")
-    info: dict = {}
-    checkpoints = job.checkpoints
-    first_step = 0
-    if checkpoints is not None and checkpoints.resume is not None:
+    forward_step = make_forward_step(batches.attention_mask,
+                                     padded_vocab_mask(run.vocab_rows, job.model.vocab_size, layout))
+    run.phases.lap("data")
+    return Data(batches=batches, forward_step=forward_step, forward_backward=get_forward_backward_func(),
+                indexed=indexed)
+
+
+def resume(run: Training, data: Data) -> int:
+    """The training state of the case's resume folder, when it has one; the step training starts after."""
+    from lockstep.runners.checkpoint_plan import ShiftedBatches
+    from lockstep.runners.megatron import checkpoint as mcheckpoint
+
+    checkpoints = run.job.checkpoints
+    if checkpoints is None or checkpoints.resume is None:
+        return 0
+    began = time.perf_counter()
+    shift = mcheckpoint.load_training_state(checkpoints.resume, run.chunks, run.optimizer, run.scheduler,
+                                            run.layout, run.case.zero)
+    run.info["checkpoint_load_s"] = round(time.perf_counter() - began, 3)
+    first_step = checkpoints.resume.step
+    if shift:
+        data.batches = ShiftedBatches(data.batches, shift)
+    _say(run.layout, f"resumed from {checkpoints.resume.directory} (megatron-core dist_checkpointing, step "
+                     f"{first_step}): training steps {first_step + 1}..{run.case.steps}")
+    run.phases.lap("weights")
+    return first_step
+
+
+class CaptureRecorder:
+    """The capture of the run's first step (step 1, or the one after a resume: diagnose --at-step).
+    That step is warm-up (not in tok/s), so recording it from inside costs no measured time.
+
+    The update the optimizer applies in it is recorded too, as the weights before and after it: not
+    under native bf16, whose module weights are BF16 copies of the optimizer's FP32 ones."""
+
+    def __init__(self, run: Training, first_step: int):
+        self.run, self.first_step, self.request = run, first_step, run.job.capture
+        self.applied = (self.request is not None and self.request.records_applied
+                        and not run.precision.native_bf16)
+        self.recorder: StepRecorder | None = None
+
+    def begin(self, step: int) -> None:
+        """Before the step's forward-backward (every rank): the hooks, on the first step only."""
+        run = self.run
+        self.recorder = (StepRecorder(request=self.request, layout=run.layout, chunks=run.chunks, case=run.case,
+                                      model=run.job.model, adapter=run.adapter, vocab_rows=run.vocab_rows)
+                         if self.request and step == self.first_step else None)
+
+    def after_backward(self, results: list) -> None:
+        """The gradients after finalize_model_grads, before the update (a collective)."""
+        if self.recorder is None:
+            return
         began = time.perf_counter()
-        shift = mcheckpoint.load_training_state(checkpoints.resume, chunks, optimizer, scheduler, layout, case.zero)
-        info["checkpoint_load_s"] = round(time.perf_counter() - began, 3)
-        first_step = checkpoints.resume.step
-        if shift:
-            batches = ShiftedBatches(batches, shift)
-        _say(layout, f"resumed from {checkpoints.resume.directory} (megatron-core dist_checkpointing, step "
-                     f"{first_step}): training steps {first_step + 1}..{case.steps}")
-        phases.lap("weights")
-    forward_backward = get_forward_backward_func()
-    # The update the optimizer applies in the captured step, as the weights before and after it:
-    # not under native bf16, whose module weights are BF16 copies of the optimizer's FP32 ones.
-    applied = job.capture is not None and job.capture.records_applied and not precision.native_bf16
-    if layout.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(layout.device)
-    times_ms: list[float] = []
-    rates: list[float] = []
-    for step in range(first_step, case.steps):
-        dist.barrier()  # every rank starts the step together, so the slowest rank's time is the step's
-        with StepClock(layout.device) as clock:
-            for chunk in chunks:
-                chunk.zero_grad_buffer()
-            optimizer.zero_grad()
-            # The first step of the run (step 1, or the one after a resume: diagnose --at-step) is
-            # warm-up (not in tok/s): recording it from inside costs no measured time.
-            recorder = (StepRecorder(request=job.capture, layout=layout, chunks=chunks, case=case, model=job.model,
-                                     adapter=adapter, vocab_rows=vocab_rows)
-                        if job.capture and step == first_step else None)
-            iterators = [StepData(batches, step, case.accum) for _ in chunks]
-            results = forward_backward(
-                forward_step_func=forward_step,
-                data_iterator=iterators if len(chunks) > 1 else iterators[0],
-                model=chunks,
-                num_microbatches=case.accum,
-                seq_length=T,
-                micro_batch_size=B,
-                decoder_seq_length=T,
-                forward_only=False,
-            )
-            if recorder is not None:
-                began = time.perf_counter()
-                recorder.finish(results, write=not applied)  # the gradients after finalize_model_grads, before the update
-                if applied:
-                    recorder.keep_weights()
-                info["step1_capture"] = job.capture.path
-                info["step1_capture_seconds"] = round(time.perf_counter() - began, 3)
-            _update_ok, grad_norm = optimizer_step(optimizer)
-            if recorder is not None and applied:
-                began = time.perf_counter()
-                recorder.finish_applied(case.lr, step + 1)
-                info["step1_capture_seconds"] += round(time.perf_counter() - began, 3)
-            scheduler.step(increment=1)
-        elapsed_s = clock.seconds
+        self.recorder.finish(results, write=not self.applied)
+        if self.applied:
+            self.recorder.keep_weights()
+        self.run.info["step1_capture"] = self.request.path
+        self.run.info["step1_capture_seconds"] = round(time.perf_counter() - began, 3)
 
-        # The step's loss lives on the last stage's TP rank 0 of every DP replica: sum loss/DP there.
-        # Beside it (one replica only) what InfiniTrain's FP32 sequential sum of the same token losses logs.
-        contribution, fp32_sum = 0.0, 0.0
-        if layout.reports_loss:
-            micro_means = [logged_micro_loss(r) for r in results]
-            contribution = sum(micro_means) / len(micro_means) / layout.dp
-            if layout.dp == 1:
-                fp32_sum = fp32_sequential_of_tensors([r["lm loss tokens"][0].reshape(-1) for r in results])
-        loss_t = torch.tensor([contribution, fp32_sum], dtype=torch.float64, device=layout.device)
-        dist.all_reduce(loss_t, op=dist.ReduceOp.SUM)
-        peak = torch.cuda.max_memory_allocated(layout.device) / 2**20 if layout.device.type == "cuda" else 0.0
-        slowest_s, slowest_peak = slowest_rank(elapsed_s, peak, layout.device, layout.world)
-        loss = float(loss_t[0].item())
-        if checkpoints is not None and layout.dp > 1:  # the resume judge's per-rank evidence (a collective)
-            own = sum(micro_means) / len(micro_means) if layout.reports_loss else 0.0
-            info.setdefault("rank_losses", {})[str(step + 1)] = mcheckpoint.gather_rank_losses(own, layout)
-        step_ms = slowest_s * 1e3
-        tokens_per_s = case.total_batch / (step_ms / 1e3)
-        times_ms.append(step_ms)
-        rates.append(tokens_per_s)
-        if layout.reports:
-            lr = float(optimizer.param_groups[0]["lr"])
-            stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
-            norm = float(grad_norm) if grad_norm is not None else None
-            print(megatron_iteration_line(stamp, step + 1, case.steps, (step + 1) * global_batch, step_ms, lr,
-                                          global_batch, loss, norm), flush=True)
-            print(perf_step_line(step + 1, case.steps, step_ms, tokens_per_s), flush=True)
-            writer.step(StepRecord(step=step + 1, loss=loss, step_ms=step_ms, tokens_per_s=tokens_per_s, lr=lr,
-                                   peak_mem_mb=slowest_peak if layout.device.type == "cuda" else None,
-                                   loss_fp32_sum=float(loss_t[1].item()) if layout.dp == 1 else None))
-        if checkpoints is not None and checkpoints.save is not None and checkpoints.save.due(step + 1, case.steps):
-            began = time.perf_counter()
-            mcheckpoint.save_training_state(checkpoints.save, step + 1, chunks, optimizer, scheduler, layout, case.zero,
-                                            consumed_samples=(step + 1) * global_batch)
-            info["checkpoint_save_s"] = round(info.get("checkpoint_save_s", 0.0) + time.perf_counter() - began, 3)
+    def after_update(self, step: int, lr: float) -> None:
+        if self.recorder is None or not self.applied:
+            return
+        began = time.perf_counter()
+        self.recorder.finish_applied(lr, step + 1)
+        self.run.info["step1_capture_seconds"] += round(time.perf_counter() - began, 3)
 
-    phases.lap("training")
-    if job.final_params_path:
-        final = final_canonical_params(chunks, shards, job.model, adapter, layout)
+
+class CheckpointSaver:
+    """The training state saved at the steps the case's checkpoint plan asks for (a collective)."""
+
+    def __init__(self, run: Training):
+        self.run = run
+        self.plan = run.job.checkpoints.save if run.job.checkpoints is not None else None
+
+    def after_step(self, step: int) -> None:
+        run = self.run
+        if self.plan is None or not self.plan.due(step, run.case.steps):
+            return
+        from lockstep.runners.megatron import checkpoint as mcheckpoint
+
+        began = time.perf_counter()
+        mcheckpoint.save_training_state(self.plan, step, run.chunks, run.optimizer, run.scheduler, run.layout,
+                                        run.case.zero, consumed_samples=step * run.global_batch,
+                                        on_dead_writer=partial(_end_rank, run.job))
+        run.info["checkpoint_save_s"] = round(run.info.get("checkpoint_save_s", 0.0) + time.perf_counter() - began, 3)
+
+
+def train_step(run: Training, data: Data, step: int, capture: CaptureRecorder) -> StepOutcome:
+    """One optimizer step as the contract times it (see the module docstring)."""
+    case, chunks = run.case, run.chunks
+    dist.barrier()  # every rank starts the step together, so the slowest rank's time is the step's
+    with StepClock(run.layout.device) as clock:
+        for chunk in chunks:
+            chunk.zero_grad_buffer()
+        run.optimizer.zero_grad()
+        capture.begin(step)
+        iterators = [StepData(data.batches, step, case.accum) for _ in chunks]
+        results = data.forward_backward(
+            forward_step_func=data.forward_step,
+            data_iterator=iterators if len(chunks) > 1 else iterators[0],
+            model=chunks,
+            num_microbatches=case.accum,
+            seq_length=case.seq_len,
+            micro_batch_size=case.micro_batch,
+            decoder_seq_length=case.seq_len,
+            forward_only=False,
+        )
+        capture.after_backward(results)
+        lr = float(run.optimizer.param_groups[0]["lr"])  # this step's; the scheduler then sets the next
+        _update_ok, grad_norm = optimizer_step(run.optimizer)
+        capture.after_update(step, lr)
+        run.scheduler.step(increment=1)
+    return StepOutcome(results=results, seconds=clock.seconds, grad_norm=grad_norm, lr=lr)
+
+
+def step_loss(run: Training, results: list) -> tuple[float, float, float]:
+    """(the step's loss, InfiniTrain's FP32 sequential sum of it, this rank's own mean), a collective.
+
+    The step's loss lives on the last stage's TP rank 0 of every DP replica: sum loss/DP there.
+    Beside it (one replica only) what InfiniTrain's FP32 sequential sum of the same token losses logs."""
+    layout = run.layout
+    own, contribution, fp32_sum = 0.0, 0.0, 0.0
+    if layout.reports_loss:
+        micro_means = [logged_micro_loss(r) for r in results]
+        own = sum(micro_means) / len(micro_means)
+        contribution = own / layout.dp
+        if layout.dp == 1:
+            fp32_sum = fp32_sequential_of_tensors([r["lm loss tokens"][0].reshape(-1) for r in results])
+    loss_t = torch.tensor([contribution, fp32_sum], dtype=torch.float64, device=layout.device)
+    dist.all_reduce(loss_t, op=dist.ReduceOp.SUM)
+    return float(loss_t[0].item()), float(loss_t[1].item()), own
+
+
+def record_step(run: Training, step: int, outcome: StepOutcome, writer: ResultsWriter, log: StepLog) -> None:
+    """The step's loss, slowest time and peak memory over all ranks: in the log and to the parent."""
+    from lockstep.runners.megatron import checkpoint as mcheckpoint
+
+    layout, case = run.layout, run.case
+    loss, fp32_sum, own = step_loss(run, outcome.results)
+    on_cuda = layout.device.type == "cuda"
+    peak = torch.cuda.max_memory_allocated(layout.device) / 2**20 if on_cuda else 0.0
+    slowest_s, slowest_peak = slowest_rank(outcome.seconds, peak, layout.device, layout.world)
+    if run.job.checkpoints is not None and layout.dp > 1:  # the resume judge's per-rank evidence (a collective)
+        run.info.setdefault("rank_losses", {})[str(step)] = mcheckpoint.gather_rank_losses(own, layout)
+    step_ms = slowest_s * 1e3
+    tokens_per_s = case.total_batch / (step_ms / 1e3)
+    log.times_ms.append(step_ms)
+    log.rates.append(tokens_per_s)
+    if not layout.reports:
+        return
+    lr = outcome.lr
+    stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
+    norm = float(outcome.grad_norm) if outcome.grad_norm is not None else None
+    print(megatron_iteration_line(stamp, step, case.steps, step * run.global_batch, step_ms, lr,
+                                  run.global_batch, loss, norm), flush=True)
+    print(perf_step_line(step, case.steps, step_ms, tokens_per_s), flush=True)
+    writer.step(StepRecord(step=step, loss=loss, step_ms=step_ms, tokens_per_s=tokens_per_s, lr=lr,
+                           peak_mem_mb=slowest_peak if on_cuda else None,
+                           loss_fp32_sum=fp32_sum if layout.dp == 1 else None))
+
+
+def finish(run: Training, data: Data, log: StepLog) -> dict:
+    """The final parameters (when asked), the PERF summary line, and the run's facts for the record."""
+    layout = run.layout
+    if run.job.final_params_path:
+        final = final_canonical_params(run.chunks, run.shards, run.job.model, run.adapter, layout)
         if layout.rank == 0:
-            write_final_params(job.final_params_path, final)
-    measured_ms, measured_rates = after_warmup(times_ms), after_warmup(rates)
+            write_final_params(run.job.final_params_path, final)
+    measured_ms, measured_rates = after_warmup(log.times_ms), after_warmup(log.rates)
     _say(layout, perf_summary_line(len(measured_ms), sum(measured_ms) / len(measured_ms),
                                    sum(measured_rates) / len(measured_rates)))
-    device_name = torch.cuda.get_device_name(layout.device) if layout.device.type == "cuda" else "cpu"
-    phases.lap("teardown")
+    facts = run_facts(run, data)
+    run.phases.lap("teardown")
+    return {**run.info, **run.phases.report(), **peak_memory_info(layout.device, layout.world), **facts}
+
+
+def run_facts(run: Training, data: Data) -> dict:
+    """What the record's meta says about how megatron ran the case."""
+    layout, case, config = run.layout, run.case, run.config
     return {
-        **info,
-        **phases.report(),
-        **peak_memory_info(layout.device, layout.world),
-        "framework_version": f"megatron-core {version}",
-        "megatron_core_version": version,
-        "device_name": device_name,
+        "framework_version": f"megatron-core {run.version}",
+        "megatron_core_version": run.version,
+        "device_name": torch.cuda.get_device_name(layout.device) if layout.device.type == "cuda" else "cpu",
         "world_size": layout.world,
-        "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "ep": layout.ep, "sequence_parallel": case.sp,
+        "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "ep": layout.ep,
+        "sequence_parallel": case.sp,
         "pipeline_p2p": {"batch_p2p_comm": config.batch_p2p_comm, "overlap_p2p_comm": config.overlap_p2p_comm},
         "distributed_optimizer": case.zero >= 1,
-        "precision": precision.label,
-        "native_bf16": precision.native_bf16,
-        "megatron_vocab_size": vocab_rows,
-        "megatron_dataset": indexed.prefix,
-        "cpu_shims": shims,
-        "layer_spec": f"local (get_gpt_layer_local_spec), {family.title} adapter",
+        "precision": run.precision.label,
+        "native_bf16": run.precision.native_bf16,
+        "megatron_vocab_size": run.vocab_rows,
+        "megatron_dataset": data.indexed.prefix,
+        "cpu_shims": run.shims,
+        "layer_spec": f"local (get_gpt_layer_local_spec), {run.family.title} adapter",
         "torch_threads": torch.get_num_threads(),
     }
 
@@ -444,6 +653,15 @@ def final_canonical_params(chunks: list, shards: list, model, adapter, layout: P
     for part in everything:
         out.update(part)
     return out
+
+
+def _end_rank(job: MegatronJob, text: str) -> None:
+    """End this rank now with `text` as its error (from a watcher thread: the main thread is blocked
+    where nothing else would end it); torchrun, or the worker group, ends the others."""
+    print(f"{LOG_MARKER}: error: {text}", flush=True)
+    _write_error(job, text)
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _write_error(job: MegatronJob, text: str) -> None:
@@ -499,6 +717,9 @@ class PersistentTraining:
 
 
 def main(argv: list[str]) -> int:
+    from lockstep.runners.launch import end_with_parent
+
+    end_with_parent()  # first: a killed lockstep or torchrun must not leave this rank training, saving into --out
     from lockstep.runners.megatron.parallel import shutdown, start_process_group
     from lockstep.runners.test_plugins import apply_test_plugins
     from lockstep.runners.mkl_vml import settle_mkl_vml_dispatch

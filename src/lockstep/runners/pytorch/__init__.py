@@ -15,9 +15,22 @@ RUNNER = RunnerSpec(
 )
 
 
-def __getattr__(name: str):
-    if name == "PyTorchRunner":
-        from lockstep.runners.pytorch.runner import PyTorchRunner
+# The reference's public surface, besides its declared services (runners/reference.py): the
+# contract's step and the step capture, for trainers built on the reference's math (pytorch-fast).
+# Nothing outside this package imports its modules; these names are the way in.
+PUBLIC = {
+    "PyTorchRunner": "lockstep.runners.pytorch.runner",
+    "MicroBatch": "lockstep.runners.pytorch.step",
+    "contract_step": "lockstep.runners.pytorch.step",
+    "token_losses": "lockstep.runners.pytorch.step",
+    "set_lr": "lockstep.runners.pytorch.step",
+    "capture_case": "lockstep.runners.pytorch.train",
+}
 
-        return PyTorchRunner
+
+def __getattr__(name: str):
+    if name in PUBLIC:  # imported when used: this file stays cheap (no torch)
+        import importlib
+
+        return getattr(importlib.import_module(PUBLIC[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,26 +11,13 @@ ShardedTensor is then a matter of that runner's weight map).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import numpy as np
 import torch
 
+from lockstep.capture.state import CanonicalState
 from lockstep.cases.spec import CaseSpec
 from lockstep.models import family as model_family
 from lockstep.models import load_checkpoint
 from lockstep.runners.pytorch import checkpoint as saved_state
-
-
-@dataclass
-class CanonicalState:
-    """The state after `step` steps: FP32 weights and, for Adam, both moments and its step count."""
-
-    step: int
-    weights: dict[str, np.ndarray]
-    exp_avg: dict[str, np.ndarray] = field(default_factory=dict)  # empty: SGD without momentum has no state
-    exp_avg_sq: dict[str, np.ndarray] = field(default_factory=dict)
-    adam_step: int | None = None  # the number of Adam updates made (every parameter's, the same)
 
 
 def read_canonical_state(folder: str, step: int, case: CaseSpec, llmc_checkpoint: str) -> CanonicalState:

@@ -33,6 +33,7 @@ import torch.nn as nn
 
 from lockstep.capture.request import MAX_MICRO_BATCHES, CaptureBuilder, CaptureRequest, micro_name
 from lockstep.capture.routing import ROUTER, add_routing
+from lockstep.cases.lr_schedule import lr_at
 from lockstep.cases.spec import CaseSpec
 from lockstep.data.loader import TokenBatches
 from lockstep.formats.step_capture import APPLIED, StepCapture
@@ -259,6 +260,7 @@ def capture_step(model: nn.Module, case: CaseSpec, tokens: np.ndarray, request: 
         if optimizer is not None:
             before.update({n: p.detach().clone() for n, p in recorder.params.items()})
 
+    lr = reference_step.set_lr(optimizer, lr_at(case, request.step)) if optimizer is not None else None
     try:
         with fp32_matmul_precision(enabled_tf32=False):
             # No optimizer: the step's gradients are recorded, the weights stay step 0's.
@@ -267,7 +269,7 @@ def capture_step(model: nn.Module, case: CaseSpec, tokens: np.ndarray, request: 
         recorder.close()
     capture = captured[0]
     if optimizer is not None:
-        add_applied_update(recorder.builder, before, recorder.params, case.lr, request.step)
+        add_applied_update(recorder.builder, before, recorder.params, lr, request.step)
         capture = recorder.builder.finish()
     model.zero_grad(set_to_none=True)
     return capture
@@ -277,18 +279,19 @@ def add_applied_update(builder: CaptureBuilder, before: dict[str, torch.Tensor],
                        lr: float, step: int) -> None:
     """The update the optimizer applied in `step`, (w_before - w_after)/lr per parameter, sketched
     (`applied/NAME`), with the bound on its relative error that w_after's FP32 rounding allows (as
-    for a gradient recovered from saved weights: 2^-24·||w_after||/lr over ||update||)."""
+    for a gradient recovered from saved weights: 2^-24·||w_after||/lr over ||update||); at lr 0 the
+    movement itself, which must be zero (capture.request.applied_update)."""
     from lockstep.capture.request import make_sketch
+
+    from lockstep.capture.request import applied_update, zero_lr_note
 
     precision = {}
     for name, p in params.items():
-        after = p.detach().double()
-        moved = (before[name].double() - after) / lr
+        moved, precision[name] = applied_update(before[name].double(), p.detach().double(), lr)
         builder.capture.sketches[f"{APPLIED}/{name}"] = make_sketch(moved)
-        norm = float(torch.linalg.vector_norm(moved))
-        bound = 2.0 ** -24 * float(torch.linalg.vector_norm(after)) / lr
-        precision[name] = bound / norm if norm > 0 else 0.0
     builder.capture.meta[APPLIED] = {"step": step, "lr": lr, "precision": precision}
+    if lr == 0:
+        builder.capture.notes.append(zero_lr_note(step))
 
 
 def capture_reference(model: nn.Module, case: CaseSpec, tokens: np.ndarray, device: torch.device | str = "cpu",

@@ -13,10 +13,14 @@ them; a framework's own resume always loads everything.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import warnings
 from pathlib import Path
+from typing import Iterator
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from lockstep.errors import RunError
 # The plan (folders, intervals, what-ifs) is every framework's; re-exported here for the trainer.
@@ -25,6 +29,20 @@ from lockstep.runners.checkpoint_plan import (STEP_PREFIX, WHAT_IF_OPTIMIZER, Ch
                                               partial_dir, plan_for, prune, step_dir)
 
 FORMAT = "lockstep-pytorch-dcp-1"
+# DCP's UserWarning at every save and load of a single-process run (no process group): a case on
+# one device is meant to be one process, so it says nothing to the user.
+SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
+
+
+@contextlib.contextmanager
+def _single_process_dcp() -> Iterator[None]:
+    """Around one dcp.save/dcp.load: that warning only, and only without a process group."""
+    import torch.distributed as dist
+
+    with warnings.catch_warnings():
+        if not (dist.is_available() and dist.is_initialized()):
+            warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING, category=UserWarning)
+        yield
 
 
 def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, step: int) -> dict:
@@ -57,7 +75,8 @@ def save_training_state(plan: SavePlan, step: int, model: torch.nn.Module, optim
     if dist.is_initialized():
         dist.barrier()
     try:
-        dcp.save(_state(model, optimizer if plan.optimizer else None, step), checkpoint_id=str(partial))
+        with _single_process_dcp():
+            dcp.save(_state(model, optimizer if plan.optimizer else None, step), checkpoint_id=str(partial))
     except OSError as e:
         raise RunError(f"{partial}: could not save the checkpoint of step {step} ({e})") from None
     if dist.is_initialized():
@@ -82,10 +101,15 @@ def load_training_state(plan: ResumePlan, model: torch.nn.Module, optimizer: tor
         raise RunError(f"{folder}: no checkpoint of step {plan.step} there (no DCP .metadata); "
                        "the saving case must run first, with a save_interval that reaches the step")
     state = _state(model, optimizer, plan.step)
-    saved_optimizer = _has_optimizer_state(folder)
-    if not saved_optimizer:
-        del state["optim"]
-    dcp.load(state, checkpoint_id=str(folder))
+    try:
+        saved_optimizer = _has_optimizer_state(folder)
+        if not saved_optimizer:
+            del state["optim"]
+        with _single_process_dcp():
+            dcp.load(state, checkpoint_id=str(folder))
+    # DCP's CheckpointException is a BaseException: uncaught, it would end lockstep itself, not this case.
+    except (Exception, CheckpointException) as e:
+        raise RunError(unreadable_checkpoint(folder, plan.step, e)) from None
     trainer = state["trainer"]
     if trainer.get("format") != FORMAT or int(trainer["step"]) != plan.step:
         raise RunError(f"{folder}: holds step {trainer.get('step')} ({trainer.get('format')}), "
@@ -103,6 +127,19 @@ def load_training_state(plan: ResumePlan, model: torch.nn.Module, optimizer: tor
     torch.set_rng_state(trainer["rng_torch"])
     data_next = int(trainer["data_next_step"]) if plan.data_step is None else plan.data_step
     return data_next - plan.step
+
+
+def unreadable_checkpoint(folder: Path, step: int, error: BaseException) -> str:
+    """One sentence for a step folder DCP cannot load: damaged, or not a checkpoint of this model.
+    DCP wraps each rank's failure (`CheckpointException.failures`: rank -> (exception, traceback));
+    the first one is the reason."""
+    failures = getattr(error, "failures", None)
+    if failures:
+        first = next(iter(failures.values()))
+        error = first[0] if isinstance(first, tuple) else first
+    reason = (str(error).strip().splitlines() or [""])[0][:300]
+    return (f"{folder}: the checkpoint of step {step} cannot be loaded ({type(error).__name__}"
+            + (f": {reason}" if reason else "") + "); it is damaged or was written for another model")
 
 
 def _has_optimizer_state(folder: Path) -> bool:

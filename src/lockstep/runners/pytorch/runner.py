@@ -4,18 +4,21 @@ with persistent workers (runners/workers.py) one torchrun runs every DP case of 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import NEEDS_CHECKPOINT, NEEDS_LORA, CaseSpec
 from lockstep.errors import LockstepError
 from lockstep.formats.run_record import RunRecord
-from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, base_meta,
-                                   final_params_path, launch_meta, oversubscribed_env, run_in_process,
-                                   write_record_or_fail)
+from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepInspector, StepCallback, base_meta,
+                                   final_params_path, launch_meta, now_iso, oversubscribed_env,
+                                   run_in_process, write_record_or_fail)
 from lockstep.runners.launch import run_workers
+from lockstep.runners.pytorch.services import ReferenceServicesMixin
 from lockstep.runners.workers import WorkerGroup
 
 TRAIN_MODULE = "lockstep.runners.pytorch.train"
+T = TypeVar("T")
 
 
 def reference_layout(case: CaseSpec) -> CaseSpec:
@@ -32,7 +35,45 @@ def reference_layout_note(case: CaseSpec) -> str | None:
     return f"DP{case.dp} (TP/SP/PP do not change the contract's arithmetic)"
 
 
-class PyTorchRunner(FrameworkRunner):
+def released_after(train: Callable[[], T]) -> T:
+    """`train()` in this process, then the device memory it held given back, whether it finished
+    or failed: lockstep's own process must not keep a card the next framework's workers need.
+
+    A failure's traceback holds the frames that hold the model, so its frames are dropped (its
+    type and message kept, all that a record says of it) before the memory is released."""
+    try:
+        result = train()
+    except Exception as e:
+        failure = _without_frames(e)
+    else:
+        release_device_memory()
+        return result
+    release_device_memory()
+    raise failure
+
+
+def _without_frames(error: BaseException) -> BaseException:
+    seen = error
+    while seen is not None:
+        seen.__traceback__ = None
+        seen = seen.__cause__ or seen.__context__
+    return error
+
+
+def release_device_memory() -> None:
+    """What is no longer referenced freed now (a collection, for what only a cycle still held),
+    and torch's cached device blocks handed back to the driver: the caching allocator keeps them
+    reserved for this process otherwise, where no other process can use them."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+class PyTorchRunner(ReferenceServicesMixin, StepInspector, FrameworkRunner):
     name = "pytorch"
     # Save/resume through torch.distributed.checkpoint (checkpoint.py, docs/reference/checkpoints.md);
     # LoRA through the reference models' adapter (models/lora.py, docs/reference/lora.md).
@@ -62,8 +103,8 @@ class PyTorchRunner(FrameworkRunner):
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
         from lockstep.runners.pytorch.train import capture_case
 
-        return capture_case(reference_layout(case), str(inputs.checkpoint), str(inputs.tokens), inputs.device, request,
-                            lora_seed=inputs.lora_seed)
+        return released_after(lambda: capture_case(reference_layout(case), str(inputs.checkpoint), str(inputs.tokens),
+                                                   inputs.device, request, lora_seed=inputs.lora_seed))
 
     def fp64_step1(self, case: CaseSpec, inputs: RunInputs, path: Path):
         """Step 1 of the case in FP64, sketched (first sequences' outputs, as certificates keep them):
@@ -71,9 +112,10 @@ class PyTorchRunner(FrameworkRunner):
         from lockstep.capture.request import CAPTURE_ROWS
         from lockstep.runners.pytorch.train import capture_case
 
-        return capture_case(reference_layout(case), str(inputs.checkpoint), str(inputs.tokens), inputs.device,
-                            CaptureRequest(path=str(path), rows=CAPTURE_ROWS), framework="pytorch-fp64", float64=True,
-                            lora_seed=inputs.lora_seed)
+        return released_after(lambda: capture_case(
+            reference_layout(case), str(inputs.checkpoint), str(inputs.tokens), inputs.device,
+            CaptureRequest(path=str(path), rows=CAPTURE_ROWS), framework="pytorch-fp64", float64=True,
+            lora_seed=inputs.lora_seed))
 
     def train_fp64(self, case: CaseSpec, inputs: RunInputs, record_path: Path) -> RunRecord:
         """The case in FP64 (the policy's evidence of Adam amplification), as a record at `record_path`."""
@@ -87,10 +129,12 @@ class PyTorchRunner(FrameworkRunner):
         if note := reference_layout_note(case):
             record.meta["reference_layout"] = note
         try:
-            record.steps = train_fp64(reference_layout(case), str(inputs.checkpoint), str(inputs.tokens), inputs.device,
-                                      lora_seed=inputs.lora_seed)
+            record.steps = released_after(lambda: train_fp64(reference_layout(case), str(inputs.checkpoint),
+                                                             str(inputs.tokens), inputs.device,
+                                                             lora_seed=inputs.lora_seed))
         except (LockstepError, torch.cuda.OutOfMemoryError) as e:
             record.status, record.error = "failed", str(e)
+        record.meta["finished_at"] = now_iso()  # as every runner's record (FrameworkRunner.run)
         Path(record_path).parent.mkdir(parents=True, exist_ok=True)
         write_record_or_fail(Path(record_path), record)
         return record
@@ -122,10 +166,10 @@ class PyTorchRunner(FrameworkRunner):
             checkpoints.clear_earlier_saves()  # a resume after a failed save must not find an older run's
         if case.world_size == 1:
             # One process: step 1 is recorded as it trains (several ranks capture after the run).
-            result = run_in_process(log_path, on_step, lambda emit, log: train_case(
+            result = released_after(lambda: run_in_process(log_path, on_step, lambda emit, log: train_case(
                 case, str(inputs.checkpoint), str(inputs.tokens), inputs.device, ProcessGroupInfo(), emit, log,
                 final_params_path=params_path, capture=inputs.capture, checkpoints=checkpoints,
-                lora_seed=inputs.lora_seed))
+                lora_seed=inputs.lora_seed)))
             result.meta.update(layout_meta)
             return result
         job = {"case": case.to_dict(), "checkpoint": str(inputs.checkpoint), "tokens": str(inputs.tokens),

@@ -71,6 +71,14 @@ def zero_missing_gradients(optimizer: torch.optim.Optimizer) -> int:
     return filled
 
 
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> float:
+    """Set the lr this step trains at (the contract's, cases/lr_schedule.py's `lr_at`) on every
+    parameter group, before the step; returns it for the step's record."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
 def contract_step(micro_batches: Iterable[MicroBatch], losses_of: LossesOf, divisor: int,
                   optimizer: torch.optim.Optimizer | None = None,
                   before_update: Callable[[list[torch.Tensor], torch.Tensor], None] | None = None

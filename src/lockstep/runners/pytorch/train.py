@@ -2,7 +2,7 @@
 
 Follows the training contract (docs/reference/training-contract.md) line by line: the contract's data order,
 mean CE / accum summed over micro steps and averaged over DP ranks, the family's optimizer
-(SGD for GPT-2, Adam for Llama 3 / Qwen3) at a constant lr, FP32 with TF32 off or bf16
+(SGD for GPT-2, Adam for Llama 3 / Qwen3) at the contract's lr of each step (cases/lr_schedule.py), FP32 with TF32 off or bf16
 autocast around the forward with FP32 parameters, and a step time measured between two device
 synchronizations (slowest rank). The model is the family's reference module (models/<family>/).
 """
@@ -20,6 +20,7 @@ from typing import Callable, TextIO
 import torch
 import torch.distributed as dist
 
+from lockstep.cases.lr_schedule import lr_at
 from lockstep.cases.spec import CaseSpec
 from lockstep.data.loader import TokenBatches
 from lockstep.errors import RunError
@@ -153,6 +154,55 @@ def no_sync(wrapped: torch.nn.Module, case: CaseSpec):
             yield
 
 
+def rank_device(device_kind: str, pg: ProcessGroupInfo) -> torch.device:
+    """This rank's device (its local GPU, made current), or the CPU."""
+    if device_kind != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", pg.local_rank)
+    torch.cuda.set_device(device)
+    return device
+
+
+def resumed(resume, model, optimizer, batches, info: dict):
+    """The resume's step folder loaded into the model and optimizer; the batches, shifted where the
+    saved data position is not its step."""
+    began = time.perf_counter()
+    shift = saved_state.load_training_state(resume, model, optimizer)
+    info["checkpoint_load_s"] = round(time.perf_counter() - began, 3)
+    return ShiftedBatches(batches, shift) if shift else batches
+
+
+def header_line(case: CaseSpec, ckpt, family, device, lora_seed: int) -> str:
+    """The log's first line: what trains, how, where."""
+    return (f"lockstep pytorch runner | case {case.name} | {case.parallel_label} | dtype {case.dtype} | "
+            f"B={case.micro_batch} T={case.seq_len} tokens/step={case.total_batch} accum={case.accum} | "
+            f"{family.title} {ckpt.config.describe()} | "
+            + (f"{case.lora.label} (seed {lora_seed}), base frozen | " if case.lora else "")
+            + f"{family.optimizer.label} lr {case.lr:g} | device {device} | torch {torch.__version__}")
+
+
+def step_record(case: CaseSpec, step: int, micro_losses: list, lr: float, seconds: float, device, pg,
+                evidence: dict | None) -> StepRecord:
+    """The step's record after its clock stopped: the logged loss (FP64 mean, the contract's) averaged
+    over ranks, what InfiniTrain's FP32 sequential sum would have logged for the same token losses (one
+    process only), and the slowest rank's time and largest peak memory over every node. `evidence`
+    (a checkpointed run of several ranks) gets each rank's own loss, the resume judge's evidence."""
+    loss_sum = step_loss_fp64(micro_losses, case.accum)
+    fp32_sum = fp32_sequential_of_tensors(micro_losses) if pg.world == 1 else None
+    if pg.world > 1 and evidence is not None:
+        evidence.setdefault("rank_losses", {})[str(step + 1)] = gather_rank_losses(loss_sum, pg.world)
+    if pg.world > 1:
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if device.type == "cuda" else dist.ReduceOp.SUM)
+        if device.type != "cuda":
+            loss_sum /= pg.world  # gloo has no AVG
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
+    elapsed_s, peak = slowest_rank(seconds, peak, device, pg.world)
+    step_ms = elapsed_s * 1e3
+    return StepRecord(step=step + 1, loss=float(loss_sum.item()), step_ms=step_ms,
+                      tokens_per_s=case.total_batch / (step_ms / 1e3), lr=lr,
+                      peak_mem_mb=peak if device.type == "cuda" else None, loss_fp32_sum=fp32_sum)
+
+
 def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: str, pg: ProcessGroupInfo,
                emit: Callable[[StepRecord], None], log: TextIO, final_params_path: str | None = None,
                capture: CaptureRequest | None = None, checkpoints: CheckpointPlan | None = None,
@@ -167,11 +217,7 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     trains the steps after it, and saves a step folder after every save-interval step. A LoRA
     case trains its adapters only (A then B per layer, module order), from the init of `lora_seed`."""
     import_optimizer_machinery()  # before the device: see there why
-    if device_kind == "cuda":
-        device = torch.device("cuda", pg.local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+    device = rank_device(device_kind, pg)
     phases = Phases()
     with phases("weights"):
         ckpt = load_checkpoint(checkpoint)
@@ -191,12 +237,7 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
         trained = adapters.parameters() if adapters is not None else train_model.parameters()
         optimizer = build_sharded_optimizer(family.optimizer, trained, case.lr, zero)
     if pg.reports:
-        print(f"lockstep pytorch runner | case {case.name} | {case.parallel_label} | dtype {case.dtype} | "
-              f"B={case.micro_batch} T={case.seq_len} tokens/step={case.total_batch} accum={case.accum} | "
-              f"{family.title} {ckpt.config.describe()} | "
-              + (f"{case.lora.label} (seed {lora_seed}), base frozen | " if case.lora else "")
-              + f"{family.optimizer.label} lr {case.lr:g} | "
-              f"device {device} | torch {torch.__version__}", file=log, flush=True)
+        print(header_line(case, ckpt, family, device, lora_seed), file=log, flush=True)
     if capture is not None and pg.world > 1:
         raise ValueError("in-run capture is for one process; several ranks capture with capture_step")
     if device.type == "cuda":
@@ -206,11 +247,8 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     first_step = 0
     if checkpoints is not None and checkpoints.resume is not None:
         with phases("weights"):
-            began = time.perf_counter()
-            shift = saved_state.load_training_state(checkpoints.resume, train_model, optimizer)
-            info["checkpoint_load_s"] = round(time.perf_counter() - began, 3)
+            batches = resumed(checkpoints.resume, train_model, optimizer, batches, info)
         first_step = checkpoints.resume.step
-        batches = ShiftedBatches(batches, shift) if shift else batches
     recorder: StepRecorder | None = None  # set on step 1 of an in-run capture
 
     # One step of the contract (runners/pytorch/step.py).
@@ -241,6 +279,7 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     with fp32_matmul_precision(enabled_tf32=False), phases("training"):
         for step in range(first_step, case.steps):
             recorder = StepRecorder(model, case, capture) if (capture is not None and step == 0) else None
+            lr = reference_step.set_lr(optimizer, lr_at(case, step + 1))
             try:
                 with StepClock(device) as clock:
                     micro_losses = reference_step.contract_step(micro_batches(step), losses_of, case.accum, optimizer,
@@ -248,43 +287,41 @@ def train_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
             finally:
                 if recorder:
                     recorder.close()
-            # After the stop: the logged loss (FP64 mean, the contract's), and what InfiniTrain's FP32
-            # sequential sum would have logged for the same token losses (one process only).
-            loss_sum = step_loss_fp64(micro_losses, case.accum)
-            fp32_sum = fp32_sequential_of_tensors(micro_losses) if pg.world == 1 else None
-            if pg.world > 1 and checkpoints is not None:  # the resume judge's per-rank evidence
-                info.setdefault("rank_losses", {})[str(step + 1)] = gather_rank_losses(loss_sum, pg.world)
-            if pg.world > 1:
-                dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if device.type == "cuda" else dist.ReduceOp.SUM)
-                if device.type != "cuda":
-                    loss_sum /= pg.world  # gloo has no AVG
-            peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
-            # The step time is the slowest rank's over every node (and the peak memory the largest).
-            elapsed_s, peak = slowest_rank(clock.seconds, peak, device, pg.world)
-            step_ms = elapsed_s * 1e3
-            tokens_per_s = case.total_batch / (step_ms / 1e3)
-            loss_value = float(loss_sum.item())
-            peak = peak if device.type == "cuda" else None
+            rec = step_record(case, step, micro_losses, lr, clock.seconds, device, pg,
+                              info if checkpoints is not None else None)
+            step_ms, tokens_per_s = rec.step_ms, rec.tokens_per_s
             if pg.reports:
-                rec = StepRecord(step=step + 1, loss=loss_value, step_ms=step_ms, tokens_per_s=tokens_per_s,
-                                 lr=case.lr, peak_mem_mb=peak, loss_fp32_sum=fp32_sum)
-                print(llmc_step_line(step + 1, case.steps, loss_value, case.lr, step_ms, tokens_per_s), file=log, flush=True)
+                print(llmc_step_line(step + 1, case.steps, rec.loss, lr, step_ms, tokens_per_s), file=log, flush=True)
                 emit(rec)
-            if checkpoints is not None and checkpoints.save is not None and checkpoints.save.due(step + 1, case.steps):
-                began = time.perf_counter()
-                saved_state.save_training_state(checkpoints.save, step + 1, train_model, optimizer, is_writer=pg.rank == 0)
-                info["checkpoint_save_s"] = round(info.get("checkpoint_save_s", 0.0) + time.perf_counter() - began, 3)
+            save_if_due(checkpoints, case, step + 1, train_model, optimizer, pg, info)
             times_ms.append(step_ms)
             tps.append(tokens_per_s)
     with phases("teardown"):
         if final_params_path and pg.reports:
             write_final_params(final_params_path, final_state(model))
-    measured = after_warmup(times_ms)
     if pg.reports:
-        print(perf_summary_line(len(measured), sum(measured) / len(measured), sum(after_warmup(tps)) / len(measured)),
-              file=log, flush=True)
-    return {**info, **phases.report(),
-            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        print(perf_summary(times_ms, tps), file=log, flush=True)
+    return {**info, **phases.report(), **run_facts(device, pg, zero)}
+
+
+def save_if_due(checkpoints: CheckpointPlan | None, case: CaseSpec, step: int, model, optimizer, pg, info: dict) -> None:
+    """The training state after `step` saved where the case's checkpoint plan asks (rank 0 writes)."""
+    if checkpoints is None or checkpoints.save is None or not checkpoints.save.due(step, case.steps):
+        return
+    began = time.perf_counter()
+    saved_state.save_training_state(checkpoints.save, step, model, optimizer, is_writer=pg.rank == 0)
+    info["checkpoint_save_s"] = round(info.get("checkpoint_save_s", 0.0) + time.perf_counter() - began, 3)
+
+
+def perf_summary(times_ms: list[float], rates: list[float]) -> str:
+    """The PERF summary line over the steps after warm-up."""
+    measured = after_warmup(times_ms)
+    return perf_summary_line(len(measured), sum(measured) / len(measured), sum(after_warmup(rates)) / len(measured))
+
+
+def run_facts(device, pg, zero: int) -> dict:
+    """What the record says of where and how the run trained."""
+    return {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "world_size": pg.world, "torch_threads": torch.get_num_threads(),
             "data_parallel": {0: "DDP", 1: "DDP + ZeroRedundancyOptimizer (ZeRO-1)",
                               2: "FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2)"}[zero] if pg.world > 1 else "none",
@@ -366,10 +403,11 @@ class PersistentTraining:
 def main(argv: list[str]) -> int:
     """torchrun entry point: `python -m lockstep.runners.pytorch.train JOB.json`, or
     `... --serve QUEUE_DIR` as a persistent worker."""
-    from lockstep.runners.launch import ResultsWriter
+    from lockstep.runners.launch import ResultsWriter, end_with_parent
     from lockstep.runners.test_plugins import apply_test_plugins
     from lockstep.runners.workers import StartupTimeline, serve_arguments, serve_jobs
 
+    end_with_parent()  # first: a killed lockstep or torchrun must not leave this rank training
     apply_test_plugins()
     pg = ProcessGroupInfo.from_env()
     serving = serve_arguments(argv)
@@ -422,6 +460,7 @@ def train_fp64(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
 
     steps = []
     for step in range(case.steps):
+        lr = reference_step.set_lr(optimizer, lr_at(case, step + 1))
         micro_losses = reference_step.contract_step(
             micro_batches(step), lambda mb: reference_step.token_losses(model, mb.x, mb.y, bf16=False), divisor,
             optimizer)
@@ -429,5 +468,5 @@ def train_fp64(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
         loss = 0.0
         for losses in micro_losses:
             loss += float(losses.mean().item()) / divisor
-        steps.append(StepRecord(step=step + 1, loss=loss, lr=case.lr))
+        steps.append(StepRecord(step=step + 1, loss=loss, lr=lr))
     return steps

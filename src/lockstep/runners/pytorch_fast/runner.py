@@ -8,11 +8,12 @@ import torch
 
 from lockstep.capture.request import CaptureRequest
 from lockstep.cases.spec import CaseSpec
-from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback, run_in_process
+from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, StepInspector,
+                                   run_in_process)
 from lockstep.runners.pytorch_fast.train import train_fast
 
 
-class PyTorchFastRunner(FrameworkRunner):
+class PyTorchFastRunner(StepInspector, FrameworkRunner):
     name = "pytorch-fast"
 
     def __init__(self, compile_model: bool = True):
@@ -36,7 +37,7 @@ class PyTorchFastRunner(FrameworkRunner):
         """Its model (SDPA attention) captured eagerly: torch.compile changes fusion and rounding, not
         the math, and hooks inside a compiled graph would break it up. From a saved state (diagnose
         --at-step) its own fused optimizer loads the state and makes the update."""
-        from lockstep.runners.pytorch.train import capture_case
+        from lockstep.runners.pytorch import capture_case
         from lockstep.runners.pytorch_fast import train as fast
 
         def fast_optimizer(spec, params, lr):

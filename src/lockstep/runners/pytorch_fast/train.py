@@ -22,6 +22,7 @@ from typing import Callable, TextIO
 import torch
 import torch.nn.functional as F
 
+from lockstep.cases.lr_schedule import lr_at
 from lockstep.cases.spec import CaseSpec
 from lockstep.data.loader import TokenBatches
 from lockstep.formats.logs import llmc_step_line, perf_summary_line
@@ -31,8 +32,7 @@ from lockstep.models import family as model_family
 from lockstep.models import load_checkpoint
 from lockstep.models.family import OptimizerSpec
 from lockstep.runners.memory import peak_memory_info
-from lockstep.runners.pytorch import step as reference_step
-from lockstep.runners.pytorch.step import MicroBatch
+from lockstep.runners import pytorch as reference_step
 from lockstep.step_contract import Phases, StepClock, after_warmup, fp32_matmul_precision, fp32_sequential_of_tensors, step_loss_fp64
 
 
@@ -144,8 +144,9 @@ def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
         def micro_batches():
             for micro in range(case.accum):
                 x, y = batches.micro_batch(step, micro)
-                yield MicroBatch(x.to(device, non_blocking=True), y.to(device, non_blocking=True), 0, micro)
+                yield reference_step.MicroBatch(x.to(device, non_blocking=True), y.to(device, non_blocking=True), 0, micro)
 
+        reference_step.set_lr(optimizer, lr_at(case, step + 1))
         with StepClock(device) as clock:
             micro_losses = reference_step.contract_step(micro_batches(), lambda mb: forward(mb.x, mb.y), case.accum,
                                                         optimizer)
@@ -175,8 +176,9 @@ def train_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
             tokens_per_s = case.total_batch / elapsed_s
             loss = float(loss_sum.item())
             peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-            print(llmc_step_line(step + 1, case.steps, loss, case.lr, step_ms, tokens_per_s), file=log, flush=True)
-            emit(StepRecord(step=step + 1, loss=loss, step_ms=step_ms, tokens_per_s=tokens_per_s, lr=case.lr,
+            lr = lr_at(case, step + 1)  # the lr one_step set
+            print(llmc_step_line(step + 1, case.steps, loss, lr, step_ms, tokens_per_s), file=log, flush=True)
+            emit(StepRecord(step=step + 1, loss=loss, step_ms=step_ms, tokens_per_s=tokens_per_s, lr=lr,
                             peak_mem_mb=peak, loss_fp32_sum=fp32_sequential_of_tensors(micro_losses)))
             times_ms.append(step_ms)
             rates.append(tokens_per_s)

@@ -9,7 +9,7 @@ refusal with the reason, never a crash of the executable.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,41 @@ import numpy as np
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import LockstepError
 from lockstep.models.family import OptimizerSpec
+
+
+# The flags InfiniTrain's gpt2 and llama3 examples share (example/<family>/main.cc, DEFINE_* at b24d92f),
+# with the JSON type a test_config.json arg must have (gflags' type of the flag) and the default.
+EXAMPLE_ARG_TYPES: dict[str, type] = {
+    "nthread_per_process": int, "batch_size": int, "sequence_length": int, "total_batch_size": int,
+    "num_iteration": int, "learning_rate": float, "dtype": str, "tensor_parallel": int, "sequence_parallel": bool,
+    "pipeline_parallel": int, "virtual_pipeline_parallel": int, "zero_stage": int, "lora_rank": int,
+    "lora_alpha": float, "lora_target_modules": str, "save": str, "load": str, "save_interval": int,
+    "max_checkpoint_keep": int, "save_optimizer_state": bool,
+}
+EXAMPLE_FLAG_DEFAULTS = {"batch_size": 4, "sequence_length": 64, "total_batch_size": 256, "num_iteration": 10,
+                         "dtype": "float32", "nthread_per_process": 1, "tensor_parallel": 1,
+                         "sequence_parallel": False, "pipeline_parallel": 1, "virtual_pipeline_parallel": 1,
+                         "zero_stage": 0, "save_interval": 0, "max_checkpoint_keep": 3, "save_optimizer_state": True,
+                         "lora_rank": 0, "lora_alpha": 16.0}
+
+
+@dataclass(frozen=True)
+class TestConfigExample:
+    """How InfiniTrain's test driver (scripts/run_models_and_profile.bash) runs the family's example on a
+    scripts/test_config.json (read by cases/infinitrain_config.py)."""
+
+    __test__ = False  # not a pytest class, despite its name
+    order: int  # its place in the driver's loop over examples
+    log_prefix: str  # its logs, and lockstep's cases, are `<log_prefix>_<test id>`
+    default_shape: str  # the model its example trains unless --model says otherwise
+    groups_variable: str  # the variable naming the groups it runs (the MoE branch's *_TEST_GROUPS)
+    default_groups: tuple[str, ...]  # what it runs when another example's variable is set and not its own
+    groups_without_variables: tuple[str, ...] | None  # in a file with no such variable (None: every group)
+    input_variables: tuple[str, str]  # the variables naming its token file and its LLMC init
+    arg_types: dict[str, type] = field(default_factory=lambda: dict(EXAMPLE_ARG_TYPES))
+    flag_defaults: dict[str, object] = field(default_factory=lambda: dict(EXAMPLE_FLAG_DEFAULTS))
+    # True: its batch flags count sequences (micro_batch_size, global_batch_size) on one device.
+    sequence_batches: bool = False
 
 
 @dataclass(frozen=True)
@@ -40,6 +75,8 @@ class InfiniTrainFamily:
     # folder's trainer_state.json and checks a --load folder's against: its default config, not the
     # model loaded with --llmc_filepath (docs/reference/checkpoints.md). Empty: not known here.
     resume_shape: tuple[tuple[str, int], ...] = ()
+    # Set: InfiniTrain's test_config.json runs the family's example, as this says; None: it does not.
+    test_config: TestConfigExample | None = None
 
     def batch_flags(self, case: CaseSpec, threads: int) -> list[str]:
         """The batch and world flags (gpt2/llama3/qwen3's main.cc): B and the tokens per step, and this

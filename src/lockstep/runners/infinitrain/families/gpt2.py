@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from lockstep.cases.spec import CaseSpec
-from lockstep.runners.infinitrain.families import InfiniTrainFamily, header_word, rename, unrename
+from lockstep.runners.infinitrain.families import EXAMPLE_FLAG_DEFAULTS, InfiniTrainFamily, TestConfigExample, header_word, rename, unrename
 
 # Its GPT-2 LLMC loader never sets n_kv_head, which keeps the default 12, and then checks
 # n_kv_head == n_head; it CHECKs version 3 (FP32 tensors) and rejects bf16 files (version 5).
@@ -63,4 +63,10 @@ class GPT2Family(InfiniTrainFamily):
 
 # example/gpt2/config.h GPT2Config(): GPT-2 124M, with llm.c's padded vocabulary.
 ADAPTER = GPT2Family("gpt2", "gpt2", resume_shape=(("n_layer", 12), ("n_head", 12), ("n_kv_head", 12),
-                                                   ("n_embd", 768), ("vocab_size", 50304)))
+                                                   ("n_embd", 768), ("vocab_size", 50304)),
+                     test_config=TestConfigExample(
+                         order=0, log_prefix="gpt2", default_shape="gpt2", groups_variable="GPT2_TEST_GROUPS",
+                         default_groups=("basic", "zero", "lora", "checkpoint"), groups_without_variables=None,
+                         input_variables=("GPT2_INPUT_BIN", "GPT2_LLMC_FILEPATH"),
+                         flag_defaults={**EXAMPLE_FLAG_DEFAULTS, "learning_rate": 1e-4,
+                                        "lora_target_modules": "c_attn,c_proj"}))

@@ -9,7 +9,8 @@ import numpy as np
 
 from lockstep.errors import LockstepError
 from lockstep.models.family import OptimizerSpec
-from lockstep.runners.infinitrain.families import InfiniTrainFamily, rename, unrename
+from lockstep.runners.infinitrain.families import (EXAMPLE_FLAG_DEFAULTS, InfiniTrainFamily, TestConfigExample, rename,
+                                                   unrename)
 
 # Its llama3 example hard-codes the vocabulary-sized buffers of Llama 3 and its optimizer.
 LLAMA3_MIN_VOCAB = 128_256
@@ -45,4 +46,10 @@ class Llama3Family(InfiniTrainFamily):
 # model --llmc_filepath loaded (seen in a save of llama3-tiny on b24d92f's CPU build).
 ADAPTER = Llama3Family("llama3", "llama3", flags=("--model", "llama3"),
                        resume_shape=(("n_layer", 16), ("n_head", 32), ("n_kv_head", 8), ("n_embd", 2048),
-                                     ("vocab_size", 128256)))
+                                     ("vocab_size", 128256)),
+                       test_config=TestConfigExample(
+                           order=1, log_prefix="llama3", default_shape="llama3", groups_variable="LLAMA3_TEST_GROUPS",
+                           default_groups=("basic", "zero", "lora", "checkpoint"), groups_without_variables=None,
+                           input_variables=("LLAMA3_INPUT_BIN", "LLAMA3_LLMC_FILEPATH"),
+                           flag_defaults={**EXAMPLE_FLAG_DEFAULTS, "learning_rate": 1e-5,
+                                          "lora_target_modules": "c_attn,c_proj,c_fc,c_fc2"}))

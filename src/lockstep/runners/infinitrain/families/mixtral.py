@@ -27,7 +27,7 @@ from lockstep.formats.llmc import CheckpointLayout
 from lockstep.models.family import OptimizerSpec
 from lockstep.models.mixtral.checkpoint import MIXTRAL_MAGIC, VERSION_FP32, encode_header
 from lockstep.models.mixtral.config import MixtralConfig
-from lockstep.runners.infinitrain.families import InfiniTrainFamily
+from lockstep.runners.infinitrain.families import InfiniTrainFamily, TestConfigExample
 from lockstep.runners.infinitrain.probe import last_lines, loader_output
 
 # main.cc: `Adam::Create(static_cast<float>(FLAGS_learning_rate))`, optimizer.h's defaults.
@@ -128,4 +128,15 @@ ADAPTER = MixtralFamily(
     "mixtral", "tiny_mixtral", optional=True, probe_magic=MIXTRAL_MAGIC, glog_step_lines=False,
     missing_note="only InfiniTrain's branch feat/support_moe (b7e0760) has one",
     one_device_only=("its main.cc fixes one thread, TP=1 and PP=1 (InitAllEnv(1, 1, false, 1, 1)) and config.h "
-                     "CHECKs EP=1; it has no parallel flag"))
+                     "CHECKs EP=1; it has no parallel flag"),
+    # example/tiny_mixtral/main.cc at b7e0760: its own flags (batch sizes in sequences), one device; the
+    # MoE branch's driver runs it on the `moe` group only.
+    test_config=TestConfigExample(
+        order=2, log_prefix="tiny_mixtral", default_shape="mixtral-l32-c512", groups_variable="MIXTRAL_TEST_GROUPS",
+        default_groups=("moe",), groups_without_variables=("moe",),
+        input_variables=("MIXTRAL_INPUT_BIN", "MIXTRAL_LLMC_FILEPATH"),
+        arg_types={"micro_batch_size": int, "global_batch_size": int, "sequence_length": int, "num_iteration": int,
+                   "learning_rate": float, "dtype": str},
+        flag_defaults={"micro_batch_size": 4, "global_batch_size": 4, "sequence_length": 64, "num_iteration": 10,
+                       "learning_rate": 1e-4, "dtype": "float32"},
+        sequence_batches=True))

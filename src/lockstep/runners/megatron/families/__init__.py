@@ -11,17 +11,19 @@ from __future__ import annotations
 
 from lockstep.errors import LockstepError
 from lockstep.runners.megatron.families.base import MegatronFamily
-from lockstep.runners.megatron.families.gpt2 import GPT2Adapter
-from lockstep.runners.megatron.families.llama3 import Llama3Adapter
-from lockstep.runners.megatron.families.mixtral import MixtralAdapter
-from lockstep.runners.megatron.families.qwen3 import Qwen3Adapter
 
-ADAPTERS: dict[str, MegatronFamily] = {a.family: a for a in (GPT2Adapter(), Llama3Adapter(), Qwen3Adapter(),
-                                                              MixtralAdapter())}
+# No table of adapters: each family's is `families/<family>.py`'s ADAPTER (or, for a family from
+# outside lockstep, its folder's `megatron.py`), found by the runner registry.
+
+
+def adapter_of(family: str) -> MegatronFamily:
+    from lockstep.runners.registry import specs
+
+    try:
+        return specs()["megatron"].adapter(family)
+    except LockstepError:
+        raise LockstepError(f"the megatron runner has no adapter for model family {family!r}") from None
 
 
 def adapter_for(config) -> MegatronFamily:
-    try:
-        return ADAPTERS[config.family]
-    except KeyError:
-        raise LockstepError(f"the megatron runner has no adapter for model family {config.family!r}") from None
+    return adapter_of(config.family)

@@ -14,8 +14,11 @@ checkpoint header. Two choices matter for agreement:
 RoPE: Llama 3 uses `ComplexRoPE` (interleaved pairs, Meta's layout, LLMC's too) with
 `scaling="none"`; Qwen3 uses `CosSinRoPE` (HF rotate_half, half-split pairs, LLMC's Qwen3 layout
 too): no permutation of q/k rows is needed in either family.
-Attention is torchtitan's FlexAttention with its causal mask (the only backends it offers
-language models are flex and varlen; flex runs eagerly on a CPU).
+Attention is torchtitan's FlexAttention with its causal mask on CUDA (of the backends its
+config helper offers language models, flex and varlen; varlen is flash attention's, CUDA only).
+On a CPU, where FlexAttention has no backward ("FlexAttention does not support backward on CPU"),
+it is torchtitan's own ScaledDotProductAttention module with is_causal (the Trainer builds no
+mask for it, and lockstep's positions are one causal document per row, so the math is the same).
 """
 
 from __future__ import annotations
@@ -25,14 +28,32 @@ from functools import partial
 import torch
 from torch import nn
 
+from lockstep.errors import LockstepError
+
 RMS_INIT = {"weight": nn.init.ones_}
 LINEAR_INIT = {"weight": partial(nn.init.normal_, std=0.02)}  # replaced at once by the LLMC weights
 
 
-def build_model(family: str, cfg) -> nn.Module:
+def attention_config(device: str):
+    """torchtitan's inner attention for `device` (see the module docstring)."""
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.common.config_utils import get_attention_config
+
+    return ScaledDotProductAttention.Config() if device == "cpu" else get_attention_config("flex")
+
+
+def build_model(family: str, cfg, device: str = "cpu") -> nn.Module:
     """torchtitan's model of `family` with the shape of lockstep's config `cfg`, on the CPU."""
+    model = model_config(family, cfg, device).build()
+    model.init_states(buffer_device=torch.device("cpu"))
+    return model
+
+
+def model_config(family: str, cfg, device: str):
+    """torchtitan's model config (Llama3Model.Config / Qwen3Model.Config) of `family` with the
+    shape of lockstep's config `cfg`: what the Trainer's model spec holds."""
     from torchtitan.models.common import ComplexRoPE, CosSinRoPE, Embedding, Linear, RMSNorm
-    from torchtitan.models.common.config_utils import get_attention_config, make_ffn_config, make_gqa_config
+    from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
 
     if family == "llama3":
         from torchtitan.models.llama3.model import Llama3Model as Model, Llama3TransformerBlock as Block
@@ -44,7 +65,7 @@ def build_model(family: str, cfg) -> nn.Module:
         hidden = cfg.intermediate_size
         qk_norm = RMSNorm.Config(normalized_shape=cfg.head_dim, eps=cfg.norm_eps, param_init=RMS_INIT)
     else:
-        raise ValueError(f"torchtitan runner has no model for family {family!r}")
+        raise LockstepError(f"the torchtitan runner has no model for family {family!r}")
 
     def norm(dim: int):
         return RMSNorm.Config(normalized_shape=dim, eps=cfg.norm_eps, param_init=RMS_INIT)
@@ -54,31 +75,32 @@ def build_model(family: str, cfg) -> nn.Module:
         attention_norm=norm(C), ffn_norm=norm(C),
         attention=make_gqa_config(dim=C, n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                                   wqkv_param_init=LINEAR_INIT, wo_param_init=LINEAR_INIT,
-                                  inner_attention=get_attention_config("flex"), fuse_qkv=False, rope=rope,
+                                  inner_attention=attention_config(device), fuse_qkv=False, rope=rope,
                                   **({"qk_norm": qk_norm} if qk_norm is not None else {})),
         feed_forward=make_ffn_config(dim=C, hidden_dim=hidden, w1_param_init=LINEAR_INIT, w2w3_param_init=LINEAR_INIT),
     ) for _ in range(cfg.num_layers)]
-    config = Model.Config(dim=C, vocab_size=V, enable_weight_tying=False,
-                          tok_embeddings=Embedding.Config(num_embeddings=V, embedding_dim=C,
-                                                          param_init={"weight": partial(nn.init.normal_, std=1.0)}),
-                          norm=norm(C), lm_head=Linear.Config(in_features=C, out_features=V, param_init=LINEAR_INIT),
-                          layers=layers)
-    model = config.build()
-    model.init_states(buffer_device=torch.device("cpu"))
-    return model
+    return Model.Config(dim=C, vocab_size=V, enable_weight_tying=False,
+                        tok_embeddings=Embedding.Config(num_embeddings=V, embedding_dim=C,
+                                                        param_init={"weight": partial(nn.init.normal_, std=1.0)}),
+                        norm=norm(C), lm_head=Linear.Config(in_features=C, out_features=V, param_init=LINEAR_INIT),
+                        layers=layers)
 
 
-def build_optimizer(model: nn.Module, spec, lr: float):
-    """torchtitan's OptimizersContainer with one AdamW group configured as the contract's Adam
-    (weight decay 0, so AdamW is Adam; bias-corrected, as torch's always is), the for-loop
-    implementation (its 'fused' default is CUDA only)."""
+def optimizer_config(spec, lr: float):
+    """torchtitan's OptimizersContainer config with one AdamW group configured as the contract's
+    Adam (weight decay 0, so AdamW is Adam; bias-corrected, as torch's always is), the for-loop
+    implementation (its "fused" default is CUDA only)."""
     from torchtitan.components.optimizer import OptimizersContainer
     from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 
     if spec.kind != "adam":
-        raise ValueError(f"torchtitan runner trains Adam cases only (the family's optimizer is {spec.kind})")
+        raise LockstepError(f"the torchtitan runner trains Adam cases only (the family's optimizer is {spec.kind})")
     group = ParamGroupConfig(pattern=r".*", optimizer_name="AdamW",
                              optimizer_kwargs={"lr": lr, "betas": (spec.beta1, spec.beta2), "eps": spec.eps,
                                                "weight_decay": spec.weight_decay})
-    return OptimizersContainer(OptimizersContainer.Config(param_groups=[group], implementation="for-loop"),
-                               model_parts=[model])
+    return OptimizersContainer.Config(param_groups=[group], implementation="for-loop")
+
+
+def build_optimizer(model: nn.Module, spec, lr: float):
+    """The optimizer `optimizer_config` describes, over `model`'s parameters."""
+    return optimizer_config(spec, lr).build(model_parts=[model])

@@ -67,6 +67,7 @@ def prepare(device: str) -> None:
     """Make torchtitan importable and runnable in this process for `device` ("cpu" | "cuda");
     call before anything imports torchtitan (afterwards its device choice is already made)."""
     _stand_ins()
+    _set_timeout()
     if device != "cpu" or "torchtitan.tools.utils" in sys.modules:
         return
     import torch._utils as tu
@@ -78,6 +79,19 @@ def prepare(device: str) -> None:
         import torchtitan.tools.utils  # noqa: F401  (fixes device_type = "cpu" for every torchtitan module)
     finally:
         tu._get_available_device_type, tu._get_device_module = saved
+
+
+def _set_timeout() -> None:
+    """torchtitan shortens its process groups' timeouts after step 1 with
+    `torch.distributed.set_timeout`, which not every torch build has (this machine's 2.13 CPU
+    wheel has only the private `_set_pg_timeout`): the same call under the public name."""
+    import torch.distributed as dist
+
+    if hasattr(dist, "set_timeout") or not dist.is_available():
+        return
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    dist.set_timeout = _set_pg_timeout
 
 
 def _missing(package: str):

@@ -29,13 +29,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
-from typing import Annotated, Any
 
 import torch
-import tyro
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.loss import CrossEntropyLoss
@@ -68,8 +66,9 @@ def current_job() -> TorchtitanJob:
 class StepTimer:
     """When the current step began: the data loader marks it as the step asks for its first micro
     batch (the Trainer's first act after zeroing the gradients), the metrics processor reads it
-    after the optimizer step and the loss's host copy (which synchronizes the device). A dataclass
-    with defaults: torchtitan's CLI parser (tyro) reads every field of the config, even suppressed."""
+    after the optimizer step and the loss's host copy (which synchronizes the device). One per
+    process (`step_timer`), not a config field: torchtitan's CLI parser (tyro) rebuilds the config,
+    and two components would hold two copies."""
 
     device: str = "cpu"
     started: float = 0.0
@@ -83,6 +82,11 @@ class StepTimer:
         if self.device == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - self.started
+
+
+@cache
+def step_timer() -> StepTimer:
+    return StepTimer(current_job().device, time.perf_counter())
 
 
 class LockstepTokenizer(BaseTokenizer):
@@ -111,7 +115,7 @@ class LockstepDataLoader(BaseDataLoader):
 
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
-        timer: Annotated[Any, tyro.conf.Suppress] = None
+        pass
 
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, local_batch_size: int, seq_len: int,
                  **kwargs):
@@ -121,7 +125,7 @@ class LockstepDataLoader(BaseDataLoader):
             raise ValueError(f"torchtitan's batch layout (dp {dp_world_size}, B {local_batch_size}, T {seq_len}) "
                              f"is not the case's (dp {case.dp}, B {case.micro_batch}, T {case.seq_len})")
         stream = read_token_stream(job.tokens, vocab_size=job.model.vocab_size)
-        self.case, self.timer = case, config.timer
+        self.case, self.timer = case, step_timer()
         self.batches = TokenBatches(stream.tokens, case, dp_rank=dp_rank)
 
     def __iter__(self):
@@ -129,7 +133,7 @@ class LockstepDataLoader(BaseDataLoader):
         positions = torch.arange(case.seq_len, dtype=torch.long).expand(case.micro_batch, case.seq_len)
         for step in range(case.steps):
             for micro in range(case.accum):
-                if micro == 0 and self.timer is not None:
+                if micro == 0:
                     self.timer.start()
                 x, y = self.batches.micro_batch(step, micro)
                 yield {"input": x, "positions": positions.clone()}, y
@@ -160,12 +164,12 @@ class LockstepMetrics(MetricsProcessor):
 
     @dataclass(kw_only=True, slots=True)
     class Config(MetricsProcessor.Config):
-        timer: Annotated[Any, tyro.conf.Suppress] = None
+        pass
 
     def __init__(self, config: Config, **kwargs):
         super().__init__(config, **kwargs)
         job = current_job()
-        self.case, self.timer = job.case, config.timer
+        self.case, self.timer = job.case, step_timer()
         reports = torch.distributed.get_rank() == 0 if torch.distributed.is_initialized() else True
         self.writer = ResultsWriter(job.results_path if reports else None)
         self.reports, self.mfu = reports, []
@@ -266,11 +270,11 @@ def parallelism_config(case: CaseSpec) -> ParallelismConfig:
 def lockstep_case() -> Trainer.Config:
     """The Trainer config of the job's case (torchtitan's `--config` names this function)."""
     job = current_job()
-    case, timer = job.case, StepTimer(job.device, time.perf_counter())
+    case = job.case
     return Trainer.Config(
         model_spec=model_spec(job), hf_assets_path="", dump_folder=job.dump_folder,
         tokenizer=LockstepTokenizer.Config(vocab_size=job.model.vocab_size),
-        dataloader=LockstepDataLoader.Config(timer=timer),
+        dataloader=LockstepDataLoader.Config(),
         optimizer=optimizer_config(job.optimizer, case.lr),
         lr_scheduler=LockstepLRSchedule.Config(),
         loss=CrossEntropyLoss.Config(),
@@ -278,6 +282,6 @@ def lockstep_case() -> Trainer.Config:
         checkpoint=CheckpointManager.Config(enable=False),
         activation_checkpoint=None,
         compile=CompileConfig(enable=False),
-        metrics=LockstepMetrics.Config(log_freq=1, disable_color_printing=True, timer=timer),
+        metrics=LockstepMetrics.Config(log_freq=1, disable_color_printing=True),
         debug=DebugConfig(seed=SEED, deterministic=True, enable_structured_logging=False),
     )

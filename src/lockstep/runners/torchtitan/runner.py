@@ -20,6 +20,7 @@ from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, St
                                    final_params_path, launch_meta, oversubscribed_env)
 from lockstep.runners.launch import one_rank_env, run_workers
 from lockstep.runners.torchtitan import INSTALL_HINT, torchtitan_installed
+from lockstep.step_contract import LOGGED_FP32_SUM
 from lockstep.runners.torchtitan.job import DEFAULT_TIMEOUT_S, WORKER_MODULE, TorchtitanJob
 
 
@@ -32,6 +33,7 @@ def torchtitan_version() -> str:
 
 class TorchtitanRunner(StepInspector, FrameworkRunner):
     name = "torchtitan"
+    logged_loss = LOGGED_FP32_SUM  # torchtitan's own logged loss (its loss function's value)
 
     def version(self) -> str:
         return f"torchtitan {torchtitan_version()}"

@@ -10,19 +10,12 @@ state_dict.py maps LLMC names to torchtitan's, capture.py records step 1 for the
 This file registers it (`RUNNER`) and imports neither torchtitan nor torch: the CLI reads it at start.
 """
 
-import importlib.util
-
 from lockstep.runners.registry import CAPTURE_AFTER_RUN, Capabilities, RunnerSpec
-
-INSTALL_HINT = "pip install -e '.[torchtitan]'"
+from lockstep.runners.torchtitan.options import INSTALL_HINT, torchtitan_installed
 UNSUPPORTED = {
     "gpt2": "torchtitan has no GPT-2 model (learned positions, LayerNorm with biases, GELU MLP)",
     "mixtral": "torchtitan's MoE models (DeepSeek V3, Qwen3 MoE, Llama 4) have no Mixtral model with its routing",
 }
-
-
-def torchtitan_installed() -> bool:
-    return importlib.util.find_spec("torchtitan") is not None and importlib.util.find_spec("torchdata") is not None
 
 
 def _available() -> str | None:

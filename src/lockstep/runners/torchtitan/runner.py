@@ -19,7 +19,7 @@ from lockstep.formats.tokens import read_token_stream
 from lockstep.runners.base import (ExecuteResult, FrameworkRunner, RunInputs, StepCallback, StepInspector,
                                    final_params_path, launch_meta, oversubscribed_env)
 from lockstep.runners.launch import one_rank_env, run_workers
-from lockstep.runners.torchtitan import INSTALL_HINT, torchtitan_installed
+from lockstep.runners.torchtitan.options import INSTALL_HINT, torchtitan_installed
 from lockstep.step_contract import LOGGED_FP32_SUM
 from lockstep.runners.torchtitan.job import DEFAULT_TIMEOUT_S, WORKER_MODULE, TorchtitanJob
 

@@ -35,9 +35,11 @@ def after_warmup(per_step: list) -> list:
 # How a framework's logged loss is made: what its last digits mean.
 LOGGED_FP64_MEAN = "fp64-mean"  # FP64 mean of the FP32 per-token losses (exact to ~1e-15)
 LOGGED_FP32_SEQUENTIAL = "fp32-sequential-sum"  # FP32 running sum of the per-token losses / count
+LOGGED_FP32_SUM = "fp32-sum"  # torch's FP32 sum of the per-token losses / the step's count (torchtitan)
 LOGGED_LOSS_WORDS = {
     LOGGED_FP64_MEAN: "FP64 mean of the FP32 per-token losses (exact to ~1e-15)",
     LOGGED_FP32_SEQUENTIAL: "FP32 sequential sum of the per-token losses / count",
+    LOGGED_FP32_SUM: "FP32 sum (torch's reduction) of the per-token losses / the step's count",
 }
 
 

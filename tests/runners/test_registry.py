@@ -108,7 +108,7 @@ def test_families_declare_their_own_cpu_shape_and_tokenizer():
 
 
 def test_specs_name_every_registered_package():
-    assert list(specs()) == ["pytorch", "pytorch-fast", "megatron", "infinitrain", "command"]
+    assert list(specs()) == ["pytorch", "pytorch-fast", "megatron", "torchtitan", "infinitrain", "command"]
     assert len(RUNNER_PACKAGES) == len(specs())
     assert reference_framework() == "pytorch"
     assert {n for n, s in specs().items() if s.capabilities.build_option} == {"infinitrain", "command"}

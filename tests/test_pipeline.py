@@ -18,6 +18,8 @@ import lockstep.compare.comparison as comparison
 from lockstep.cli import main
 from lockstep.errors import LockstepError
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:
     rc = main(["run", *args])

@@ -13,6 +13,8 @@ from lockstep.cli import main
 from support import defects
 from support.resume_case import RESUME_MATRIX as MATRIX
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 
 
 def run(tmp_path, capsys, tiny_checkpoint, training_tokens, name):

@@ -15,7 +15,7 @@ import pytest
 from support.fake_framework import LN_DEFECT_SUBJECT, make_fake_repo
 from lockstep.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def test_a_defect_only_the_certificate_sees_is_found(tmp_path, tiny_checkpoint, training_tokens):

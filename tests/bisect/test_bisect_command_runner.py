@@ -15,7 +15,7 @@ import pytest
 from support.fake_framework import git
 from lockstep.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 TRAINER = Path(__file__).parents[1] / "runners" / "command_trainer" / "train_gpt2.py"
 GOOD_GELU = "else 0.044715  #"

@@ -29,6 +29,8 @@ import pytest
 from lockstep.cli import main
 from support.fake_framework import git
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 REPO_ENV, GOOD_ENV, BAD_ENV = ("LOCKSTEP_BISECT_INFINITRAIN_REPO", "LOCKSTEP_BISECT_INFINITRAIN_GOOD",
                                "LOCKSTEP_BISECT_INFINITRAIN_BAD")
 BUILD_ENV, OUT_ENV = "LOCKSTEP_BISECT_INFINITRAIN_BUILD_CMD", "LOCKSTEP_BISECT_INFINITRAIN_OUT"

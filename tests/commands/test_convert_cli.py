@@ -13,6 +13,8 @@ from lockstep.formats.run_record import read_run_record
 from lockstep.formats.tokens import read_token_stream
 from lockstep.fsutil import sha256_file
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")

@@ -17,6 +17,8 @@ from lockstep.cli import main
 from lockstep.runners.megatron.runner import megatron_core_installed
 from support import defects
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 megatron = pytest.mark.skipif(not megatron_core_installed(), reason="megatron-core is not installed")
 
 

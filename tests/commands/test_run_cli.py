@@ -10,6 +10,8 @@ from lockstep.cli import main
 from lockstep.formats.run_record import read_run_record
 from lockstep.formats.tokens import write_token_stream
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:
     rc = main(["run", *args])

@@ -14,6 +14,8 @@ import pytest
 from lockstep.cli import main
 from lockstep.models import FAMILIES, SHAPES
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 SHARED_TEXT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 
 

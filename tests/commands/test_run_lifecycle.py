@@ -13,6 +13,8 @@ from lockstep.formats.run_record import RunRecord, StepRecord
 from lockstep.execute import CaseOutcome
 from lockstep.run_verdict import run_verdict
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:
     rc = main(["run", *args])

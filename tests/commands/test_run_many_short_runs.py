@@ -18,7 +18,7 @@ import lockstep
 
 SRC = Path(lockstep.__file__).resolve().parents[1]
 RUNS = 12
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def test_a_dozen_short_runs_all_end_as_designed(tmp_path, tiny_checkpoint, training_tokens):

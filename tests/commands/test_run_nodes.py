@@ -14,7 +14,7 @@ import pytest
 
 from lockstep.formats.run_record import read_run_record
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 MATRIX = """
 [defaults]

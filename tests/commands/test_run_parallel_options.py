@@ -10,6 +10,8 @@ from lockstep.plan import RunRequest, plan_run
 from lockstep.runners import base
 from lockstep.runners.nodes import NodeLayout
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 
 def request(tiny_checkpoint, tiny_shakespeare_train, tmp_path, **kw) -> RunRequest:
     return RunRequest(matrix="gpt2", cases=["gpt2_2", "gpt2_3", "gpt2_3_bfloat16"], frameworks=["pytorch"],

@@ -13,6 +13,8 @@ from lockstep.formats.run_record import read_run_record
 from lockstep.formats.tokens import write_token_stream
 from lockstep.history import HistoryStore
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 
 @pytest.fixture
 def random_tokens(tmp_path):

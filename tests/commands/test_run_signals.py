@@ -17,6 +17,8 @@ import pytest
 from lockstep.cli import main, stop_on_signals
 from lockstep.errors import Interrupted
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 STEP_LINE = re.compile(r"step\s+\d+/\d+ \| train loss")
 

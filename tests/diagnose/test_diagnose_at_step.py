@@ -21,6 +21,8 @@ from lockstep.certify.classify import OPTIMIZER
 from lockstep.formats.step_capture import StepCapture
 from support import at_step, defects
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 # Adam (llama3: beta1 0.9, beta2 0.999) bias-corrected as step 1 at step 6 scales each update by
 # (1 - 0.9^6)/(1 - 0.9) * sqrt((1 - 0.999)/(1 - 0.999^6)) = 1.915 where |m̂| >> eps·sqrt(v̂).
 STEP6_DEFECT_REL = 0.915

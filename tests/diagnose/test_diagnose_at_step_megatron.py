@@ -21,7 +21,7 @@ from lockstep.certify.classify import OPTIMIZER
 from lockstep.runners.megatron.runner import megatron_core_installed
 from support import at_step, defects
 
-pytestmark = pytest.mark.skipif(not megatron_core_installed(), reason="megatron-core is not installed")
+pytestmark = [pytest.mark.skipif(not megatron_core_installed(), reason="megatron-core is not installed"), pytest.mark.integration]
 
 PAIR = "pytorch,megatron"
 # Adam (llama3: beta1 0.9, beta2 0.999) whose step count restarts at the load of step 3's state

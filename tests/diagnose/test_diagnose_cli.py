@@ -14,6 +14,8 @@ from lockstep.formats.tokens import write_token_stream
 from lockstep.models import FAMILIES, SHAPES
 from lockstep.models.init import write_initial_checkpoint
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):

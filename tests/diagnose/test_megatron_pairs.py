@@ -18,7 +18,7 @@ from lockstep.models.init import write_initial_checkpoint
 from lockstep.runners.base import RunInputs
 from lockstep.runners.megatron.runner import megatron_core_installed
 
-pytestmark = pytest.mark.skipif(not megatron_core_installed(), reason="megatron-core is not installed")
+pytestmark = [pytest.mark.skipif(not megatron_core_installed(), reason="megatron-core is not installed"), pytest.mark.integration]
 
 
 def tiny_inputs(shape: str, tmp_path):

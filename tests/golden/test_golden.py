@@ -13,6 +13,8 @@ from lockstep.errors import FormatError
 from lockstep.formats.run_record import RunRecord, StepRecord, write_run_record
 from lockstep.golden import GOLDEN_K, check_run_dir, read_golden, record_golden
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 LOSSES = [10.98, 10.71, 10.52, 10.40, 10.31]
 # Repeat 2 differs from repeat 1 at step 3 by 4e-6: a non-deterministic reference.
 REPEAT2 = [10.98, 10.71, 10.52 + 4e-6, 10.40, 10.31]

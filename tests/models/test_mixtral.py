@@ -25,6 +25,8 @@ from lockstep.models import FAMILIES, SHAPES, load_checkpoint
 from lockstep.models.mixtral import model as reference
 from lockstep.models.mixtral.config import MixtralConfig
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 torch = pytest.importorskip("torch")
 
 FAMILY = FAMILIES["mixtral"]

@@ -18,6 +18,8 @@ from lockstep.runners.command import command_options
 from lockstep.runners.command.trainer import load_trainers, parse_jsonl_steps
 from lockstep.cases.spec import CaseSpec
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 TOY_TOML = Path(__file__).parent / "command_trainer" / "toy.toml"
 
 

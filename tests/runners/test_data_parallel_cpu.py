@@ -21,7 +21,7 @@ STEPS = 3
 GPT2 = {c.name: c for c in load_matrix("gpt2")}
 LRS = {"contract_lr": 1e-4, "high_lr": 1e-2}
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")

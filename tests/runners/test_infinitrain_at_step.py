@@ -24,6 +24,8 @@ from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.infinitrain.runner import InfiniTrainRunner
 from support.resume_case import RESUME_MATRIX
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 GPT2 = SHAPES["gpt2-tiny"].config
 
 

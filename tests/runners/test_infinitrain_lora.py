@@ -22,6 +22,8 @@ from lockstep.runners.infinitrain.lora import check_lora_loaded, infinitrain_lor
 from lockstep.runners.infinitrain.runner import BUILD_ENV_VAR, InfiniTrainRunner
 from support.numerics import CONTRACT_LOSS_LIMIT
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 GPT2_TINY, LLAMA3_TINY = SHAPES["gpt2-tiny"].config, SHAPES["llama3-tiny"].config
 # InfiniTrain's lora group's first test (scripts/test_config.json at b24d92f): rank 8, alpha 16.
 GPT2_LORA = LoraSpec(rank=8, alpha=16.0, target_modules=("c_attn", "attn.c_proj"))

@@ -28,6 +28,8 @@ from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.infinitrain.runner import InfiniTrainRunner
 from lockstep.runners.pytorch.train import capture_case
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 ATTN = LoraSpec(rank=8, alpha=16.0, target_modules=("c_attn", "attn.c_proj"))  # InfiniTrain's 1_lora / 2_lora
 
 

@@ -39,6 +39,8 @@ from lockstep.runners.infinitrain.families.mixtral import NO_BUILD_HAS_F, compil
 from lockstep.runners.infinitrain.probe import executable_flags, llmc_version_read
 from lockstep.runners.infinitrain.runner import InfiniTrainRunner
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 B7E0760 = SHAPES["mixtral-l32-c512"].config
 TINY = SHAPES["mixtral-tiny"].config
 SMALL = MixtralConfig(max_seq_len=64, vocab_size=96, num_layers=2, num_heads=4, num_kv_heads=1, channels=32,

@@ -32,6 +32,8 @@ from lockstep.runners.infinitrain.runner import (
 from support.numerics import (PARAM_LIMITS, TRAINING_LR, TRAINING_STEPS, assert_loss_falls, assert_trained,
                               final_params, infinitrain_loss_excess, logged_loss_precision, param_gap)
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "infinitrain"
 TINY = SHAPES["gpt2-tiny"].config
 

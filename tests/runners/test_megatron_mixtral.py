@@ -39,6 +39,8 @@ from lockstep.runners.megatron import MegatronRunner
 from lockstep.runners.pytorch import PyTorchRunner
 from support import defects
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 pytest.importorskip("megatron.core")
 
 FP32_TOLERANCE = 1e-5

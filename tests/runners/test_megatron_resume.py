@@ -29,6 +29,8 @@ from lockstep.runners.pytorch import PyTorchRunner
 from lockstep.runners.pytorch.alternatives import train_alternatives
 from support import defects
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 pytest.importorskip("megatron.core")
 
 from lockstep.runners.megatron import MegatronRunner  # noqa: E402

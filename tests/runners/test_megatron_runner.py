@@ -33,6 +33,8 @@ from support import defects
 from support.numerics import (LOSS_LIMIT, PARAM_LIMITS, TRAINING_LR, TRAINING_STEPS, assert_loss_falls, assert_trained,
                               final_params, loss_gap, param_gap)
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 pytest.importorskip("megatron.core")
 
 TINY = SHAPES["gpt2-tiny"].config

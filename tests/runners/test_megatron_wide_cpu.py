@@ -13,7 +13,7 @@ from lockstep.runners.base import RunInputs
 from lockstep.runners.pytorch import PyTorchRunner
 
 pytest.importorskip("megatron.core")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def case(name: str, model: str, lr: float, **parallel) -> CaseSpec:

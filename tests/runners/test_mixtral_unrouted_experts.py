@@ -42,6 +42,8 @@ from lockstep.runners.pytorch.canonical_state import read_canonical_state
 from lockstep.runners.pytorch.train import build_optimizer
 from support import defects
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 FP32_TOLERANCE = 1e-5
 STEPS = 5
 # Ten times the contract's Mixtral lr: at 1e-4 torch's skip moves these 5 steps' loss by 2.2e-6 only,

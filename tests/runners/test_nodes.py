@@ -14,6 +14,8 @@ from lockstep.runners import base
 from lockstep.runners.launch import rendezvous_id, torchrun_command
 from lockstep.runners.nodes import NodeLayout, first_host, reports_results
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 WORKER = "lockstep.runners.pytorch.train"
 
 

@@ -22,6 +22,8 @@ from lockstep.runners.base import RunInputs
 from lockstep.runners.pytorch import PyTorchRunner
 from support import worker_faults
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 FAULTS = {"m_raises": "raise", "m_dies": "exit_rank1", "p_raises": "raise", "p_hangs": "hang"}
 HANG_TIMEOUT_S = 6.0  # the hanging case runs in a warm group: step 1 takes well under a second
 

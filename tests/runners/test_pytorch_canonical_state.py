@@ -19,6 +19,8 @@ from lockstep.runners.pytorch import PyTorchRunner
 from lockstep.runners.pytorch.canonical_state import read_canonical_state
 from lockstep.runners.pytorch.checkpoint import CheckpointPlan, SavePlan, step_dir
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 SMALL_LLAMA = Llama3Config(max_seq_len=64, vocab_size=2048, num_layers=2, num_heads=4, num_kv_heads=2, channels=64)
 
 

@@ -21,6 +21,8 @@ from lockstep.runners.pytorch_fast.train import sdpa_causal_attention
 from lockstep.models.gpt2.model import causal_attention as gpt2_attention
 from lockstep.models.llama3.model import causal_attention as llama3_attention
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 TINY = SHAPES["gpt2-tiny"].config
 
 

@@ -23,6 +23,8 @@ from lockstep.runners.pytorch.alternatives import train_alternatives
 from lockstep.runners.pytorch.checkpoint import step_dir
 from support import defects
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 SMALL_LLAMA = Llama3Config(max_seq_len=256, vocab_size=50304, num_layers=2, num_heads=4, num_kv_heads=2, channels=64)
 STEPS, SAVE_EVERY, RESUME_AT = 6, 2, 4
 # lr 1e-3: each broken resume moves the loss past the FP32 threshold (1e-5) by the last step.

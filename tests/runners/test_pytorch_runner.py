@@ -26,6 +26,8 @@ from support import defects
 from support.numerics import (LOSS_LIMIT, PARAM_LIMITS, TRAINING_LR, TRAINING_STEPS, assert_loss_falls, assert_trained,
                               final_params, loss_gap, param_gap)
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 TINY = SHAPES["gpt2-tiny"].config
 # BF16 autocast vs FP32 of the same code on CPU, TRAINING_STEPS at TRAINING_LR: measured
 # 2026-11-30 max |dloss| 3.1e-4 (step 6), max |dparam| 2.1e-4 (wte); the limits are 10x that.

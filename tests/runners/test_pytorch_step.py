@@ -18,6 +18,8 @@ from lockstep.runners.pytorch import step as reference_step
 from lockstep.runners.pytorch.train import ProcessGroupInfo, capture_case, train_case, train_fp64
 from lockstep.runners.pytorch_fast.train import train_fast
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 
 def tiny_case(dp: int = 1) -> CaseSpec:
     return CaseSpec(name="c", model="gpt2", dtype="float32", micro_batch=2, seq_len=32, total_batch=128 * dp, steps=2,

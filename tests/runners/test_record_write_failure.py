@@ -22,6 +22,8 @@ from lockstep.models import SHAPES
 from lockstep.runners.base import RunInputs
 from lockstep.runners.pytorch import PyTorchRunner
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 TINY = SHAPES["gpt2-tiny"].config
 CASE = CaseSpec(name="c", model="gpt2", dtype="float32", micro_batch=1, seq_len=16, total_batch=16, steps=2, lr=1e-4)

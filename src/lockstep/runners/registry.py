@@ -46,6 +46,7 @@ RUNNER_PACKAGES: tuple[str, ...] = (
     "pytorch",
     "pytorch_fast",
     "megatron",
+    "megatron_fast",
     "infinitrain",
     "command",
 )

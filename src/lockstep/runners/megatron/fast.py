@@ -17,8 +17,8 @@ The `megatron-fast` framework is the megatron runner's worker with `MegatronFast
   0.19 alike), which a BF16 autocast step does anyway (the output layer's logits are BF16) but
   which is not the FP32 contract's arithmetic. `masked_softmax_fusion` does not apply: it picks
   DotProductAttention's softmax kernel, and SDPA replaces that softmax.
-  On the CPU these functions run uncompiled (torch's "force_eager" stance; `compile_stance`): the
-  same code, without inductor's half a minute of compiling on a 2-core machine.
+  On the CPU these functions run uncompiled (`compile_stance`): the same code, without inductor's
+  import and half a minute of compiling on a 2-core machine.
 - CUDA graphs (`cuda_graphs`, opt-in): megatron-core's local per-layer graphs
   (`cuda_graph_impl="local"`, a graph-safe RNG tracker), on CUDA only, and never in a run that
   records step 1 from inside (its hooks cannot sit inside a captured graph).
@@ -91,13 +91,15 @@ def paths(options, case, adapter, model, device: str, capturing: bool) -> FastPa
 
 
 def compile_stance(fast: FastPaths):
-    """Where the fusions are on but not compiled (the CPU), torch.compile'd functions run eagerly
-    inside (torch's "force_eager" stance); elsewhere nothing changes."""
+    """Where the fusions are on but not compiled (the CPU), megatron-core's fused functions run
+    uncompiled inside (compile_on_call.uncompiled); elsewhere nothing changes."""
     import contextlib
+
+    from lockstep.runners.megatron.compile_on_call import uncompiled
 
     if fast.compiled_fusions or not (fast.bias_activation_fusion or fast.bias_dropout_fusion or fast.cross_entropy_fusion):
         return contextlib.nullcontext()
-    return torch.compiler.set_stance("force_eager")
+    return uncompiled()
 
 
 def config_overrides(fast: FastPaths, adapter, model) -> dict:

@@ -39,4 +39,5 @@ RUNNER = RunnerSpec(
     available=_available,
     # Not in the default set: `--frameworks pytorch,megatron-fast` (or megatron,megatron-fast) asks for it.
     default=lambda options: False,
+    variant_of="megatron",
 )

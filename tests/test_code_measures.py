@@ -13,7 +13,7 @@ import lockstep
 SRC = Path(lockstep.__file__).resolve().parent
 MAX_LINES = 100
 LONG = 50
-MAX_LONG = 17  # measured at this commit (issue 44's aim: 15); lower it as functions are split
+MAX_LONG = 11  # the issue asked for at most 15 (30 at d104ba0)
 
 
 def function_lengths(src: Path = SRC) -> list[tuple[int, str]]:

@@ -46,6 +46,7 @@ RUNNER_PACKAGES: tuple[str, ...] = (
     "pytorch",
     "pytorch_fast",
     "megatron",
+    "megatron_fast",
     "torchtitan",
     "infinitrain",
     "command",
@@ -94,6 +95,9 @@ class RunnerSpec:
     make: Callable[[str, Any], Any] | None = None
     # Options completed from what an earlier run recorded (meta of its record), for `diagnose RUN_DIR`.
     from_record: Callable[[Any, dict], Any] | None = None
+    # The registered runner this one is a variant of (megatron-fast: megatron): it trains what that
+    # one trains, so a family's word about that runner (unsupported_runners, its folder's adapter) holds for it.
+    variant_of: str | None = None
 
     def names(self, options: Any = None) -> list[str]:
         return self.frameworks(self.options(options)) if self.frameworks else [self.name]
@@ -151,7 +155,7 @@ def adapter_modules(spec: RunnerSpec, family: str) -> list[str]:
 
     out = [f"{spec.capabilities.family_adapters}.{family}"]
     if family in FAMILY_MODULES and not FAMILY_MODULES[family].startswith("lockstep."):
-        out.append(f"{FAMILY_MODULES[family]}.{spec.name}")
+        out.append(f"{FAMILY_MODULES[family]}.{spec.variant_of or spec.name}")
     return out
 
 
@@ -189,8 +193,9 @@ def unsupported_reason(spec: RunnerSpec | str, family: str) -> str | None:
     if family in spec.capabilities.unsupported_families:
         return str(spec.capabilities.unsupported_families[family])
     fam = FAMILIES.get(family)
-    if fam is not None and spec.name in fam.unsupported_runners:
-        return str(fam.unsupported_runners[spec.name])
+    for name in (spec.name, spec.variant_of):
+        if fam is not None and name in fam.unsupported_runners:
+            return str(fam.unsupported_runners[name])
     return None
 
 

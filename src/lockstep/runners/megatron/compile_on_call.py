@@ -12,16 +12,24 @@ on: a function that is called is compiled and runs as before, so no arithmetic c
 not costs nothing. megatron's `jit_fuser` is bound to the stand-in when megatron.core.jit is imported
 inside the block, so modules imported later (the MoE layers of a mixtral case) are deferred too.
 Modules (`torch.compile(module)`) compile as before.
+
+Inside `uncompiled()` (megatron-fast on the CPU, fast.py) a deferred function runs as the plain
+function it wraps and is never compiled: the same code, without inductor's import and compile
+(seconds to tens of seconds per function on a 2-core machine).
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import torch
+
+# True inside `uncompiled()`: deferred functions run uncompiled (a context variable: scoped to the block).
+_UNCOMPILED = contextvars.ContextVar("lockstep_megatron_uncompiled", default=False)
 
 
 def deferred_compile(real_compile: Callable) -> Callable:
@@ -37,6 +45,8 @@ def deferred_compile(real_compile: Callable) -> Callable:
         @functools.wraps(model)
         def call(*args, **kwargs):
             nonlocal compiled
+            if _UNCOMPILED.get():
+                return model(*args, **kwargs)
             if compiled is None:
                 compiled = real_compile(model, **options)
             return compiled(*args, **kwargs)
@@ -60,3 +70,15 @@ def compile_on_first_call() -> Iterator[None]:
         yield
     finally:
         torch.compile = real
+
+
+@contextmanager
+def uncompiled() -> Iterator[None]:
+    """While inside, functions deferred by `compile_on_first_call` run uncompiled, and any other
+    torch.compile'd code runs eagerly (torch's "force_eager" stance)."""
+    token = _UNCOMPILED.set(True)
+    try:
+        with torch.compiler.set_stance("force_eager"):
+            yield
+    finally:
+        _UNCOMPILED.reset(token)

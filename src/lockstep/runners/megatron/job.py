@@ -49,6 +49,19 @@ class MegatronOptions:
     # Diagnostic mode: Megatron's native `--bf16` (bf16 parameters in a Float16Module, fp32 main
     # parameters in the optimizer) instead of the contract's autocast with fp32 parameters.
     native_bf16: bool = False
+    # What megatron-fast turns on (runners/megatron/fast.py); `megatron` keeps all three off.
+    core_attention: str = "local"  # "local": megatron-core's DotProductAttention; "sdpa": torch SDPA
+    fusions: bool = False  # megatron-core's own fused bias+activation, bias+dropout+add and cross entropy
+    cuda_graphs: bool = False  # megatron-core's local CUDA graphs (cuda_graph_impl="local"), on CUDA only
+
+
+@dataclass(frozen=True)
+class MegatronFastOptions(MegatronOptions):
+    """megatron-fast's defaults: the same worker with what megatron-core offers without Transformer
+    Engine or Apex. CUDA graphs stay opt-in (`--megatron-fast-cuda-graphs`): see fast.py."""
+
+    core_attention: str = "sdpa"
+    fusions: bool = True
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ the training contract (docs/reference/training-contract.md) is visible in one pl
   RoPE pairing, QK-norm, tied or untied output). What every family shares is set here: softmax
   in FP32 scaled by 1/sqrt(hd) (no query-key layer scaling), no dropout, no fused kernels
   (masked softmax, bias+dropout+add, RoPE fusion, gradient accumulation into main_grad) -- the
-  local (non-Transformer-Engine) layer spec.
+  local (non-Transformer-Engine) layer spec. megatron-fast sets its own fields over these
+  (fast.py: SDPA core attention, megatron-core's fused bias+activation, bias+dropout+add and
+  cross entropy, CUDA graphs).
 - Precision: FP32 parameters. BF16 cases set megatron's own `enable_autocast` (the pipeline
   schedules wrap each micro batch's forward in `torch.autocast("cuda", bf16)`), with FP32
   parameters, gradients and optimizer. `native_bf16` is the diagnostic alternative: megatron's
@@ -92,11 +94,18 @@ def recompute_overrides(case: CaseSpec) -> dict:
             "recompute_num_layers": None if selective else case.recompute_num_layers}
 
 
-def transformer_config(case: CaseSpec, model, adapter: MegatronFamily, precision: Precision, on_cpu: bool):
+def transformer_config(case: CaseSpec, model, adapter: MegatronFamily, precision: Precision, on_cpu: bool,
+                       overrides: dict | None = None):
+    """The case's TransformerConfig; `overrides` are megatron-fast's fields (fast.config_overrides),
+    set over the unfused defaults below."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    return TransformerConfig(**{**config_fields(case, model, adapter, precision, on_cpu), **(overrides or {})})
+
+
+def config_fields(case: CaseSpec, model, adapter: MegatronFamily, precision: Precision, on_cpu: bool) -> dict:
     p2p = pipeline_p2p(case)
-    return TransformerConfig(
+    return dict(
         # shape
         num_layers=model.num_layers,
         hidden_size=model.channels,
@@ -142,11 +151,13 @@ def transformer_config(case: CaseSpec, model, adapter: MegatronFamily, precision
     )
 
 
-def build_model_chunks(config, model, adapter: MegatronFamily, layout: ParallelLayout, vocab_rows: int) -> list:
-    """One GPTModel per virtual pipeline chunk of this rank (one chunk without VPP)."""
+def build_model_chunks(config, model, adapter: MegatronFamily, layout: ParallelLayout, vocab_rows: int,
+                       layer_spec=None) -> list:
+    """One GPTModel per virtual pipeline chunk of this rank (one chunk without VPP), built from the
+    family's local layer spec or `layer_spec` (megatron-fast's, fast.layer_spec)."""
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    layer_spec = adapter.layer_spec(model)
+    layer_spec = layer_spec if layer_spec is not None else adapter.layer_spec(model)
     chunks = []
     for chunk in range(layout.vpp):
         pre_process, post_process = chunk_stages(layout, chunk)

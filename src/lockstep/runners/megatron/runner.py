@@ -33,8 +33,8 @@ from lockstep.runners.base import (ExecuteResult, FrameworkRunner, StepInspector
 from lockstep.runners.checkpoint_plan import plan_for
 from lockstep.runners.launch import run_workers
 from lockstep.runners.megatron.options import INSTALL_HINT, megatron_core_installed  # noqa: F401 (also read from here)
-from lockstep.runners.megatron.job import (DEFAULT_TIMEOUT_S, WORKER_MODULE, MegatronJob, MegatronOptions,
-                                          missing_checkpoint)
+from lockstep.runners.megatron.job import (DEFAULT_TIMEOUT_S, WORKER_MODULE, MegatronFastOptions, MegatronJob,
+                                          MegatronOptions, missing_checkpoint)
 from lockstep.runners.workers import WorkerGroup, WorkerGroupDied
 
 def apex_installed() -> bool:
@@ -66,9 +66,10 @@ class MegatronRunner(StepInspector, FrameworkRunner):
     # Save/resume through megatron-core's dist_checkpointing (checkpoint.py, docs/reference/checkpoints.md);
     # LoRA through lockstep's own adapter on the parallel linears (lora.py, docs/reference/lora.md).
     supports = frozenset({NEEDS_CHECKPOINT, NEEDS_LORA})
+    options_type = MegatronOptions
 
-    def __init__(self, native_bf16: bool = False):
-        self.options = MegatronOptions(native_bf16=native_bf16)
+    def __init__(self, **options):
+        self.options = self.options_type(**options)
 
     def version(self) -> str:
         return f"megatron-core {megatron_core_version()}"
@@ -235,6 +236,20 @@ class MegatronRunner(StepInspector, FrameworkRunner):
             meta["notes"] = ("diagnostic mode native_bf16: Megatron's native bf16 parameters (Float16Module, fp32 main "
                              "params), not the contract's autocast with fp32 parameters")
         return ExecuteResult(steps=steps, meta=meta)
+
+
+class MegatronFastRunner(MegatronRunner):
+    """`megatron-fast`: the same runner and worker with megatron-fast's options (fast.py: SDPA core
+    attention, megatron-core's fusions, CUDA graphs where asked for and possible)."""
+
+    name = "megatron-fast"
+    options_type = MegatronFastOptions
+
+    def version(self) -> str:
+        o = self.options
+        parts = [f"{o.core_attention} attention", "fusions" if o.fusions else "no fusions",
+                 "CUDA graphs (CUDA only)" if o.cuda_graphs else "no CUDA graphs"]
+        return f"{super().version()} (megatron-fast: {', '.join(parts)})"
 
 
 def stacked_llmc_tensors(canonical: dict, config) -> dict:

@@ -95,14 +95,16 @@ def padded_vocab_mask(vocab_rows: int, true_vocab: int, layout: ParallelLayout) 
     return (torch.arange(first, first + local, device=layout.device) >= true_vocab)
 
 
-def loss_func(labels: torch.Tensor, loss_mask: torch.Tensor, vocab_mask: torch.Tensor | None, logits: torch.Tensor):
-    """Megatron-LM's GPT loss contract: (summed loss, token count, values to report)."""
-    from megatron.core import tensor_parallel
+def loss_func(labels: torch.Tensor, loss_mask: torch.Tensor, vocab_mask: torch.Tensor | None, fused: bool,
+              logits: torch.Tensor):
+    """Megatron-LM's GPT loss contract: (summed loss, token count, values to report). `fused`:
+    megatron-core's native fused cross entropy (megatron-fast's BF16 cases, fast.py)."""
+    from lockstep.runners.megatron.fast import vocab_parallel_cross_entropy
 
     logits = logits.float()  # [b, s, v / TP]; under bf16 autocast the output layer gives bf16
     if vocab_mask is not None:
         logits = logits.masked_fill(vocab_mask, float("-inf"))  # only the first V logits count
-    per_token = tensor_parallel.vocab_parallel_cross_entropy(logits, labels)  # [b, s], FP32
+    per_token = vocab_parallel_cross_entropy(logits, labels, fused)  # [b, s], FP32
     mask = loss_mask.float()
     loss_sum = torch.sum(per_token * mask)
     num_tokens = mask.sum().detach().to(torch.int)
@@ -135,7 +137,7 @@ def optimizer_step(optimizer) -> tuple[bool, float | None]:
     return optimizer.step_with_ready_grads(), None
 
 
-def make_forward_step(attention_mask: torch.Tensor, vocab_mask: torch.Tensor | None):
+def make_forward_step(attention_mask: torch.Tensor, vocab_mask: torch.Tensor | None, fused_loss: bool = False):
     from megatron.core.utils import get_attr_wrapped_model
 
     def forward_step(data_iterator, model):
@@ -145,7 +147,7 @@ def make_forward_step(attention_mask: torch.Tensor, vocab_mask: torch.Tensor | N
         batch = next(data_iterator) if (pre or post) else {}
         # Every chunk gets the causal mask: without one megatron builds its default mask on CUDA.
         output = model(batch.get("tokens"), batch.get("position_ids"), attention_mask)
-        return output, partial(loss_func, batch.get("labels"), batch.get("loss_mask"), vocab_mask)
+        return output, partial(loss_func, batch.get("labels"), batch.get("loss_mask"), vocab_mask, fused_loss)
 
     return forward_step
 
@@ -163,6 +165,7 @@ class Training:
     layout: ParallelLayout
     shims: list
     vocab_rows: int
+    fast: Any  # fast.FastPaths: what megatron-fast turns on (nothing for `megatron`)
     config: Any = None  # megatron's TransformerConfig
     chunks: list = field(default_factory=list)
     shards: list = field(default_factory=list)
@@ -211,7 +214,15 @@ class StepLog:
 
 def train(job: MegatronJob, writer: ResultsWriter) -> dict:
     """One case: load, data, resume, then per step train, record and save (see the module docstring)."""
+    from lockstep.runners.megatron.fast import compile_stance
+
     run = start(job)
+    with compile_stance(run.fast):
+        return train_run(run, writer)
+
+
+def train_run(run: Training, writer: ResultsWriter) -> dict:
+    job = run.job
     load_weights(run)
     if job.write_state is not None:  # a step folder from canonical state, no training (checkpoint.write_state)
         return write_state_only(run)
@@ -236,12 +247,14 @@ def start(job: MegatronJob) -> Training:
     from lockstep.models import family as model_family
     from lockstep.runners.megatron import model as mmodel
     from lockstep.runners.megatron.cpu_shims import apply_cpu_shims
+    from lockstep.runners.megatron import fast as mfast
     from lockstep.runners.megatron.families import adapter_for
     from lockstep.runners.megatron.parallel import init_parallel
 
     phases = Phases()
     case, on_cpu = job.case, job.device != "cuda"
     adapter = adapter_for(job.model)
+    fast = mfast.paths(job.options, case, adapter, job.model, job.device, capturing=job.capture is not None)
     precision = mmodel.Precision.for_case(case, job.options.native_bf16)
     version = _megatron_version()
     if reports_results():
@@ -253,11 +266,16 @@ def start(job: MegatronJob) -> Training:
     layout = init_parallel(case, job.device)
     shims = apply_cpu_shims() if on_cpu else []
     if not on_cpu:
-        tensor_parallel.model_parallel_cuda_manual_seed(MODEL_SEED)
+        # CUDA graphs need an RNG tracker whose states a graph can capture (megatron's CudaGraphManager checks).
+        graphable = dict(use_cudagraphable_rng=True, force_reset_rng=True) if fast.cuda_graphs else {}
+        tensor_parallel.model_parallel_cuda_manual_seed(MODEL_SEED, **graphable)
     run = Training(job=job, phases=phases, family=model_family(job.model.family), adapter=adapter,
                    precision=precision, version=version, layout=layout, shims=shims,
-                   vocab_rows=adapter.vocab_rows(job.model, case.tp))
+                   vocab_rows=adapter.vocab_rows(job.model, case.tp), fast=fast)
     _say(layout, config_line(run))
+    if fast.any or job.options.fusions or job.options.core_attention != "local" or job.options.cuda_graphs:
+        run.info["megatron_fast"] = fast.to_dict()
+        _say(layout, f"megatron-fast: {fast.label()}" + "".join(f"; {n}" for n in fast.notes))
     if shims:
         _say(layout, "cpu shims (no CUDA): " + "; ".join(shims))
     phases.lap("start-up")  # the parallel state, megatron's config
@@ -291,6 +309,7 @@ def load_weights(run: Training) -> None:
     """The model chunks of this rank, each mapping its own shard straight from the memory-mapped
     LLMC file, wrapped for training, and their optimizer."""
     from lockstep.models import load_checkpoint
+    from lockstep.runners.megatron import fast as mfast
     from lockstep.runners.megatron import model as mmodel
 
     job, case = run.job, run.case
@@ -299,8 +318,10 @@ def load_weights(run: Training) -> None:
     # Never let GPTDataset wrap into a second epoch: the contract reads each token window once.
     case.check(max_seq_len=job.model.max_seq_len,
                available_tokens=len(read_token_stream(job.tokens, check_ids=False)))
-    run.config = mmodel.transformer_config(case, job.model, run.adapter, run.precision, run.on_cpu)
-    chunks = mmodel.build_model_chunks(run.config, job.model, run.adapter, run.layout, run.vocab_rows)
+    run.config = mmodel.transformer_config(case, job.model, run.adapter, run.precision, run.on_cpu,
+                                           overrides=mfast.config_overrides(run.fast, run.adapter, job.model))
+    chunks = mmodel.build_model_chunks(run.config, job.model, run.adapter, run.layout, run.vocab_rows,
+                                       layer_spec=mfast.layer_spec(run.adapter.layer_spec(job.model), run.fast))
     loaded, adapted = _load_chunks(run, chunks, canonical, ckpt.config)
     _check_header(run, ckpt)
     run.chunks = mmodel.wrap_for_training(run.config, chunks, run.precision, zero=case.zero)
@@ -417,7 +438,8 @@ def load_data(run: Training) -> Data:
                  f"GPTDataset with the identity shuffle ({num_samples} samples of {case.seq_len}+1 tokens)")
     batches = mdata.MicroBatches(dataset, case, layout.dp_rank, layout.device)
     forward_step = make_forward_step(batches.attention_mask,
-                                     padded_vocab_mask(run.vocab_rows, job.model.vocab_size, layout))
+                                     padded_vocab_mask(run.vocab_rows, job.model.vocab_size, layout),
+                                     fused_loss=run.fast.cross_entropy_fusion)
     run.phases.lap("data")
     return Data(batches=batches, forward_step=forward_step, forward_backward=get_forward_backward_func(),
                 indexed=indexed)

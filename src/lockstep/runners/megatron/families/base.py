@@ -119,6 +119,11 @@ class MegatronFamily:
         """The local (non-Transformer-Engine) layer spec."""
         raise NotImplementedError
 
+    def fused_activation_overrides(self, model) -> dict:
+        """TransformerConfig fields that hand the MLP's bias+activation to megatron-core's fused
+        function (megatron-fast, fast.py), or {} where megatron-core has none for the family."""
+        return {}
+
     def block_spec(self, config, layer_spec, vp_stage: int | None):
         """What GPTModel builds its decoder from: the layer spec itself, or a block spec made of it."""
         return layer_spec

@@ -54,6 +54,12 @@ class GPT2Adapter(MegatronFamily):
 
         return get_gpt_layer_local_spec()
 
+    def fused_activation_overrides(self, model) -> dict:
+        # megatron-core fuses bias+GELU only for activation_func F.gelu, and its fused bias_gelu is
+        # the tanh approximation (x * 0.5 * (1 + tanh(0.79788456 * x * (1 + 0.044715 x^2))), with a
+        # hand-written backward): GPT-2's GELU, although the unfused F.gelu would be the erf form.
+        return dict(activation_func=F.gelu, bias_activation_fusion=True)
+
     def gpt_model_kwargs(self, model) -> dict:
         return dict(share_embeddings_and_output_weights=True, position_embedding_type="learned_absolute")
 

@@ -47,6 +47,10 @@ class Llama3Adapter(MegatronFamily):
 
         return get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.qk_layernorm)
 
+    def fused_activation_overrides(self, model) -> dict:
+        # SwiGLU of fc1's [gate; up] without a bias: megatron-core's fused swiglu (MoE experts too).
+        return dict(bias_activation_fusion=True)
+
     def gpt_model_kwargs(self, model) -> dict:
         theta = model.rope_theta
         return dict(share_embeddings_and_output_weights=False, position_embedding_type="rope", rotary_percent=1.0,

@@ -23,7 +23,7 @@ from lockstep.formats.run_record import read_run_record
 from lockstep.outdir import locked_dir
 
 COMMITS = 16
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def bisect_args(repo: FakeRepo, out: Path, checkpoint: Path, tokens: Path, good: str | None = None,

@@ -15,6 +15,8 @@ import pytest
 
 import lockstep
 
+pytestmark = pytest.mark.integration  # trains a real framework (tests/README.md: the lanes)
+
 SRC = Path(lockstep.__file__).resolve().parents[1]
 
 RANK = """

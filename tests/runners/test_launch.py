@@ -67,3 +67,31 @@ def test_a_worker_dies_within_a_second_of_its_killed_parent(script):
     finally:
         if alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+# A rank that ends normally but leaves a helper of its own in its session (megatron-core's checkpoint
+# writer once left a spawned process running for hours after its rank had exited).
+LEAVES_A_HELPER = """
+import subprocess, sys
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+print(helper.pid, flush=True)
+"""
+
+
+def test_what_a_finished_worker_left_in_its_session_is_ended(tmp_path):
+    from lockstep.runners.launch import spawn_group, supervise
+
+    out = tmp_path / "out.txt"
+    with open(out, "w") as f:
+        proc = spawn_group([sys.executable, "-c", LEAVES_A_HELPER], stdout=f)
+        status, timed_out = supervise(proc, lambda: None, timeout_s=60, interval_s=0.1)
+    helper = int(out.read_text())
+    try:
+        assert (status, timed_out) == (0, False)
+        deadline = time.monotonic() + 2.0
+        while alive(helper) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(helper), "the worker's helper outlived it"
+    finally:
+        if alive(helper):
+            os.kill(helper, signal.SIGKILL)

@@ -170,9 +170,14 @@ def supervise(proc: subprocess.Popen, poll: Callable[[], None], timeout_s: float
     try:
         while True:
             try:
-                return proc.wait(timeout=interval_s), False
+                status = proc.wait(timeout=interval_s)
             except subprocess.TimeoutExpired:
                 pass
+            else:
+                # What it left in its session (a checkpoint writer's spawned helper outliving its rank)
+                # would run on with nobody to stop it.
+                _signal_group(proc.pid, signal.SIGKILL)
+                return status, False
             poll()
             if timeout_s is not None and time.monotonic() - start > timeout_s:
                 kill_process_group(proc)

@@ -158,3 +158,14 @@ def test_early_groups_are_guessed_only_where_cheap_and_safe(tmp_path):
                                               nodes=NodeLayout(nnodes=2, node_rank=0, rdzv_endpoint="h:1"))) == {}
     # pytorch alone has no group for one device.
     assert start_first_group_early(RunRequest(device="cpu", model="gpt2-tiny", frameworks=["pytorch"])) == {}
+
+
+def test_a_lone_framework_records_step_1_only_when_the_run_asks_for_it(tmp_path):
+    from lockstep.execute import inputs_for
+
+    lone = Bookkeeping("a", grouped=False, calls=[])
+    alone = plan(tmp_path, [lone], persistent=False)
+    assert inputs_for(alone, alone.cases[0], lone).capture is None  # nothing to certify
+    asked = RunPlan(**{**alone.__dict__, "record_step1": True})  # bisect --expect identical
+    request = inputs_for(asked, asked.cases[0], lone).capture
+    assert request.path == str(tmp_path / "step1" / "a" / "one.npz") and request.reference is None

@@ -197,12 +197,13 @@ def _nvidia_driver_present() -> bool:
 
 
 def inputs_for(plan: RunPlan, case: CaseSpec, runner: FrameworkRunner) -> RunInputs:
-    """The case's inputs, asking the runner to record step 1 where the case is certified.
+    """The case's inputs, asking the runner to record step 1 where the case is certified (or the
+    run asks every framework for it: plan.records_step1).
 
     A resumed case records nothing while it trains: its certified step is the first one after the
     resume point, captured by every framework after all runs from the reference's saved state
     (stepcheck/certificates.py), never its step 1 from the initial weights, which it does not train."""
     inputs = plan.inputs[case.name]
-    if not plan.certifies(case) or first_step(case) > 1:
+    if not plan.records_step1(case) or first_step(case) > 1:
         return inputs
     return dataclasses.replace(inputs, capture=certificate_request(plan, case, runner.name))

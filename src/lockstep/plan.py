@@ -60,6 +60,9 @@ class RunRequest:
     persistent_workers: bool = True
     certify: bool = True  # a step-1 certificate for every FP32 pair (--no-certify)
     certify_bf16: bool = False  # and for BF16 pairs (--certify-bf16)
+    # Record step 1 from inside even with one framework (no pair to certify): `bisect --expect
+    # identical` judges each commit's capture against the good commit's, bit for bit.
+    record_step1: bool = False
     # Measure each case's shape roofline after the runs (lockstep/roofline.py): None, on CUDA only
     # (--roofline / --no-roofline).
     roofline: bool | None = None
@@ -89,6 +92,7 @@ class RunPlan:
     persistent_workers: bool = True
     certify: bool = True
     certify_bf16: bool = False
+    record_step1: bool = False  # RunRequest.record_step1
     # Worker groups started before the plan was made (`start_first_group_early`), by (runner, key):
     # execute_plan takes the one it needs first and stops the others.
     early_groups: dict = field(default_factory=dict)
@@ -113,6 +117,11 @@ class RunPlan:
         one node (every node would have to record the same step; a multi-node run is not certified)."""
         return self.certify and len(self.runners) > 1 and not self.nodes.multi_node and (
             not case.is_bf16 or self.certify_bf16)
+
+    def records_step1(self, case: CaseSpec) -> bool:
+        """Whether each framework records the case's step 1 from inside while it runs: for its
+        certificate, or asked for alone (RunRequest.record_step1); a multi-node run records none."""
+        return self.certifies(case) or (self.record_step1 and not self.nodes.multi_node)
 
     def capture_path(self, framework: str, case: CaseSpec) -> Path:
         return self.out_dir / STEP1_DIR / framework / f"{case.name}.npz"
@@ -321,7 +330,7 @@ def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes:
             runner.preflight(m)  # e.g. a missing InfiniTrain binary stops here, before any run
     return RunPlan(out_dir=out_dir, device=device, cases=cases, inputs=inputs, runners=runners, notes=notes,
                    unrunnable=fit.unrunnable, nodes=nodes, persistent_workers=req.persistent_workers,
-                   certify=req.certify, certify_bf16=req.certify_bf16, skips=skips,
+                   certify=req.certify, certify_bf16=req.certify_bf16, record_step1=req.record_step1, skips=skips,
                    roofline=device == "cuda" if req.roofline is None else req.roofline, cache_dir=cache)
 
 

@@ -15,7 +15,7 @@ import pytest
 from support.fake_framework import LN_DEFECT_SUBJECT, make_fake_repo
 from lockstep.cli import main
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = pytest.mark.integration  # in CI: bisect's own regressions (the slow lane leaves them in)
 
 
 def test_a_defect_only_the_certificate_sees_is_found(tmp_path, tiny_checkpoint, training_tokens):

@@ -16,7 +16,7 @@ from support.fake_framework import git
 from test_bisect_command_runner import BUILD, TOML, TRAINER
 from lockstep.cli import main
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = pytest.mark.integration  # in CI: bisect's own regressions (the slow lane leaves them in)
 
 EXACT_LOG = ("train loss {total:.6f}", "train loss {total:.17g}")
 SCALE = ("att = (q @ k.transpose(-1, -2)) / math.sqrt(hd)", "att = (q / math.sqrt(hd)) @ k.transpose(-1, -2)")
@@ -56,3 +56,33 @@ def test_bisect_on_identity_names_the_first_commit_that_changes_a_bit(tmp_path, 
     assert rows[shas[0]]["state"] == "good" and rows[shas[-1]]["verdict"] == "NOT IDENTICAL"
     assert 0 < rows[shas[-1]]["max_abs_diff"] < 1e-5  # within the loss threshold: only identity sees it
     assert not (out / "runs" / shas[0] / "pytorch").exists()  # no baseline framework ran
+
+
+def test_bisect_on_identity_finds_a_change_only_step_ones_gradients_show(tmp_path, tiny_checkpoint, training_tokens):
+    # The fake framework's LayerNorm bias gradients x1.05 from the second commit. One step: the loss is
+    # computed before any update, so every logged loss is the same bits; only the step-1 capture each
+    # commit records (with no baseline framework beside it) differs. Before it was recorded, a real
+    # bisect over InfiniTrain builds judged a planted gradient change IDENTICAL at both endpoints.
+    from support.fake_framework import LN_DEFECT_SUBJECT, make_fake_repo
+
+    repo = make_fake_repo(tmp_path / "repo", commits=2, defect_index=1, broken_index=None, defect="ln_bias_grad")
+    out = tmp_path / "out"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["bisect", "--repo", str(repo.path), "--good", repo.shas[0], "--bad", repo.shas[-1],
+                     "--cases", "gpt2_1", "--steps", "1", "--device", "cpu", "--llmc", str(tiny_checkpoint),
+                     "--data", str(training_tokens), "--out", str(out), "--build", repo.build_command,
+                     "--frameworks", "infinitrain", "--expect", "identical"])
+    assert code == 0, stdout.getvalue()
+    result = json.loads((out / "bisect.json").read_text())
+    first = result["first_bad"]
+    assert (first["sha"], first["subject"], first["verdict"]) == (repo.shas[1], LN_DEFECT_SUBJECT, "NOT IDENTICAL")
+    assert first["max_abs_diff"] == 0.0  # the loss is the same bits
+    assert "step 1's gradient ln1b[0] (relative 5.00e-02) is the first tensor that differs" in first["cause"], first
+    assert first["reason"] == f"gpt2_1 infinitrain vs infinitrain (good commit): {first['cause']}"
+    rows = {row["sha"]: row for row in result["tested"]}
+    assert rows[repo.shas[0]]["verdict"] == "IDENTICAL"
+    assert (out / "runs" / repo.shas[0] / "step1" / "infinitrain" / "gpt2_1.npz").is_file()
+    md = (out / "bisect.md").read_text()
+    assert "infinitrain against the good commit's build, bit for bit" in md
+    assert f"| {first['cause']} |" in md  # the verdict column says it once

@@ -110,7 +110,7 @@ def runs(files, tmp_path_factory, worker_pool):
     return get
 
 
-@pytest.mark.parametrize("layout", ["ep1", "ep2", "tp2"])
+@pytest.mark.parametrize("layout", ["ep1", pytest.param("ep2", marks=pytest.mark.slow), "tp2"])  # ep2: 65 s
 def test_megatron_moe_matches_pytorch_with_a_certificate(runs, layout):
     mega, ref, mega_cap, ref_cap, ref_case = runs(layout)
     dloss = max(abs(a - b) for a, b in zip(mega.losses(), ref.losses()))

@@ -150,6 +150,7 @@ def test_gpt2_resume_is_exact_and_a_data_restart_is_told(tiny_checkpoint, traini
     assert verdict.verdict is ResumeVerdictClass.BROKEN and verdict.cause is ResumeCause.DATA_RESTARTED, verdict.sentence()
 
 
+@pytest.mark.slow  # 100 s on CI's 2 cores; megatron's dp2 resume (test_megatron_resume.py) stays in CI
 def test_a_dp2_resume_is_exact_per_rank_and_one_restoring_only_rank_0_is_a_shard_not_restored(
         llama_inputs, tmp_path, monkeypatch):
     runner = PyTorchRunner()

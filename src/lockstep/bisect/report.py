@@ -10,6 +10,7 @@ from pathlib import Path
 from lockstep.bisect.build import BUILD_FAILED
 from lockstep.bisect.evaluate import BUILDS_DIR, TestedCommit
 from lockstep.bisect.git import Commit
+from lockstep.compare.options import EXPECT_IDENTICAL
 from lockstep.fsutil import atomic_write
 
 RESULT_JSON, RESULT_MD = "bisect.json", "bisect.md"
@@ -48,8 +49,18 @@ def build_label(t: TestedCommit) -> str:
 def verdict_label(t: TestedCommit) -> str:
     """The verdict, its cause, and what the step-1 certificate said (the verdict includes it)."""
     j = t.judgement
-    return (j.verdict + (f" ({j.cause})" if j.cause else "")
-            + (f"; step-1 certificate {j.certificate}" if j.certificate else ""))
+    if j.cause and j.cause.startswith(j.verdict):  # an identity cause: "NOT IDENTICAL from step 1: ..."
+        said = j.cause
+    else:
+        said = j.verdict + (f" ({j.cause})" if j.cause else "")
+    return said + (f"; step-1 certificate {j.certificate}" if j.certificate else "")
+
+
+def baseline_words(plan) -> str:
+    """What each commit's build is judged against."""
+    if plan.expect == EXPECT_IDENTICAL:
+        return "the good commit's build, bit for bit"
+    return ", ".join(plan.run.frameworks[:-1])
 
 
 def format_diff(value: float | None) -> str:
@@ -91,7 +102,7 @@ def result_markdown(result: BisectResult) -> str:
     plan = result.plan
     lines = ["# lockstep bisect", "",
              f"`{plan.repo}`: {plan.good.short} (good) .. {plan.bad.short} (bad), {plan.commits} commits; "
-             f"{plan.framework.name} against {', '.join(plan.run.frameworks[:-1])}; build: `{plan.build_command}`", "",
+             f"{plan.framework.name} against {baseline_words(plan)}; build: `{plan.build_command}`", "",
              f"**{headline(result)}**", ""]
     if result.found:
         t = result.first_bad

@@ -39,7 +39,8 @@ DEFAULT_FRAMEWORKS = ["pytorch", "infinitrain"]
 REQUEST_NAME = "bisect-request.json"
 WORKTREE_DIR = "src"
 # RunRequest fields that change a commit's verdict: a re-run into the same OUT must keep them.
-VERDICT_FIELDS = ("matrix", "cases", "frameworks", "model", "llmc", "data", "text", "steps", "device", "seed")
+VERDICT_FIELDS = ("matrix", "cases", "frameworks", "model", "llmc", "data", "text", "steps", "device", "seed",
+                  "record_step1")
 
 
 @dataclass
@@ -115,7 +116,10 @@ def plan_bisect(req: BisectRequest) -> BisectPlan:
     if not is_ancestor(repo, good, bad):
         raise BisectError(f"{repo}: --good {req.good} ({good[:10]}) is not an ancestor of --bad {req.bad} "
                           f"({bad[:10]}); git bisects from an older good commit to a newer bad one")
-    run = dataclasses.replace(req.run, frameworks=frameworks, **absolute_inputs(req.run))
+    # identical: each commit records its step 1 from inside, judged bit for bit against the good
+    # commit's (a change the loss never shows -- Adam's update is blind to a gradient's scale --
+    # shows there).
+    run = dataclasses.replace(req.run, frameworks=frameworks, record_step1=identical, **absolute_inputs(req.run))
     plan = BisectPlan(repo=repo, good=commit_info(repo, good), bad=commit_info(repo, bad), build_command=req.build,
                       out_dir=Path(req.out).absolute(), run=run, framework=framework,
                       commits=commits_between(repo, good, bad), build_timeout_s=req.build_timeout_s,

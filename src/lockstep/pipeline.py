@@ -255,6 +255,7 @@ class RunStages:
             result.determinism = add_determinism(plan, result, repeat)
         with self.timing.stage("comparison"):
             add_resume_verdicts(plan, result, say=say)
+            add_twin_verdicts(plan, result, say=say)
             write_summary(plan.out_dir, result.summary)  # once, every section in it
         self.observer.compared(result)
 
@@ -377,6 +378,22 @@ def add_resume_verdicts(plan: RunPlan, result: RunResult, say=lambda text: None)
             say(f"resume {o.framework}/{o.case.name} (from {spec.resume_case}): {entries[-1]['sentence']}")
     if entries and result.comparison is not None:
         result.comparison.summary["resumes"] = entries
+    return entries
+
+
+def add_twin_verdicts(plan: RunPlan, result: RunResult, say=lambda text: None) -> list[dict]:
+    """Every recompute case against its twin on the same framework, bit for bit (compare/twins.py),
+    into summary.json's "twins"; an identical one is said here, one that is not in the run's verdict."""
+    from lockstep.compare.twins import judge_twins, twin_line
+
+    if not plan.twins or result.comparison is None:
+        return []
+    entries = judge_twins({(o.framework, o.case.name): o.record for o in result.outcomes if o.record is not None},
+                          plan.twins)
+    for entry in entries:
+        if entry["passed"]:
+            say(twin_line(entry))
+    result.comparison.summary["twins"] = entries
     return entries
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from lockstep.cases.matrix import load_matrix, select_cases
 from lockstep.cases.spec import CaseSpec
+from lockstep.cases.twins import recompute_twins
 from lockstep.compare.pairing import STEP1_DIR
 from lockstep.data.corpus import default_cache_dir
 from lockstep.errors import CaseError, FormatError, LockstepError
@@ -93,6 +94,8 @@ class RunPlan:
     certify: bool = True
     certify_bf16: bool = False
     record_step1: bool = False  # RunRequest.record_step1
+    # Each recompute case -> its twin without recompute, judged bit for bit per framework (cases/twins.py).
+    twins: dict[str, str] = field(default_factory=dict)
     # Worker groups started before the plan was made (`start_first_group_early`), by (runner, key):
     # execute_plan takes the one it needs first and stops the others.
     early_groups: dict = field(default_factory=dict)
@@ -308,6 +311,7 @@ def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes:
     cases = select_cases(all_cases, req.cases, source=f"matrix {req.matrix}")
     if req.steps is not None:
         cases = [c.with_overrides(steps=req.steps) for c in cases]
+    cases, twins = _with_twins(cases, notes)
     cases, models = resolve_case_models(cases, req, device, notes)
     # What this machine cannot run at all is known before any file is made (an 8B init is 32 GB).
     nodes = req.nodes.check()
@@ -331,7 +335,19 @@ def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes:
     return RunPlan(out_dir=out_dir, device=device, cases=cases, inputs=inputs, runners=runners, notes=notes,
                    unrunnable=fit.unrunnable, nodes=nodes, persistent_workers=req.persistent_workers,
                    certify=req.certify, certify_bf16=req.certify_bf16, record_step1=req.record_step1, skips=skips,
+                   twins=twins,
                    roofline=device == "cuda" if req.roofline is None else req.roofline, cache_dir=cache)
+
+
+def _with_twins(cases: list[CaseSpec], notes: list[str]) -> tuple[list[CaseSpec], dict[str, str]]:
+    """The cases with each recompute case's twin (cases/twins.py); an added twin is said."""
+    names = {c.name for c in cases}
+    cases, twins = recompute_twins(cases)
+    for case, twin in twins.items():
+        if twin not in names:
+            notes.append(f"added case {twin}: {case} without recompute, which {case} must equal bit for bit "
+                         "on every framework")
+    return cases, twins
 
 
 @dataclass(frozen=True)

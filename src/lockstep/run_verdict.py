@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.compare.policy import VerdictClass, class_of, count_classes, run_passes
+from lockstep.compare.twins import twin_line
 from lockstep.execute import CaseOutcome
 
 MAX_NAMES = 6  # per line; the rest is counted, the full list is in run.json and summary.json
@@ -63,6 +64,8 @@ def _one_framework(framework: str, summary: dict | None, failed: bool) -> tuple[
         within = "its repeats compared with each other"
     elif (summary or {}).get("resumes"):
         within = "its resumes compared with the runs that saved them"
+    elif (summary or {}).get("twins"):
+        within = "its recompute cases compared with their twins without recompute"
     else:
         return ("FAIL" if failed else "RAN", 1,
                 f"{'FAIL' if failed else 'RAN'}: {said}: nothing was compared; name a framework to compare it with "
@@ -94,6 +97,10 @@ def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: l
     for r in bad_resumes:
         why = r.get("sentence") or r.get("error")
         failing.append(f"  resume {r['framework']}/{r['case']} (from {r['resume_case']}): {why}")
+    # Recompute twins (compare/twins.py): recompute that changes a bit fails the run.
+    bad_twins = [t for t in (summary or {}).get("twins", []) if not t.get("passed")]
+    failing += [f"  {twin_line(t)}" for t in bad_twins]
+    bad_checks = bad_resumes + bad_twins  # judged per framework, beside the pairs
     n_err = len(counts[VerdictClass.ERROR])
     compared = sum(len(v) for v in counts.values())
 
@@ -110,11 +117,11 @@ def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: l
         lines.append(f"FAIL: nothing was compared: no case ran on both the baseline {frameworks[0]} and another "
                      f"framework | {head}")
     elif len(frameworks) == 1:
-        word, code, line = _one_framework(frameworks[0], summary, bool(failed_runs or bad_resumes))
+        word, code, line = _one_framework(frameworks[0], summary, bool(failed_runs or bad_checks))
         lines.append(f"{line} | {head}")
     else:
         passed = run_passes(len(failed_runs), counts) and (summary or {}).get("passed") is not False \
-            and not bad_resumes
+            and not bad_checks
         word, code = ("PASS", 0) if passed else ("FAIL", 1)
         lines.append(f"{word}: {head}")
     lines += failing

@@ -76,3 +76,45 @@ def test_named_infinitrain_builds_are_frameworks_of_their_own(tmp_path):
         parse_builds([str(tmp_path / "a"), str(tmp_path / "b")])
     with pytest.raises(LockstepError, match="names the build 'x' twice"):
         parse_builds(["x=/a", "x=/b"])
+
+
+RECOMPUTE_MATRIX = """
+[defaults]
+model = "gpt2"
+dtype = "float32"
+seq_len = 32
+steps = 2
+lr = 1e-4
+micro_batch = 2
+total_batch = 64
+
+[[case]]
+name = "rc_uniform1"
+activation_recompute = true
+recompute_method = "uniform"
+recompute_num_layers = 1
+"""
+
+
+@pytest.mark.integration
+def test_a_recompute_case_is_judged_against_its_twin_on_each_framework(tmp_path, capsys, tiny_checkpoint,
+                                                                       training_tokens):
+    # The reference keeps every activation (recompute is the same math there), so its twin is
+    # IDENTICAL, step 1's captures included; the run adds the twin itself and says so.
+    matrix = tmp_path / "m.toml"
+    matrix.write_text(RECOMPUTE_MATRIX)
+    out = tmp_path / "o"
+    rc = main(["run", "--matrix", str(matrix), "--frameworks", "pytorch,pytorch-fast", "--llmc",
+               str(tiny_checkpoint), "--data", str(training_tokens), "--device", "cpu", "--out", str(out),
+               "--no-history"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    twins = {t["framework"]: t for t in json.loads((out / "summary.json").read_text())["twins"]}
+    assert set(twins) == {"pytorch", "pytorch-fast"}
+    for t in twins.values():
+        assert (t["case"], t["twin"], t["passed"]) == ("rc_uniform1", "rc_uniform1_no_recompute", True)
+        assert t["captures"] == "step 1's module outputs and gradients bit for bit"
+    assert "added case rc_uniform1_no_recompute" in text
+    assert "recompute pytorch/rc_uniform1 vs rc_uniform1_no_recompute: IDENTICAL" in text
+    report = (out / "report.md").read_text()
+    assert "## Recompute twins" in report and "| pytorch-fast | rc_uniform1 | rc_uniform1_no_recompute | IDENTICAL" in report

@@ -77,7 +77,9 @@ def judge_identity(baseline: RunRecord, test: RunRecord) -> IdentityVerdict:
 def _compare_captures(baseline: RunRecord, test: RunRecord, verdict: IdentityVerdict) -> str:
     paths = [r.meta.get("step1_capture") for r in (baseline, test)]
     if not all(p and Path(p).is_file() for p in paths):
-        missing = [r.framework for r, p in zip((baseline, test), paths) if not (p and Path(p).is_file())]
+        # One framework's two cases (a recompute twin) are told apart by their case.
+        label = (lambda r: r.framework) if baseline.framework != test.framework else (lambda r: f"{r.framework}/{r.case}")
+        missing = [label(r) for r, p in zip((baseline, test), paths) if not (p and Path(p).is_file())]
         return f"losses only: {', '.join(missing)} recorded no step-1 capture"
     from lockstep.formats.step_capture import StepCapture
 

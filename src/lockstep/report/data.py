@@ -37,6 +37,7 @@ class ReportData:
     # report's overall line is their first, so the report and the terminal count alike.
     run_lines: list[str] | None = None
     resumes: list[dict] = field(default_factory=list)  # summary.json's "resumes" (compare/resume.py)
+    twins: list[dict] = field(default_factory=list)  # summary.json's "twins" (compare/twins.py)
 
     @functools.cached_property
     def unfinished(self) -> str | None:
@@ -165,7 +166,8 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
     if manifest.get("baseline") == baseline_framework and isinstance(lines, list) and lines and \
             all(isinstance(line, str) for line in lines):
         data.run_lines = lines  # the run's own verdict (against another --baseline it is not)
-    data.resumes = resumes_of(run_dir, data.problems)
+    sections = summary_sections(run_dir, ("resumes", "twins"), data.problems)
+    data.resumes, data.twins = sections["resumes"], sections["twins"]
     for fw in frameworks:
         tree = collect_cases(run_dir / fw)
         data.problems += tree.unreadable
@@ -184,16 +186,20 @@ def gather(run_dir: str | Path, baseline_framework: str = "pytorch",
     return data
 
 
-def resumes_of(run_dir: Path, problems: list[str]) -> list[dict]:
-    """summary.json's "resumes" (one entry per resumed case judged, compare/resume.py); [] when the
-    run wrote no summary or judged no resume. An unreadable summary is a problem of the report."""
+def summary_sections(run_dir: Path, keys: tuple[str, ...], problems: list[str]) -> dict[str, list[dict]]:
+    """summary.json's per-framework verdict lists by key ("resumes": compare/resume.py, "twins":
+    compare/twins.py), each [] when the run wrote no summary or judged none. An unreadable summary
+    is a problem of the report."""
+    empty: dict[str, list[dict]] = {k: [] for k in keys}
     path = run_dir / SUMMARY_NAME
     if not path.is_file():
-        return []
+        return empty
     try:
         doc = json.loads(read_text(path, "run summary"))
     except (LockstepError, ValueError) as e:
-        problems.append(f"{path}: cannot be read ({e}); its resume verdicts are left out")
-        return []
-    entries = doc.get("resumes") if isinstance(doc, dict) else None
-    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+        problems.append(f"{path}: cannot be read ({e}); its resume and recompute verdicts are left out")
+        return empty
+    for key in keys:
+        entries = doc.get(key) if isinstance(doc, dict) else None
+        empty[key] = [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    return empty

@@ -66,6 +66,8 @@ def render_html(data: ReportData, images: dict[str, bytes], trends: dict[str, by
     if resumes:
         parts += ["<h2>Resumes</h2>", f"<p>{html.escape(tables.RESUME_NOTE)}</p>",
                   _table(tables.RESUME_HEADER, resumes, verdict_col=tables.RESUME_HEADER.index("verdict"))]
+    if twins := tables.twin_rows(data):
+        parts += ["<h2>Recompute twins</h2>", f"<p>{html.escape(tables.TWIN_NOTE)}</p>", _table(tables.TWIN_HEADER, twins)]
     if throughput:
         parts += ["<h2>Throughput</h2>", f"<p>{html.escape(tables.THROUGHPUT_NOTE)}</p>",
                   _table(tables.THROUGHPUT_HEADER, throughput)]

@@ -30,6 +30,8 @@ def render_markdown(data: ReportData, image_paths: dict[str, str]) -> str:
         parts += ["## Verdicts", "", _table(tables.VERDICT_HEADER, verdicts), ""]
     if resumes:
         parts += ["## Resumes", "", tables.RESUME_NOTE, "", _table(tables.RESUME_HEADER, resumes), ""]
+    if twins := tables.twin_rows(data):
+        parts += ["## Recompute twins", "", tables.TWIN_NOTE, "", _table(tables.TWIN_HEADER, twins), ""]
     if throughput:
         parts += ["## Throughput", "", tables.THROUGHPUT_NOTE, "", _table(tables.THROUGHPUT_HEADER, throughput), ""]
     certificates = tables.certificate_rows(data)

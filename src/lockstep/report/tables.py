@@ -217,6 +217,17 @@ def resume_rows(data: ReportData) -> list[list[str]]:
     return rows
 
 
+TWIN_HEADER = ["framework", "recompute case", "twin", "verdict"]
+TWIN_NOTE = ("Each recompute case against the same framework's run of its twin without recompute, bit for bit: "
+             "recompute trades compute for memory and must not change the math.")
+
+
+def twin_rows(data: ReportData) -> list[list[str]]:
+    """summary.json's recompute twins (compare/twins.py)."""
+    return [[str(t.get("framework", "-")), str(t.get("case", "-")), str(t.get("twin", "-")),
+             str(t.get("sentence", "-"))] for t in data.twins]
+
+
 def overall_line(data: ReportData) -> str:
     if data.run_lines:
         return data.run_lines[0]  # the run's own verdict, as the terminal said it

@@ -347,6 +347,9 @@ def _with_twins(cases: list[CaseSpec], notes: list[str]) -> tuple[list[CaseSpec]
         if twin not in names:
             notes.append(f"added case {twin}: {case} without recompute, which {case} must equal bit for bit "
                          "on every framework")
+    found = [f"{case} = {twin}" for case, twin in twins.items() if twin in names]
+    if found:
+        notes.append(f"recompute cases judged bit for bit against their twins on every framework: {', '.join(found)}")
     return cases, twins
 
 

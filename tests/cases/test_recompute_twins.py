@@ -17,6 +17,9 @@ UNIFORM2 = dataclasses.replace(BASIC, name="2_recompute_uniform2", activation_re
 def test_the_basic_case_of_the_run_is_the_twin():
     cases, twins = recompute_twins([BASIC, UNIFORM2])
     assert cases == [BASIC, UNIFORM2] and twins == {"2_recompute_uniform2": "2"}
+    # feat/activation_checkpointing's test_config.json: the basic group's 2, the recompute group's twin of it.
+    grouped = [dataclasses.replace(BASIC, group="basic"), dataclasses.replace(UNIFORM2, group="recompute")]
+    assert recompute_twins(grouped) == (grouped, {"2_recompute_uniform2": "2"})
 
 
 def test_a_missing_twin_is_added_right_after_its_case():

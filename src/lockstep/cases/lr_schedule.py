@@ -37,9 +37,12 @@ def lrs_of(case: CaseSpec) -> tuple[float, ...]:
 
 @lru_cache(maxsize=256)
 def _lrs(schedule: LRSchedule | None, lr: float, steps: int) -> tuple[float, ...]:
-    peak = _F(lr)
     if schedule is None or schedule.lr_decay_style == "none":
-        return (float(peak),) * steps  # InfiniTrain builds no scheduler for "none": no warm-up either
+        # No scheduler (InfiniTrain builds none for "none": no warm-up either): the lr as given, as each
+        # framework's optimizer holds it. Rounding it to FP32 here moved every Adam run of the reference
+        # by ~1e-8 (torch's Adam divides the lr by the bias correction in double before rounding).
+        return (float(lr),) * steps
+    peak = _F(lr)
     warmup = schedule.lr_warmup_iters
     out, current = [], peak
     for taken in range(steps):

@@ -21,8 +21,9 @@ def without_recompute(case: CaseSpec) -> CaseSpec:
                                recompute_method="none", recompute_num_layers=0)
 
 
-def _same_but_name(a: CaseSpec, b: CaseSpec) -> bool:
-    return dataclasses.replace(a, name="") == dataclasses.replace(b, name="")
+def _same_training(a: CaseSpec, b: CaseSpec) -> bool:
+    """Equal but for their labels: the name, and the test-config group a case came from."""
+    return dataclasses.replace(a, name="", group=None) == dataclasses.replace(b, name="", group=None)
 
 
 def recompute_twins(cases: list[CaseSpec]) -> tuple[list[CaseSpec], dict[str, str]]:
@@ -36,7 +37,7 @@ def recompute_twins(cases: list[CaseSpec]) -> tuple[list[CaseSpec], dict[str, st
         if not case.activation_recompute:
             continue
         plain = without_recompute(case)
-        twin = next((c for c in cases + out if _same_but_name(c, plain)), None)
+        twin = next((c for c in cases + out if _same_training(c, plain)), None)
         if twin is None:
             name = case.name + TWIN_SUFFIX
             while name in names:

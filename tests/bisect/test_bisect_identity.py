@@ -79,10 +79,10 @@ def test_bisect_on_identity_finds_a_change_only_step_ones_gradients_show(tmp_pat
     assert (first["sha"], first["subject"], first["verdict"]) == (repo.shas[1], LN_DEFECT_SUBJECT, "NOT IDENTICAL")
     assert first["max_abs_diff"] == 0.0  # the loss is the same bits
     assert "step 1's gradient ln1b[0] (relative 5.00e-02) is the first tensor that differs" in first["cause"], first
-    assert first["reason"] == f"gpt2_1 infinitrain vs infinitrain (good commit): {first['cause']}"
+    assert first["reason"] == f"gpt2_1 infinitrain vs infinitrain (good commit): NOT IDENTICAL {first['cause']}"
     rows = {row["sha"]: row for row in result["tested"]}
     assert rows[repo.shas[0]]["verdict"] == "IDENTICAL"
     assert (out / "runs" / repo.shas[0] / "step1" / "infinitrain" / "gpt2_1.npz").is_file()
     md = (out / "bisect.md").read_text()
     assert "infinitrain against the good commit's build, bit for bit" in md
-    assert f"| {first['cause']} |" in md  # the verdict column says it once
+    assert f"| NOT IDENTICAL ({first['cause']}) |" in md

@@ -76,8 +76,9 @@ def judge_summary(summary: dict, path: Path) -> Judgement:
                 worst["max_abs_diff"] <= worst.get("threshold", 0.0):
             detail = f"the step-1 certificate differs while the loss agrees ({detail})"
         more = f" ({len(failing) - 1} more failing)" if len(failing) > 1 else ""
-        # Identity has no threshold: its cause says where the bits first differ ("NOT IDENTICAL from ...").
-        said = worst["cause"] if verdict == VerdictClass.NOT_IDENTICAL.value and worst.get("cause") else f"{verdict}, {detail}"
+        # Identity has no threshold: its cause says where the bits first differ ("from step 1: ...").
+        said = (f"{verdict} {worst['cause']}" if verdict == VerdictClass.NOT_IDENTICAL.value and worst.get("cause")
+                else f"{verdict}, {detail}")
         return Judgement(BAD, verdict, f"{where}: {said}{more}", cause=worst.get("cause"),
                          max_abs_diff=max_diff, failing_case=worst["case"],
                          baseline=comp.get("baseline_framework"), test=comp.get("test_framework"),

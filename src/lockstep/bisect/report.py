@@ -49,11 +49,8 @@ def build_label(t: TestedCommit) -> str:
 def verdict_label(t: TestedCommit) -> str:
     """The verdict, its cause, and what the step-1 certificate said (the verdict includes it)."""
     j = t.judgement
-    if j.cause and j.cause.startswith(j.verdict):  # an identity cause: "NOT IDENTICAL from step 1: ..."
-        said = j.cause
-    else:
-        said = j.verdict + (f" ({j.cause})" if j.cause else "")
-    return said + (f"; step-1 certificate {j.certificate}" if j.certificate else "")
+    return (j.verdict + (f" ({j.cause})" if j.cause else "")
+            + (f"; step-1 certificate {j.certificate}" if j.certificate else ""))
 
 
 def baseline_words(plan) -> str:

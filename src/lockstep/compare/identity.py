@@ -37,14 +37,21 @@ class IdentityVerdict:
         return 1 if self.tensor is not None else self.loss_step
 
     def sentence(self) -> str:
-        same = "bit for bit" if self.printed is None else f"to the {self.printed:.0e} its log prints"
         if self.identical:
-            return f"IDENTICAL: every step's loss {same}; {self.captures}"
+            return f"IDENTICAL: every step's loss {self._same}; {self.captures}"
+        return f"NOT IDENTICAL {self.difference()}"
+
+    def difference(self) -> str:
+        """Where the two first differ, without the verdict's word: a NOT IDENTICAL pair's cause."""
         losses = (f"loss first differs at step {self.loss_step} (by {self.loss_delta:.3e})" if self.loss_step
-                  else f"every step's loss {same}")
+                  else f"every step's loss {self._same}")
         where = (f"step 1's {self.tensor.line} is the first tensor that differs" if self.tensor is not None
                  else self.captures)
-        return f"NOT IDENTICAL from step {self.first_step}: {where}; {losses}"
+        return f"from step {self.first_step}: {where}; {losses}"
+
+    @property
+    def _same(self) -> str:
+        return "bit for bit" if self.printed is None else f"to the {self.printed:.0e} its log prints"
 
     def to_json(self) -> dict:
         return {"identical": self.identical, "first_step": self.first_step, "loss_step": self.loss_step,

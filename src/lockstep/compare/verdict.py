@@ -129,7 +129,7 @@ class CaseVerdict:
         if self.throughput_passed is False:
             return f"too slow: tok/s ratio {self.throughput_ratio} < {self.min_tps_ratio}"
         if self.identity is not None and not self.identity.identical:
-            return self.identity.sentence()
+            return self.identity.difference()
         return self.judgement.cause if self.judgement else None
 
     @property

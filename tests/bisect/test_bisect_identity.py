@@ -1,7 +1,9 @@
 """`lockstep bisect --expect identical` over the command runner's toy trainer, on a CPU: a tiny git
-repository whose trainer logs its loss to 17 significant digits, one commit re-associating the
-attention scale ((q/√hd)·kᵀ instead of (q·kᵀ)/√hd: the same math, other bits). Its loss stays within
-FP32's 1e-5 of the good build's, so only identity finds it."""
+repository whose trainer logs its loss to 17 significant digits, one commit scaling the loss by
+1 + 2e-7 (about 2 FP32 ulps of a loss near 10.8, whatever the data). Its loss stays within FP32's 1e-5
+of the good build's, so only identity finds it. (A re-associated attention scale, (q/√hd)·kᵀ for
+(q·kᵀ)/√hd, was the first plant: on the offline corpus, with no ../shared, the near-uniform attention
+of a fresh model left every loss the same bits, and the test failed there.)"""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from lockstep.cli import main
 pytestmark = pytest.mark.integration  # in CI: bisect's own regressions (the slow lane leaves them in)
 
 EXACT_LOG = ("train loss {total:.6f}", "train loss {total:.17g}")
-SCALE = ("att = (q @ k.transpose(-1, -2)) / math.sqrt(hd)", "att = (q / math.sqrt(hd)) @ k.transpose(-1, -2)")
+SCALE = ("(loss / a.accum).backward()", "(loss * (1 + 2e-7) / a.accum).backward()\n            loss = loss * (1 + 2e-7)")
 
 
 def make_repo(path: Path) -> list[str]:
@@ -30,7 +32,7 @@ def make_repo(path: Path) -> list[str]:
     assert EXACT_LOG[0] in text and SCALE[0] in text
     text = text.replace(*EXACT_LOG)
     shas = []
-    for i, subject in enumerate(["the toy trainer", "notes", "scale q first", "notes again"]):
+    for i, subject in enumerate(["the toy trainer", "notes", "scale the loss", "notes again"]):
         (path / "train_gpt2.py").write_text(text.replace(*SCALE) if i >= 2 else text)
         (path / "NOTES.txt").write_text(f"change {i}\n")
         git(path, "add", "-A")
@@ -51,7 +53,7 @@ def test_bisect_on_identity_names_the_first_commit_that_changes_a_bit(tmp_path, 
                      "--data", str(training_tokens), "--out", str(out), "--expect", "identical"])
     assert code == 0, stdout.getvalue()
     result = json.loads((out / "bisect.json").read_text())
-    assert result["first_bad"]["sha"] == shas[2] and result["first_bad"]["subject"] == "scale q first"
+    assert result["first_bad"]["sha"] == shas[2] and result["first_bad"]["subject"] == "scale the loss"
     rows = {row["sha"]: row for row in result["tested"]}
     assert rows[shas[0]]["state"] == "good" and rows[shas[-1]]["verdict"] == "NOT IDENTICAL"
     assert 0 < rows[shas[-1]]["max_abs_diff"] < 1e-5  # within the loss threshold: only identity sees it

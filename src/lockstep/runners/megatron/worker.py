@@ -48,6 +48,7 @@ from lockstep.runners.megatron.job import DATA_SEED, LOG_MARKER, MODEL_SEED, Meg
 from lockstep.runners.megatron.capture import StepRecorder, logged_micro_loss
 from lockstep.runners.megatron.parallel import ParallelLayout
 from lockstep.runners.nodes import reports_results
+from lockstep.runners.workers import end_multiprocessing_children
 from lockstep.step_contract import Phases, StepClock, after_warmup, fp32_sequential_of_tensors, slowest_rank
 
 
@@ -683,6 +684,9 @@ def _end_rank(job: MegatronJob, text: str) -> None:
     print(f"{LOG_MARKER}: error: {text}", flush=True)
     _write_error(job, text)
     sys.stderr.flush()
+    # os._exit skips multiprocessing's exit handlers: the checkpoint writer's spawned Manager would
+    # outlive the rank, orphaned (the rank's own process group is no longer anyone's to kill).
+    end_multiprocessing_children()
     os._exit(1)
 
 

@@ -6,7 +6,8 @@ does; the gradients are read after `finalize_model_grads`, before the optimizer 
 - Forward: hooks on every model chunk's modules. A module's k-th call in a step is micro batch
   k for every schedule (each stage takes micro batches in order), so every micro batch of DP
   rank 0 up to MAX_MICRO_BATCHES is seen, not only the first: a pipeline that hands a later micro
-  batch the wrong activation shows there. Each rank sketches its share of an output in the
+  batch the wrong activation shows there. A forward replayed inside the backward (activation
+  recompute) is not a call: it would shift every later micro batch's index by one. Each rank sketches its share of an output in the
   canonical (b, s, ...) layout with the canonical index of every element (capture/sketch.py):
   a replicated output on TP rank 0, a sequence-parallel or a TP-split output (attention before
   its row-parallel projection, the vocab-parallel logits) on every TP rank, and the shares add up
@@ -50,6 +51,12 @@ def logged_micro_loss(reported: dict) -> float:
     per_token, loss_mask = reported["lm loss tokens"]
     mask = loss_mask.double()
     return float((per_token.double() * mask).sum() / mask.sum())
+
+
+def replaying() -> bool:
+    """Whether a module runs inside the autograd engine's backward: activation recompute's replay
+    of a forward the step already made."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def _tensor(out):
@@ -132,6 +139,8 @@ class StepRecorder:
 
         def recorded_gating(hidden):
             logits = gating(hidden)
+            if replaying():
+                return logits
             shaped = logits.view(*hidden.shape[:-1], -1)  # [s/TP, b, E]
             micro = self.calls[f"{ROUTER}[{layer}]"]
             self._record(f"{ROUTER}[{layer}]", shaped)
@@ -162,6 +171,8 @@ class StepRecorder:
         return self.model.channels
 
     def _record(self, name: str, out: torch.Tensor) -> None:
+        if replaying():
+            return
         micro = self.calls[name]
         self.calls[name] += 1
         if self.layout.dp_rank != 0 or micro >= MAX_MICRO_BATCHES:

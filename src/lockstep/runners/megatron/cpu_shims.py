@@ -27,6 +27,11 @@ when the job runs on the CPU. Nothing here changes any arithmetic.
    its `batch_isend_irecv` requests, then calls `torch.cuda.synchronize()` (`batch_p2p_sync`).
    gloo runs the batch itself; what remains to wait for is nothing, so synchronize is a no-op.
    This keeps the CPU on the p2p path a GPU takes, so the CPU tests guard it.
+6. The CUDA RNG state saved around activation recompute: megatron's CheckpointFunction saves
+   the CPU generator's state, the CUDA generator's and the tracker's before a recomputed
+   forward and restores them for its replay in the backward. Without CUDA there is no CUDA
+   generator: its state is an empty tensor and setting it does nothing; the CPU generator's
+   state (the one a CPU draws from) is still saved and restored by megatron itself.
 
 Not shimmed, on purpose: bf16. megatron-core's bf16 autocast backward (and its bf16 optimizer,
 which checks for `torch.cuda.BFloat16Tensor` parameters) needs CUDA, so the runner skips bf16
@@ -106,6 +111,15 @@ def _synchronize_without_cuda(device=None) -> None:
     """Shim 5: nothing is in flight on a CPU once a call has returned."""
 
 
+def _cuda_rng_state_without_cuda(device=None, clone=False, graph_safe=False) -> torch.Tensor:
+    """Shim 6: the state of a CUDA generator that does not exist."""
+    return torch.empty(0, dtype=torch.uint8)
+
+
+def _set_cuda_rng_state_without_cuda(new_state, device=-1, graph_safe=False) -> None:
+    """Shim 6: nothing to restore."""
+
+
 def _current_device_without_cuda() -> int:
     """Shim 1: megatron's "current CUDA device", which shim 2 maps to the CPU."""
     return 0
@@ -128,6 +142,9 @@ def apply_cpu_shims() -> list[str]:
         _ACTIVE_MODE = CudaDevicesOnCpu()
         _ACTIVE_MODE.__enter__()
     mpu_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    mpu_random._get_cuda_rng_state = _cuda_rng_state_without_cuda
+    mpu_random._set_cuda_rng_state = _set_cuda_rng_state_without_cuda
     return ["torch.cuda.current_device -> 0", "CUDA device arguments -> cpu (TorchFunctionMode)",
             "CUDA RNG tracker fork -> no-op (megatron inference tracker)",
-            "torch.cuda.current_stream -> a synchronous stand-in", "torch.cuda.synchronize -> no-op"]
+            "torch.cuda.current_stream -> a synchronous stand-in", "torch.cuda.synchronize -> no-op",
+            "CUDA RNG state around activation recompute -> empty (no CUDA generator)"]

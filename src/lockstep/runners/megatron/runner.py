@@ -84,9 +84,6 @@ class MegatronRunner(StepInspector, FrameworkRunner):
             if self.options.native_bf16:
                 return "megatron-core's native bf16 (Float16Module and its optimizer) needs CUDA"
             return "megatron-core's bf16 autocast backward needs CUDA"
-        if case.activation_recompute and case.recompute_granularity != "none" and inputs.device != "cuda":
-            return ("megatron-core's activation recompute saves the CUDA RNG state (tensor_parallel.random's "
-                    "CheckpointFunction), so it needs CUDA")
         if case.zero == 2:
             # Its distributed optimizer shards the optimizer state (ZeRO-1) and reduce-scatters the
             # gradients into a full-size buffer; sharded gradients are Megatron-FSDP's, not used here.

@@ -47,11 +47,6 @@ class TorchtitanRunner(StepInspector, FrameworkRunner):
             return "lockstep does not drive torchtitan's pipeline schedules yet (its PP splits the model by its own rules)"
         if case.ep > 1:
             return "torchtitan trains no Mixtral-style MoE model here"
-        if case.zero and case.zero != 3 and case.dp > 1:
-            return (f"torchtitan shards parameters, gradients and optimizer state together (FSDP2, ZeRO-3); "
-                    f"it has no ZeRO-{case.zero}")
-        if inputs.device == "cpu" and case.tp > 1:
-            return "torchtitan's tensor parallelism needs CUDA devices (its DTensor plans assume them)"
         return super().skip_reason(case, inputs)
 
     def capture_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:

@@ -241,6 +241,19 @@ def load_llmc_weights(optimizers, model_parts, parallel_dims, *, job: Torchtitan
     if missing or result.unexpected_keys:
         raise ValueError(f"the LLMC weights do not fill torchtitan's model: missing {missing}, "
                          f"unexpected {list(result.unexpected_keys)}")
+    if job.device == "cpu":
+        sum_reductions_on_gloo(model)
+
+
+def sum_reductions_on_gloo(model) -> None:
+    """FSDP2 averages gradients with a pre-multiplied sum (ReduceOp.PREMUL_SUM), which gloo does
+    not have: on the CPU every FSDP module reduces with SUM and divides afterwards (its own
+    alternative, `set_force_sum_reduction_for_comms`). The same mean, rounded in another order."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_force_sum_reduction_for_comms(True)
 
 
 def model_spec(job: TorchtitanJob) -> ModelSpec:
@@ -264,7 +277,8 @@ def parallelism_config(case: CaseSpec) -> ParallelismConfig:
     """ZeRO cases shard over DP (FSDP2), plain DP replicates (torchtitan's DDP is FSDP2 replicated)."""
     shard, replicate = (case.dp, 1) if case.zero else (1, case.dp)
     return ParallelismConfig(data_parallel_shard_degree=shard, data_parallel_replicate_degree=replicate,
-                             tensor_parallel_degree=case.tp, enable_sequence_parallel=case.sp)
+                             tensor_parallel_degree=case.tp, enable_sequence_parallel=case.sp,
+                             spmd_backend="partial_dtensor")
 
 
 def lockstep_case() -> Trainer.Config:

@@ -110,3 +110,16 @@ name = "flat"
     with pytest.raises(CaseError, match="m.toml: case bad: lr_schedule.lr_warmup_iters = 'x'"):
         parse_matrix(text.replace('name = "flat"', 'name = "bad"\nlr_schedule = {lr_warmup_iters = "x"}'),
                      source="m.toml")
+
+
+def test_a_cases_first_steps_train_at_its_own_lrs():
+    """The state diagnose --at-step starts from, a resume, a drift: the first n steps of a case whose
+    decay runs over "the run's steps" keep that run's horizon (a 3-step warm-up then cut to 2 steps
+    was an invalid schedule, and a cut cosine would have decayed faster)."""
+    full = case("cosine", warmup=3, min_lr=0.1, steps=8)
+    for n in (1, 2, 5):
+        cut = full.first_steps(n, name=f"c_to_step{n}").check()
+        assert lrs_of(cut) == lrs_of(full)[:n] and cut.steps == n
+    assert full.first_steps(2).lr_schedule.lr_decay_iters == 8
+    pinned = case("linear", warmup=2, decay_iters=6, min_lr=0.1, steps=8)
+    assert pinned.first_steps(3).lr_schedule == pinned.lr_schedule

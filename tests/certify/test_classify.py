@@ -144,6 +144,43 @@ def test_the_optimizers_applied_updates_name_the_optimizer_only_where_the_gradie
     assert close_call([Finding(OPTIMIZER, "optimizer", "updates differ", ("wte",))], rel, 1e-5)
 
 
+def test_every_update_scaled_by_another_steps_lr_is_named_the_lr_schedule():
+    """A warm-up one step late (diagnose --at-step 3 of a 2-step warm-up from 0 then cosine): step
+    4 trains at step 3's lr, so every applied update is lr(3)/lr(4) of the expected, each in its
+    direction; the finding is the learning rate of step 4, one step late. An update scaled by a
+    factor no step's lr explains stays the optimizer's, with the factor said."""
+    import dataclasses
+
+    from lockstep.cases.lr_schedule import lrs_of
+    from lockstep.cases.spec import LRSchedule
+    from lockstep.capture.request import make_sketch
+    from lockstep.certify.classify import LR_SCHEDULE
+
+    case = dataclasses.replace(CASE, lr_schedule=LRSchedule("cosine", lr_warmup_iters=3, min_lr=1e-5))
+    lrs = lrs_of(case)
+    late = lrs[2] / lrs[3]
+    assert 0.5 < late < 0.9
+
+    def captures(scale: float):
+        ref, test, _ = pair()
+        for cap, s in ((ref, 1.0), (test, scale)):
+            cap.sketches.update({f"applied/{n}": make_sketch(g * s) for n, g in ref.grads.items()})
+            cap.meta["applied"] = {"step": 4, "lr": lrs[3], "precision": {n: 1e-6 for n in ref.grads}}
+        test.meta["request"] = {"start_step": 3}
+        return ref, test
+
+    [finding] = diagnose_captures(*captures(late), case).findings
+    assert (finding.kind, finding.where, finding.tensors) == (LR_SCHEDULE, "lr schedule", ("wte", "lnfw"))
+    assert finding.line == (f"learning rate of step 4: forward and gradients agree, and every update the optimizer "
+                            f"applied is {late:.6g}x the expected (2 of 2 tensors, one factor, each in its direction): "
+                            f"step 4 trained at lr {lrs[2]:.6g}, the contract's lr of step 3, not its own "
+                            f"{lrs[3]:.6g}: the lr schedule runs 1 step late")
+    [other] = diagnose_captures(*captures(1.915), case).findings
+    assert other.kind == OPTIMIZER and other.line.endswith(
+        "; every update is 1.915x the expected, in its direction: an lr of 1.915x the step's, or a scalar of the "
+        "optimizer's (Adam's bias correction)")
+
+
 def test_step_1s_applied_adam_update_is_allowed_what_the_gradients_difference_moves_it_by():
     """Adam's first update g/(|g| + eps) moves by up to 1/eps times a gradient's error where |g| is
     near eps: two frameworks whose gradients agree to 1e-7 and whose optimizers apply exactly that

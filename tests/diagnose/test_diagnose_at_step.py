@@ -99,6 +99,31 @@ def test_the_same_pair_without_the_defect_agrees_at_step_3_updates_included(inpu
     assert [s["loss"] for s in reference_steps] == [uninterrupted[k] for k in (1, 2, 3)]
 
 
+def test_a_schedule_one_step_late_is_named_the_learning_rate_of_the_step(inputs, tmp_path, capsys, monkeypatch):
+    """pytorch-fast's Adam one step behind a warm-up of 3 from 0 (then cosine): from the reference's
+    state after step 2, step 3 trains at step 2's lr, every update 1/2 of the expected."""
+    from lockstep.cases.matrix import load_matrix
+    from lockstep.certify.classify import LR_SCHEDULE
+
+    ckpt, tokens, matrix = inputs
+    scheduled = tmp_path / "scheduled.toml"
+    scheduled.write_text(matrix.read_text() + '\n[case.lr_schedule]\nlr_decay_style = "cosine"\n'
+                         'lr_warmup_iters = 3\nmin_lr = 1e-5\n')
+    [case] = load_matrix(str(scheduled))
+    defects.inject_late_schedule(case, monkeypatch)
+
+    assert at_step.diagnose((ckpt, tokens, scheduled), tmp_path, "pytorch,pytorch-fast", "--at-step", "2") == 1
+    out = " ".join(capsys.readouterr().out.split())
+    v = json.loads((tmp_path / "diagnose" / "adam_pytorch_vs_pytorch-fast.at_step2.json").read_text())
+    [finding] = v["findings"]
+    assert (finding["kind"], finding["where"]) == (LR_SCHEDULE, "lr schedule")
+    line = finding["classification"]
+    assert line.startswith("learning rate of step 3: forward and gradients agree, and every update the optimizer "
+                           "applied is 0.5x the expected (17 of 17 tensors"), line
+    assert line.endswith("step 3 trained at lr 3.33333e-05, the contract's lr of step 2, not its own 6.66667e-05: "
+                         "the lr schedule runs 1 step late") and line in out
+
+
 @pytest.mark.parametrize("extra, frameworks, sentence", [
     (["--at-step", "6"], "pytorch,pytorch-fast",
      "--at-step 6: case adam trains 6 steps, so the latest state it can start from is the one after step 5"),

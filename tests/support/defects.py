@@ -38,6 +38,10 @@ The lr schedule's negative control (tests/runners/test_lr_schedule_training.py):
 - lr_warmup_one_step_late: the pytorch reference trains step n at the contract's lr of step n - 1
   (step 1 at step 1's), its warm-up one step late; the comparison's lr check must name step 2.
 
+A schedule defect that shows from a saved state (diagnose --at-step's schedule control,
+`inject_late_schedule(case, patch)`): pytorch-fast's Adam takes step t+1 (its state's count t)
+at the contract's lr of step t, as a scheduler restored one step behind would.
+
 A defect that shows only after step 1 (`lockstep diagnose --at-step`'s negative control):
 - fast_adam_bias_correction_step1: pytorch-fast's Adam bias-corrects every update as if it were
   the first (1 - beta^1 instead of 1 - beta^t), its step count otherwise kept: step 1 is exactly
@@ -348,6 +352,33 @@ def inject(name: str, patch) -> None:
         patch.setattr(model, "pipeline_p2p", lambda case: model.PipelineP2P(batch=True, overlap=False))
     else:
         raise ValueError(f"unknown defect {name!r}; known: {', '.join(DEFECTS)}")
+
+
+def inject_late_schedule(case, patch) -> None:
+    """pytorch-fast's Adam one step behind `case`'s lr schedule (see the module docstring)."""
+    from lockstep.runners.pytorch_fast import train as fast
+
+    right = fast.build_fast_optimizer
+    patch.setattr(fast, "build_fast_optimizer",
+                  lambda *args, **kwargs: lr_one_step_late(right(*args, **kwargs), case))
+
+
+def lr_one_step_late(optimizer: torch.optim.Optimizer, case) -> torch.optim.Optimizer:
+    """`optimizer` (torch's Adam) whose step t+1 trains at the contract's lr of step t."""
+    from lockstep.cases.lr_schedule import lr_at
+
+    step = optimizer.step
+
+    def late_step(*args, **kwargs):
+        counts = [int(state["step"]) for state in optimizer.state.values() if "step" in state]
+        taken = max(counts, default=0)
+        if taken:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(case, taken)
+        return step(*args, **kwargs)
+
+    optimizer.step = late_step
+    return optimizer
 
 
 def bias_corrected_as_step1(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

@@ -287,6 +287,14 @@ class CaseSpec:
     def with_overrides(self, **kw) -> "CaseSpec":
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
+    def first_steps(self, steps: int, **kw) -> "CaseSpec":
+        """This case trained for its first `steps` steps only (a state to start from, a resume, a
+        drift): every step at this case's lr, so a decay over "the run's steps" keeps this run's."""
+        schedule = self.lr_schedule
+        if schedule is not None and schedule.lr_decay_iters == 0:
+            schedule = replace(schedule, lr_decay_iters=schedule.decay_iters(self.steps))
+        return replace(self, steps=steps, lr_schedule=schedule, **kw)
+
     def to_dict(self) -> dict:
         return asdict(self)
 

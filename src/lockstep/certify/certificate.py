@@ -17,10 +17,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lockstep.cases.lr_schedule import lrs_of
 from lockstep.cases.spec import CaseSpec
 from lockstep.compare.policy import loss_threshold
 from lockstep.certify.classify import (ADAM_SIGN_SHARE, BACKWARD_INPUT, DOWNSTREAM, FORWARD, GRADIENT_ONLY,
-                                       MICRO_BATCH, OPTIMIZER, TENSOR_TOLERANCE, TIE, Finding, LossCheck,
+                                       LR_SCHEDULE, MICRO_BATCH, OPTIMIZER, TENSOR_TOLERANCE, TIE, Finding, LossCheck,
                                        add_applied_findings, add_micro_batch_findings, add_output_grad_findings,
                                        classify, differs, loss_check)
 from lockstep.certify.lora import LORA_KINDS, add_lora_findings
@@ -34,8 +35,8 @@ from lockstep.fsutil import atomic_write, read_text
 
 CERTIFICATE_SUFFIX = ".certificate.json"
 # Findings that say the two frameworks compute differently; the others (logging precision) do not.
-DEFECT_KINDS = (FORWARD, TIE, BACKWARD_INPUT, GRADIENT_ONLY, DOWNSTREAM, MICRO_BATCH, OPTIMIZER, *ROUTING_KINDS,
-                *LORA_KINDS)
+DEFECT_KINDS = (FORWARD, TIE, BACKWARD_INPUT, GRADIENT_ONLY, DOWNSTREAM, MICRO_BATCH, OPTIMIZER, LR_SCHEDULE,
+                *ROUTING_KINDS, *LORA_KINDS)
 
 
 @dataclass
@@ -112,7 +113,7 @@ def evaluate_step1(ref: StepCapture, test: StepCapture, case: CaseSpec, adam_eps
     routing = compare_routing(ref, test)
     if routing:
         findings = add_routing_findings(findings, routing, forward, tol)
-    findings = add_applied_findings(findings, diffs.applied, tol, captured_step(test))
+    findings = add_applied_findings(findings, diffs.applied, tol, captured_step(test), lrs_of(case))
     return Step1Evaluation(tol, forward, micro, output_grads, grads, loss, findings, routing, diffs.applied, diffs)
 
 

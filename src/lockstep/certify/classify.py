@@ -18,7 +18,10 @@ Rules, in order (each one line in the verdict):
    batch the wrong input, labels or gradient (e.g. a pipeline's p2p exchange that swaps them).
 5. *Optimizer update*: forward and gradients agree, but the update the optimizer applied differs
    (a capture that steps its optimizer from a saved state: diagnose --at-step), or the losses after
-   step 1 part (drift).
+   step 1 part (drift). Where every tensor's applied update is one factor c of the expected, in
+   the same direction, the step trained at c times the contract's lr of the step; when that is the
+   contract's lr of another step, the finding is the *learning rate* of the step: the schedule is
+   that many steps late or early (a warm-up one step late is the classic).
 6. *Logging precision only*: forward and gradients agree, and the step-1 loss differs by no more
    than an FP32 sequential sum of the per-token losses can move the mean.
 """
@@ -47,6 +50,7 @@ GRADIENT_ONLY = "gradient only (backward kernel)"
 DOWNSTREAM = "downstream of the forward difference"
 MICRO_BATCH = "micro batches paired wrong"
 OPTIMIZER = "optimizer update"
+LR_SCHEDULE = "learning rate of the step"
 LOGGING = "logging precision only"
 NONE = "no divergence"
 # Losses that part at the case's lr by no more than this many times what they part by with frozen
@@ -307,27 +311,73 @@ def _reached_by(tensor: str, output: str, upstream: list[str]) -> bool:
 
 
 def add_applied_findings(findings: list[Finding], applied: list[TensorDiff], tol: float,
-                         step: int) -> list[Finding]:
+                         step: int, lrs: tuple[float, ...] = ()) -> list[Finding]:
     """Rule 5 from the updates themselves: with the forward and the gradients of the step in
     agreement (no other finding that says the frameworks compute differently), the update each
     optimizer applied, tensor by tensor. Differences downstream of a forward or gradient finding
-    are that finding's, and are not said again."""
+    are that finding's, and are not said again. `lrs`: the contract's lr of every step, to name an
+    update scaled as a whole by another step's lr."""
     if not applied or any(f.kind not in (LOGGING,) for f in findings):
         return findings
     wrong = [d for d in applied if differs(d, tol)]
     if not wrong:
         return findings
+    factor = uniform_factor(applied, tol) if len(wrong) == len(applied) else None
+    if factor is not None:
+        schedule = _schedule_finding(factor, applied, step, lrs)
+        if schedule is not None:
+            return findings + [schedule]
     worst = max(wrong, key=lambda d: d.rel)
     rels = sorted(d.rel for d in wrong)
     where = "every parameter" if len(wrong) == len(applied) else ", ".join(d.name for d in wrong[:6]) + (
         f" and {len(wrong) - 6} more" if len(wrong) > 6 else "")
+    scaled = "" if factor is None else (
+        f"; every update is {factor:.6g}x the expected, in its direction: an lr of {factor:.6g}x the step's, "
+        "or a scalar of the optimizer's (Adam's bias correction)")
     return findings + [Finding(
         OPTIMIZER, "optimizer" if len(wrong) == len(applied) else wrong[0].name,
         f"optimizer update of step {step}: the forward and the gradients agree, but the update the optimizer "
         f"applied differs in {len(wrong)} of {len(applied)} tensors ({where}; relative {rels[0]:.2e} to "
         f"{rels[-1]:.2e}, worst {worst.name}, cosine {worst.cosine:.4f}): the optimizer's arithmetic or its "
-        "state (moments, step count, bias correction) differs",
+        f"state (moments, step count, bias correction) differs{scaled}",
         tensors=tuple(d.name for d in wrong))]
+
+
+def uniform_factor(diffs: list[TensorDiff], tol: float) -> float | None:
+    """The one factor c with test = c * ref for every tensor, each within its own allowance (its
+    direction the reference's and its norm ratio c's), or None."""
+    scales = [d.scale for d in diffs]
+    if not diffs or any(s is None for s in scales):
+        return None
+    factor = float(np.median(scales))
+    for d, scale in zip(diffs, scales):
+        room = allowance(d, tol)
+        off_direction = np.sqrt(max(0.0, 1.0 - d.cosine ** 2)) * scale
+        if off_direction > room or abs(scale - factor) > room * max(factor, 1.0):
+            return None
+    return factor
+
+
+def _schedule_finding(factor: float, applied: list[TensorDiff], step: int, lrs: tuple[float, ...]) -> Finding | None:
+    """A learning-rate finding when `factor` times the step's contract lr is the contract's lr of
+    another step (the nearest such step)."""
+    if not 1 <= step <= len(lrs) or lrs[step - 1] == 0:
+        return None
+    lr = lrs[step - 1]
+    trained = factor * lr
+    room = max(allowance(d, 0.0) for d in applied) * max(trained, lr) + 1e-12 * lr
+    matches = [k for k, other in enumerate(lrs, 1) if k != step and abs(other - trained) <= room]
+    if not matches:
+        return None
+    other = min(matches, key=lambda k: abs(k - step))
+    off = step - other
+    how = f"{abs(off)} step{'s' if abs(off) > 1 else ''} {'late' if off > 0 else 'early'}"
+    return Finding(LR_SCHEDULE, "lr schedule",
+                   f"learning rate of step {step}: forward and gradients agree, and every update the optimizer applied "
+                   f"is {factor:.6g}x the expected ({len(applied)} of {len(applied)} tensors, one factor, each in its "
+                   f"direction): step {step} trained at lr {trained:.6g}, the contract's lr of step {other}, not its own "
+                   f"{lr:.6g}: the lr schedule runs {how}",
+                   tensors=tuple(d.name for d in applied))
 
 
 def add_drift_findings(findings: list[Finding], drift: list, loss_tolerance: float) -> list[Finding]:

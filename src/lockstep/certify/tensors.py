@@ -35,17 +35,26 @@ class TensorDiff:
     # FP64 run of the same step, times ROUNDING_FACTOR (0 when not measured); for step 1's applied
     # Adam update, what the two gradients' difference moves it by (first_adam_eps) plus w's rounding.
     rounding: float = 0.0
+    test_norm: float | None = None  # None where only the difference was kept (older JSON)
+
+    @property
+    def scale(self) -> float | None:
+        """||test|| / ||ref||: with a cosine of 1, the one factor between the two tensors."""
+        if self.test_norm is None or not self.ref_norm:
+            return None
+        return self.test_norm / self.ref_norm
 
     def to_json(self) -> dict:
         return {"tensor": self.name, "kind": self.kind, "max_abs_diff": self.max_abs, "rel_error": self.rel,
                 "cosine": self.cosine, "ref_norm": self.ref_norm, "shape": list(self.shape),
-                "recovery_precision": self.precision, "sketched": self.sketched, "fp32_rounding": self.rounding}
+                "recovery_precision": self.precision, "sketched": self.sketched, "fp32_rounding": self.rounding,
+                **({"test_norm": self.test_norm} if self.test_norm is not None else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> "TensorDiff":
         return cls(d["tensor"], d["kind"], d.get("max_abs_diff"), d["rel_error"], d["cosine"], d["ref_norm"],
                    tuple(d.get("shape", ())), d.get("recovery_precision", 0.0), d.get("sketched", False),
-                   d.get("fp32_rounding", 0.0))
+                   d.get("fp32_rounding", 0.0), d.get("test_norm"))
 
 
 def _cosine(ref_norm: float, test_norm: float, d_norm: float) -> float:
@@ -78,7 +87,7 @@ def tensor_diff(name: str, kind: str, ref: np.ndarray, test: np.ndarray, precisi
     ref_norm, test_norm, d_norm = (math.sqrt(max(float(np.dot(a, a)), 0.0)) for a in (ref, test, delta))
     max_abs = float(np.max(np.abs(delta))) if delta.size else 0.0
     return TensorDiff(name, kind, max_abs, _rel(ref_norm, d_norm), _cosine(ref_norm, test_norm, d_norm), ref_norm,
-                      shape, precision)
+                      shape, precision, test_norm=test_norm)
 
 
 def _is_torch(x) -> bool:
@@ -98,17 +107,21 @@ def _tensor_diff_on_device(name, kind, ref, test, precision, shape) -> TensorDif
     ref_norm, test_norm, d_norm = (math.sqrt(max(float(torch.dot(a, a)), 0.0)) for a in (r, t, d))
     max_abs = float(d.abs().max()) if d.numel() else 0.0
     return TensorDiff(name, kind, max_abs, _rel(ref_norm, d_norm), _cosine(ref_norm, test_norm, d_norm), ref_norm,
-                      shape, precision)
+                      shape, precision, test_norm=test_norm)
 
 
 def sketch_diff(name: str, kind: str, ref: Sketch, test: Sketch, precision: float = 0.0) -> TensorDiff:
     if ref.shape != test.shape:
         raise ValueError(f"{name}: shapes differ, reference {ref.shape} vs test {test.shape}")
-    d = np.asarray(test.values, dtype=np.float64) - np.asarray(ref.values, dtype=np.float64)
+    r, t = np.asarray(ref.values, dtype=np.float64), np.asarray(test.values, dtype=np.float64)
+    d = t - r
     d_norm = float(np.sqrt(np.dot(d, d)))
     exact = ref.exact
+    # The direction from the sketches alone: the sketched difference's norm is an estimate, and mixed
+    # with the exact norms it would make a tensor scaled as a whole (a cosine of 1) look a few % off.
+    cosine = _cosine(float(np.sqrt(np.dot(r, r))), float(np.sqrt(np.dot(t, t))), d_norm)
     return TensorDiff(name, kind, float(np.max(np.abs(d))) if exact and d.size else None, _rel(ref.norm, d_norm),
-                      _cosine(ref.norm, test.norm, d_norm), ref.norm, ref.shape, precision, sketched=not exact)
+                      cosine, ref.norm, ref.shape, precision, sketched=not exact, test_norm=test.norm)
 
 
 def _whole(cap: StepCapture, kind: str, name: str) -> np.ndarray | None:

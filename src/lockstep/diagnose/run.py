@@ -239,7 +239,7 @@ def drift_runs(plan: DiagnosePlan, fw: str, steps: int) -> tuple[dict, list, str
         if reused is not None:
             got[lr] = reused
             continue
-        drift_case = plan.case.with_overrides(lr=lr, steps=min(steps, plan.case.steps), name=f"{plan.case.name}_lr{lr:g}")
+        drift_case = plan.case.first_steps(min(steps, plan.case.steps), lr=lr, name=f"{plan.case.name}_lr{lr:g}")
         if fw == reference_framework() and (drift_case.tp > 1 or drift_case.pp > 1):
             # The reference trains the same global batch on one device (its step-1 capture does too).
             drift_case = drift_case.with_overrides(tp=1, pp=1, vpp=1, sp=False, pp_layout=None)
@@ -254,9 +254,9 @@ def captured_case(plan: DiagnosePlan, request: CaptureRequest) -> CaseSpec:
     """The case a runner that captures as it trains (megatron's workers) runs: step 1 alone, or from a
     saved state a resume at the state's step that trains the one step after it."""
     if request.start_state is None:
-        return plan.case.with_overrides(steps=1, name=f"{plan.case.name}_step1")
-    return dataclasses.replace(plan.case, steps=request.step, name=f"{plan.case.name}_step{request.step}",
-                               checkpoint=CheckpointSpec(resume_from=request.start_step))
+        return plan.case.first_steps(1, name=f"{plan.case.name}_step1")
+    return plan.case.first_steps(request.step, name=f"{plan.case.name}_step{request.step}",
+                                 checkpoint=CheckpointSpec(resume_from=request.start_step))
 
 
 def drift_lrs(case) -> list[float]:

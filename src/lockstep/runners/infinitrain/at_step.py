@@ -45,8 +45,7 @@ def at_step_problem(case: CaseSpec, inputs) -> str | None:
 
 def resumed(case: CaseSpec, start_step: int) -> CaseSpec:
     """The launch as a resume after `start_step` that trains the one step after it."""
-    return dataclasses.replace(case.with_overrides(steps=start_step + 1),
-                               checkpoint=CheckpointSpec(resume_from=start_step))
+    return case.first_steps(start_step + 1, checkpoint=CheckpointSpec(resume_from=start_step))
 
 
 def consumed_batches(case: CaseSpec, steps: int, tokens_per_step: int) -> int:

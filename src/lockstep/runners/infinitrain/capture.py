@@ -143,14 +143,13 @@ def launch_step(runner, case: CaseSpec, inputs, work_dir: Path, request: Capture
         lr = ADAM_RECOVERY_LR
     at = f"_step{start + 1}" if start else ""
     # The recovery step trains at its own lr, so no schedule (a warm-up from 0 would move nothing).
-    step_case = dataclasses.replace(case.with_overrides(steps=1, lr=lr, name=f"{case.name}{at}_recovery_lr{lr:g}"),
-                                    lr_schedule=None)
+    step_case = dataclasses.replace(case, steps=1, lr=lr, name=f"{case.name}{at}_recovery_lr{lr:g}", lr_schedule=None)
     rows = request.rows
     # The dumps come from the recovery step itself, or from one micro batch of `rows` sequences (the
     # same first sequences: a sequence's forward does not depend on the others in its batch).
     small = rows is not None and case.micro_batch > rows
-    dump_case = (case.with_overrides(steps=1, micro_batch=rows, total_batch=rows * case.seq_len, dp=1,
-                                     name=f"{case.name}{at}_first{rows}") if small else step_case)
+    dump_case = (case.first_steps(1, micro_batch=rows, total_batch=rows * case.seq_len, dp=1,
+                                  name=f"{case.name}{at}_first{rows}") if small else step_case)
     states = []  # the reference's state written for each launch (at_step.py), removed once launched
     before = None  # Adam from a state: (InfiniTrain's parameter order, the reference's first moments at step N)
     if start:
@@ -330,7 +329,8 @@ def probe_parameter_order(runner, case: CaseSpec, inputs, work_dir: Path) -> lis
     """InfiniTrain's parameter order (canonical names, optimizer.ckpt's index order), from one Adam step of
     the case's own init that it saved with its optimizer state (`pair_moments`); its folder removed."""
     plain = dataclasses.replace(inputs, capture=None)
-    probe = case.with_overrides(steps=1, lr=ADAM_RECOVERY_LR, name=f"{case.name}_parameter_order")
+    probe = dataclasses.replace(case, steps=1, lr=ADAM_RECOVERY_LR, name=f"{case.name}_parameter_order",
+                                lr_schedule=None)
     record = runner.run(probe, _saving(plain, KEEP_SAVE), work_dir)
     if not record.ok:
         raise RunError(f"InfiniTrain's parameter-order step failed: {record.error}")

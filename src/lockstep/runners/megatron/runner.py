@@ -140,7 +140,7 @@ class MegatronRunner(StepInspector, FrameworkRunner):
         work_dir = Path(work_dir)
         # Step 1 from the initial weights (or the step after the reference's state: execute resumes
         # from it): never the case's own resume, and never a save that would replace its step folders.
-        one_step = dataclasses.replace(case.with_overrides(steps=request.step), checkpoint=None)
+        one_step = case.first_steps(request.step, checkpoint=None)
         log_path = work_dir / f"megatron_{case.name}_step{request.step}.log"
         work_dir.mkdir(parents=True, exist_ok=True)
         self.execute(one_step, dataclasses.replace(inputs, capture=request, save_final_params=False), log_path, None)
@@ -191,8 +191,7 @@ class MegatronRunner(StepInspector, FrameworkRunner):
         shutil.rmtree(root, ignore_errors=True)
         folder = write_megatron_checkpoint(state.weights, adam, request.start_step, case, inputs, root,
                                            workers=workers, options=self.options)
-        resumed = dataclasses.replace(case, steps=request.step,
-                                      checkpoint=CheckpointSpec(resume_from=request.start_step))
+        resumed = case.first_steps(request.step, checkpoint=CheckpointSpec(resume_from=request.start_step))
         plan = CheckpointPlan(resume=ResumePlan(str(folder), request.start_step))
         return resumed, dataclasses.replace(inputs, extra={**inputs.extra, "megatron_checkpoints": plan}), root
 

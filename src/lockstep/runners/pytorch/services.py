@@ -19,8 +19,8 @@ from lockstep.runners.reference import SavedState
 def state_case(case: CaseSpec, step: int) -> CaseSpec:
     """The case the reference trains to make the state: its first `step` steps, on one device per DP
     rank as its step-1 capture has them (TP/PP are the same math)."""
-    return dataclasses.replace(case, name=f"{case.name}_to_step{step}", steps=step, tp=1, pp=1, vpp=1,
-                               sp=False, pp_layout=None, checkpoint=None)
+    return case.first_steps(step, name=f"{case.name}_to_step{step}", tp=1, pp=1, vpp=1, sp=False, pp_layout=None,
+                            checkpoint=None)
 
 
 class ReferenceServicesMixin:

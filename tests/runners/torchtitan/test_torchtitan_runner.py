@@ -86,6 +86,23 @@ def test_several_ranks_on_gloo_match_pytorch(layout, inputs_of, tmp_path):
     assert len(tt.steps) == case.steps and max(diffs) <= FP32_TOLERANCE, diffs
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("granularity", ["full", "selective"])
+def test_activation_recompute_is_bitwise_its_twin(granularity, inputs_of, tmp_path):
+    """torchtitan's own AC policies (every block), asked for by the case's recompute fields."""
+    import dataclasses
+
+    twin, inputs = small_case("llama3-tiny"), inputs_of("llama3-tiny")
+    recompute = dataclasses.replace(twin, name="rc", activation_recompute=True, recompute_granularity=granularity,
+                                    recompute_num_layers=1 if granularity == "full" else 0).check()
+    runner = get_runner("torchtitan")
+    plain, rc = runner.run(twin, inputs, tmp_path), runner.run(recompute, inputs, tmp_path)
+    assert plain.ok and rc.ok, rc.error
+    assert [s.loss for s in rc.steps] == [s.loss for s in plain.steps]
+    assert f"Applied {'FullAC' if granularity == 'full' else 'SelectiveAC'} activation checkpointing" in (
+        tmp_path / "torchtitan" / "rc.log").read_text()
+
+
 def swap_rope_pairs(monkeypatch):
     """The defect: Q and K rows of every head reordered from interleaved pairs to half-split ones."""
     from lockstep.runners.torchtitan import state_dict

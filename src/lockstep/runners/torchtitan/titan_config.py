@@ -281,6 +281,18 @@ def parallelism_config(case: CaseSpec) -> ParallelismConfig:
                              spmd_backend="partial_dtensor")
 
 
+def activation_checkpoint(case: CaseSpec):
+    """The case's activation recompute as torchtitan's own policy, which wraps every transformer
+    block: full granularity recomputes whole blocks (FullAC), selective its per-op choice
+    (SelectiveAC). Megatron's and InfiniTrain's method and layer count have no torchtitan
+    counterpart; the math is the same either way (recompute must not change a bit)."""
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    if not case.activation_recompute or case.recompute_granularity == "none":
+        return None
+    return FullAC.Config() if case.recompute_granularity == "full" else SelectiveAC.Config()
+
+
 def lockstep_case() -> Trainer.Config:
     """The Trainer config of the job's case (torchtitan's `--config` names this function)."""
     job = current_job()
@@ -294,7 +306,7 @@ def lockstep_case() -> Trainer.Config:
         loss=CrossEntropyLoss.Config(),
         training=training_config(case), parallelism=parallelism_config(case),
         checkpoint=CheckpointManager.Config(enable=False),
-        activation_checkpoint=None,
+        activation_checkpoint=activation_checkpoint(case),
         compile=CompileConfig(enable=False),
         metrics=LockstepMetrics.Config(log_freq=1, disable_color_printing=True),
         debug=DebugConfig(seed=SEED, deterministic=True, enable_structured_logging=False),

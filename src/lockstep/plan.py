@@ -10,6 +10,7 @@ run the case on this machine, or a baseline run that nothing would be compared w
 from __future__ import annotations
 
 import os
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -320,6 +321,7 @@ def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes:
     # The pairs are judged before any file is made (a seeded init is not made yet: on its shape), and
     # again below on the real inputs.
     placeholders = {c.name: fit.inputs(req, models[c.model], Path("-")) for c in cases}
+    cases = adopt_hard_coded(cases, runners, placeholders, notes)
     skip_unpaired_baselines(cases, runners, pair_skips(cases, runners, placeholders, fit.unrunnable), repeat)
     tokens = _prepare_tokens(req, cache, cases, models, notes) if make_files else {}
     if make_files:
@@ -337,6 +339,25 @@ def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes:
                    certify=req.certify, certify_bf16=req.certify_bf16, record_step1=req.record_step1, skips=skips,
                    twins=twins,
                    roofline=device == "cuda" if req.roofline is None else req.roofline, cache_dir=cache)
+
+
+def adopt_hard_coded(cases: list[CaseSpec], runners: list, inputs: dict, notes: list[str]) -> list[CaseSpec]:
+    """Where a framework's build hard-codes a hyper-parameter (runners' `hard_coded`), the case takes
+    it for every framework, as the seed's baselines trained the references with the build's value;
+    the plan says so."""
+    out = []
+    for case in cases:
+        for runner in runners:
+            fixed = runner.hard_coded(case, inputs[case.name])
+            if fixed is not None:
+                contract = inputs[case.name].family.optimizer
+                case = dataclasses.replace(case, **fixed.fields)
+                values = ", ".join(f"{k} = {v}" for k, v in fixed.fields.items())
+                notes.append(f"case {case.name}: every framework trains with {values} ({fixed.why}; the contract's "
+                             f"is {contract.label})")
+                break
+        out.append(case)
+    return out
 
 
 def _with_twins(cases: list[CaseSpec], notes: list[str]) -> tuple[list[CaseSpec], dict[str, str]]:

@@ -98,6 +98,26 @@ def test_a_version_3_build_compares_two_steps_and_says_why_not_more(tmp_path):
     assert len((tmp_path / "b" / "calls").read_text().splitlines()) == 2
 
 
+def test_a_version_3_builds_beta2_is_adopted_by_the_case_and_then_every_step_compares(tmp_path):
+    """SPEC: where a build hard-codes a hyper-parameter, the case's references train with the build's
+    value (the plan adopts it, plan.adopt_hard_coded): the case then runs all its steps there."""
+    from lockstep.plan import adopt_hard_coded
+
+    fake_qwen3(tmp_path / "b", V3_REFUSAL)
+    runner = InfiniTrainRunner(tmp_path / "b")
+    fixed = runner.hard_coded(case(steps=10), inputs(tmp_path))
+    assert fixed.fields == {"adam_beta2": 0.95}
+    assert fixed.why == ("this InfiniTrain build's qwen3 hard-codes Adam (beta 0.9/0.95, eps 1e-08, bias-corrected, "
+                         "no weight decay)")
+    notes: list[str] = []
+    [adopted] = adopt_hard_coded([case(steps=10)], [runner], {"qwen3_1": inputs(tmp_path)}, notes)
+    assert adopted.adam_beta2 == 0.95 and adopted.optimizer_of(inputs(tmp_path).family.optimizer).beta2 == 0.95
+    assert notes == [f"case qwen3_1: every framework trains with adam_beta2 = 0.95 ({fixed.why}; the contract's is Adam "
+                     "(beta 0.9/0.999, eps 1e-08, bias-corrected, no weight decay))"]
+    assert runner.skip_reason(adopted, inputs(tmp_path)) is None
+    assert runner.hard_coded(adopted, inputs(tmp_path)) is None  # nothing left to adopt
+
+
 def test_a_version_3_build_gets_zero_1_as_its_distributed_optimizer(tmp_path):
     fake_qwen3(tmp_path / "b", V3_REFUSAL)
     runner = InfiniTrainRunner(tmp_path / "b")

@@ -61,3 +61,30 @@ def test_pytorch_fast_skips_parallel_cases(inputs):
     dp2 = CaseSpec(name="gpt2_3", model="gpt2", dtype="float32", micro_batch=4, seq_len=64, total_batch=512,
                    steps=2, lr=1e-4, dp=2)
     assert "single-device" in get_runner("pytorch-fast").skip_reason(dp2, inputs)
+
+
+def test_a_cases_adam_beta2_is_what_both_trainers_step_with(tmp_path):
+    """A case that takes a build's hard-coded beta2 (plan.adopt_hard_coded): the reference and
+    pytorch-fast both train with it (the record says so); Adam's first update does not depend on beta2,
+    the second does: step 3's loss parts from the contract's by more than the FP32 threshold."""
+    import dataclasses
+
+    from lockstep.cases.spec import CaseSpec
+    from lockstep.runners import get_runner
+    from lockstep.runners.base import RunInputs
+    from support import at_step
+
+    ckpt, tokens, _ = at_step.write_inputs(tmp_path)
+    inputs = RunInputs(ckpt, tokens, at_step.SMALL_LLAMA, "cpu")
+    contract = CaseSpec(name="adam", model="llama3", dtype="float32", micro_batch=2, seq_len=32, total_batch=64,
+                        steps=3, lr=1e-3)
+    built = dataclasses.replace(contract, name="adam_b095", adam_beta2=0.95).check()
+    ref = get_runner("pytorch").run(contract, inputs, tmp_path / "contract")
+    runs = {fw: get_runner(fw).run(built, inputs, tmp_path / fw) for fw in ("pytorch", "pytorch-fast")}
+    assert ref.ok and all(r.ok for r in runs.values())
+    for rec in runs.values():
+        assert rec.meta["optimizer"]["beta2"] == 0.95
+        assert [s.loss for s in rec.steps[:2]] == pytest.approx([s.loss for s in ref.steps[:2]], abs=1e-6)
+        assert abs(rec.steps[2].loss - ref.steps[2].loss) > 1e-5
+    fast, reference = runs["pytorch-fast"].steps, runs["pytorch"].steps
+    assert max(abs(a.loss - b.loss) for a, b in zip(fast, reference)) < 1e-5

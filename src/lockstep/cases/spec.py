@@ -169,6 +169,9 @@ class CaseSpec:
     recompute_granularity: str = "full"  # none | full | selective
     recompute_method: str = "none"  # none | uniform | block
     recompute_num_layers: int = 0  # transformer layers per recompute region (uniform / block)
+    # Adam's beta2 where the case trains with another than its family's contract (a build that
+    # hard-codes one: feat/add_Qwen3-8B's qwen3, 0.95); None: the family's. `optimizer_of` applies it.
+    adam_beta2: float | None = None
 
     @property
     def needs(self) -> frozenset[str]:
@@ -231,6 +234,8 @@ class CaseSpec:
             parts.append(f"recompute {self.recompute_granularity}"
                          + (f" {self.recompute_method} {self.recompute_num_layers}" if self.recompute_method != "none"
                             else ""))
+        if self.adam_beta2 is not None:
+            parts.append(f"Adam beta2 {self.adam_beta2:g}")
         return " ".join(parts)
 
     def check(self, max_seq_len: int | None = None, available_tokens: int | None = None) -> "CaseSpec":
@@ -260,6 +265,8 @@ class CaseSpec:
                             f"{', '.join(RECOMPUTE_METHODS)}")
         if self.recompute_num_layers < 0:
             raise CaseError(f"case {n}: recompute_num_layers is {self.recompute_num_layers}, must not be negative")
+        if self.adam_beta2 is not None and not 0.0 <= self.adam_beta2 < 1.0:
+            raise CaseError(f"case {n}: adam_beta2 is {self.adam_beta2}, must be in [0, 1)")
         if self.zero not in ZERO_STAGES:
             raise CaseError(f"case {n}: zero is {self.zero}, must be one of {', '.join(map(str, ZERO_STAGES))}")
         if self.zero and self.dp == 1:
@@ -283,6 +290,13 @@ class CaseSpec:
                 f"case {n}: needs {self.tokens_needed} tokens ({self.steps} steps x {self.total_batch} tokens/step + 1) "
                 f"but the token file holds {available_tokens}")
         return self
+
+    def optimizer_of(self, contract):
+        """The optimizer this case trains with: its family's `contract` (an OptimizerSpec), with the
+        case's Adam beta2 where it sets one. Every runner builds its optimizer from this."""
+        if self.adam_beta2 is None or contract.kind != "adam":
+            return contract
+        return replace(contract, beta2=self.adam_beta2)
 
     def with_overrides(self, **kw) -> "CaseSpec":
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
@@ -318,7 +332,7 @@ class CaseSpec:
             if not _has_type(value, want):
                 raise CaseError(f"{label}: {key} = {value!r:.40} is {_toml_type(value)}, "
                                 f"but {key} must be {_toml_type_name(want)}")
-        values = {k: (float(v) if FIELD_TYPES[k] is float else v) for k, v in d.items()}
+        values = {k: (float(v) if FIELD_TYPES[k] is float and v is not None else v) for k, v in d.items()}
         for key, sub in (("lora", LoraSpec), ("checkpoint", CheckpointSpec), ("lr_schedule", LRSchedule)):
             if values.get(key) is not None:
                 values[key] = _sub_table(sub, values[key], f"{label}: {key}")
@@ -370,9 +384,9 @@ FIELD_TYPES: dict[str, type] = {"name": str, "model": str, "dtype": str, "micro_
                                 "vpp": int, "sp": bool, "zero": int, "pp_layout": str, "lora": dict,
                                 "checkpoint": dict, "group": str, "ep": int, "lr_schedule": dict,
                                 "activation_recompute": bool, "recompute_granularity": str, "recompute_method": str,
-                                "recompute_num_layers": int}
+                                "recompute_num_layers": int, "adam_beta2": float}
 # Fields whose "not set" is None (a record's case, written back by to_dict()); TOML never writes None.
-OPTIONAL_FIELDS = frozenset({"pp_layout", "lora", "checkpoint", "group", "lr_schedule"})
+OPTIONAL_FIELDS = frozenset({"pp_layout", "lora", "checkpoint", "group", "lr_schedule", "adam_beta2"})
 
 
 def _has_type(value, want: type) -> bool:

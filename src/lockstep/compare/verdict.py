@@ -288,6 +288,10 @@ def judge_case(case: str, baseline: LoadedSide, test: LoadedSide, options: Compa
         if layout := side.record.meta.get("reference_layout"):
             # A trainer without TP/PP trained the case at its DP layout: said, never hidden.
             verdict.notes.append(f"{name} ({side.record.framework}) reference_layout: {layout}")
+    beta2 = (b.meta.get("case_spec") or {}).get("adam_beta2")
+    if beta2 is not None:
+        # A build hard-codes it (the plan says which): both sides trained with it, not the contract's.
+        verdict.notes.append(f"trained with Adam beta2 {beta2:g}, a build's hard-coded value, not the family contract's")
     differs = input_differences(b, t)
     if differs:
         # Different inputs: the losses part because the inputs do (compare/inputs.py); no verdict.

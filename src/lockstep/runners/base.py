@@ -77,6 +77,15 @@ class RunInputs:
         return model_family(self.model.family)
 
 
+@dataclass(frozen=True)
+class HardCoded:
+    """Case fields a framework's build fixes whatever the case asks (feat/add_Qwen3-8B's qwen3:
+    Adam beta2 0.95), and why; the plan makes them the case's, for every framework."""
+
+    fields: dict
+    why: str
+
+
 @dataclass
 class ExecuteResult:
     steps: list[StepRecord]
@@ -102,6 +111,11 @@ class FrameworkRunner(ABC):
         """Why this machine cannot run the case (e.g. too few devices), or None."""
         return self.unsupported_family(inputs) or device_shortage(case, inputs.device, inputs.oversubscribe,
                                                                   inputs.nodes)
+
+    def hard_coded(self, case: CaseSpec, inputs: RunInputs) -> HardCoded | None:
+        """What this framework's build trains the case with whatever the case says, where the
+        references can train with it too (the plan adopts it), or None."""
+        return None
 
     def unsupported_family(self, inputs: RunInputs) -> str | None:
         """Why this runner cannot train the inputs' family, where the runner or the family says so."""
@@ -409,7 +423,7 @@ def base_meta(runner: FrameworkRunner, case: CaseSpec, inputs: RunInputs) -> dic
         "framework_version": _safe(runner.version),
         "case_spec": case.to_dict(),
         "model": {"name": inputs.model_name, **inputs.model.to_dict()},
-        "optimizer": {**inputs.family.optimizer.to_dict(), "lr": case.lr},
+        "optimizer": {**case.optimizer_of(inputs.family.optimizer).to_dict(), "lr": case.lr},
         "checkpoint": str(inputs.checkpoint),
         "checkpoint_sha256": inputs.checkpoint_sha256,
         "data": str(inputs.tokens),

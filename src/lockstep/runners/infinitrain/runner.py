@@ -40,8 +40,8 @@ from lockstep.formats.infinitrain_checkpoint import read_infinitrain_checkpoint
 from lockstep.formats.logs import parse_infinitrain_log
 from lockstep.formats.run_record import StepRecord
 from lockstep.formats.tokens import read_token_stream
-from lockstep.runners.base import (ExecuteResult, FrameworkRunner, StepInspector, RunInputs, StepCallback, final_params_path,
-                                   first_step, write_final_params)
+from lockstep.runners.base import (ExecuteResult, FrameworkRunner, HardCoded, StepInspector, RunInputs, StepCallback,
+                                   final_params_path, first_step, write_final_params)
 from lockstep.runners.infinitrain.options import BUILD_ENV_VAR, COMMIT_FILE, LOGGED_LR_DIGITS, LR_SCHEDULE_FLAGS, RECOMPUTE_FLAGS
 from lockstep.runners.infinitrain.capture import KEEP_SAVE, PRECISION_CHECK_DIR
 from lockstep.runners.infinitrain.checkpoints import checkpoint_load_seconds, checkpoint_save_seconds, checkpoints_for
@@ -142,9 +142,25 @@ class InfiniTrainRunner(StepInspector, FrameworkRunner):
         reason = adapter.skip_reason(case, inputs.model, inputs.checkpoint)
         facts = self.facts(inputs.model.family) if self.build_dir is not None else None
         if not reason and facts is not None:
-            reason = (adapter.build_skip_reason(case, inputs.model, inputs.family.optimizer, facts)
+            reason = (adapter.build_skip_reason(case, inputs.model, case.optimizer_of(inputs.family.optimizer), facts)
                       or _flag_skip_reason(case, facts))
         return reason or super().skip_reason(case, inputs)
+
+    def hard_coded(self, case: CaseSpec, inputs: RunInputs) -> HardCoded | None:
+        """A build whose executable hard-codes Adam's beta2 (feat/add_Qwen3-8B's qwen3: 0.95): the
+        case's references train with it too (the seed's baselines did), so every step compares."""
+        if self.build_dir is None or self.unsupported_family(inputs):
+            return None
+        adapter = adapter_for(inputs.model.family)
+        if not (self.build_dir / adapter.executable).is_file():
+            return None
+        facts = self.facts(inputs.model.family)
+        built = adapter.hard_coded_optimizer(facts) if facts is not None else None
+        contract = case.optimizer_of(inputs.family.optimizer)
+        if built is None or built == contract or dataclasses.replace(built, beta2=contract.beta2) != contract:
+            return None  # nothing hard-coded, or more than beta2 differs (then the build skips the case)
+        return HardCoded({"adam_beta2": built.beta2}, f"this InfiniTrain build's {facts.path.name} hard-codes "
+                                                      f"{built.label}")
 
     # ------------------------------------------------------------------ step 1 from inside
 

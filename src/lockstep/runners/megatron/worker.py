@@ -392,7 +392,8 @@ def build_optimizer(run: Training) -> tuple:
 
     from lockstep.runners.megatron import model as mmodel
 
-    optimizer, scheduler = mmodel.build_optimizer(run.case, run.chunks, run.precision, run.family.optimizer)
+    optimizer, scheduler = mmodel.build_optimizer(run.case, run.chunks, run.precision,
+                                                  run.case.optimizer_of(run.family.optimizer))
     chunks, config = run.chunks, run.config
     config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
     config.finalize_model_grads_func = finalize_model_grads

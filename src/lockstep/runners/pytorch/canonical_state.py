@@ -29,7 +29,7 @@ def read_canonical_state(folder: str, step: int, case: CaseSpec, llmc_checkpoint
     family = model_family(ckpt.family)
     model = family.reference_class().from_llmc(ckpt.tensors, ckpt.config)
     import_optimizer_machinery()
-    optimizer = build_optimizer(family.optimizer, model.parameters(), case.lr)
+    optimizer = build_optimizer(case.optimizer_of(family.optimizer), model.parameters(), case.lr)
     with one_process_meant():
         saved_state.load_training_state(saved_state.ResumePlan(str(folder), step), model, optimizer)
     params = model.llmc_parameters()

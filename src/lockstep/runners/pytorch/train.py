@@ -178,7 +178,7 @@ def header_line(case: CaseSpec, ckpt, family, device, lora_seed: int) -> str:
             f"B={case.micro_batch} T={case.seq_len} tokens/step={case.total_batch} accum={case.accum} | "
             f"{family.title} {ckpt.config.describe()} | "
             + (f"{case.lora.label} (seed {lora_seed}), base frozen | " if case.lora else "")
-            + f"{family.optimizer.label} lr {case.lr:g} | device {device} | torch {torch.__version__}")
+            + f"{case.optimizer_of(family.optimizer).label} lr {case.lr:g} | device {device} | torch {torch.__version__}")
 
 
 def step_record(case: CaseSpec, step: int, micro_losses: list, lr: float, seconds: float, device, pg,
@@ -248,7 +248,7 @@ def set_up_trainee(case: CaseSpec, checkpoint: str, tokens_path: str, device_kin
         zero = case.zero if pg.world > 1 else 0
         # LoRA: the optimizer sees only the adapters (InfiniTrain's GetLoRAParameters), frozen base.
         trained = adapters.parameters() if adapters is not None else (ddp or model).parameters()
-        optimizer = build_sharded_optimizer(family.optimizer, trained, case.lr, zero)
+        optimizer = build_sharded_optimizer(case.optimizer_of(family.optimizer), trained, case.lr, zero)
     if pg.reports:
         print(header_line(case, ckpt, family, device, lora_seed), file=log, flush=True)
     return Trainee(case, device, model, ddp, batches, optimizer, zero)
@@ -401,7 +401,7 @@ def capture_case(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind:
     if request.records_applied:
         import_optimizer_machinery()
         trained = adapters.parameters() if adapters is not None else model.parameters()
-        optimizer = optimizer_for(family.optimizer, trained, case.lr)
+        optimizer = optimizer_for(case.optimizer_of(family.optimizer), trained, case.lr)
     if request.start_state is not None:
         with one_process_meant():
             shift = saved_state.load_training_state(saved_state.ResumePlan(request.start_state, request.start_step),
@@ -495,7 +495,8 @@ def train_fp64(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
     model, adapters = build_reference(ckpt, case, device, lora_seed)
     model = model.to(dtype=torch.float64)
-    optimizer = build_optimizer(family.optimizer, adapters.parameters() if adapters else model.parameters(), case.lr)
+    optimizer = build_optimizer(case.optimizer_of(family.optimizer), adapters.parameters() if adapters else model.parameters(),
+                                case.lr)
     batches = [TokenBatches(stream.tokens, case, dp_rank=r) for r in range(case.dp)]
     divisor = case.accum * case.dp
 

@@ -176,11 +176,11 @@ def set_up_fast(case: CaseSpec, checkpoint: str, tokens_path: str, device: torch
     settings = FastSettings()
     if not use_sdpa(model):
         settings.attention = "the reference's (no attention kernel hook in this model)"
-    optimizer = build_fast_optimizer(family.optimizer, model.parameters(), case.lr, settings)
+    optimizer = build_fast_optimizer(case.optimizer_of(family.optimizer), model.parameters(), case.lr, settings)
     forward = FastForward(model, case, settings, compile_model)
     print(f"lockstep pytorch-fast runner | case {case.name} | {case.parallel_label} | dtype {case.dtype} | "
           f"B={case.micro_batch} T={case.seq_len} tokens/step={case.total_batch} accum={case.accum} | "
-          f"{family.title} {ckpt.config.describe()} | {family.optimizer.label} ({settings.optimizer_impl}) lr {case.lr:g} | "
+          f"{family.title} {ckpt.config.describe()} | {case.optimizer_of(family.optimizer).label} ({settings.optimizer_impl}) lr {case.lr:g} | "
           f"torch.compile {'on' if settings.compiled else 'off'} | attention {settings.attention} | "
           f"device {device} | torch {torch.__version__}", file=log, flush=True)
     for note in settings.notes:

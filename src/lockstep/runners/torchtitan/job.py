@@ -38,7 +38,7 @@ class TorchtitanJob:
 
     @property
     def optimizer(self):
-        return model_family(self.model.family).optimizer
+        return self.case.optimizer_of(model_family(self.model.family).optimizer)
 
     def to_dict(self) -> dict:
         return {"case": self.case.to_dict(), "model": self.model.to_dict(), "checkpoint": self.checkpoint,

@@ -95,6 +95,11 @@ class InfiniTrainFamily:
     def skip_reason(self, case: CaseSpec, model, checkpoint: Path) -> str | None:
         return None
 
+    def hard_coded_optimizer(self, facts) -> OptimizerSpec | None:
+        """The optimizer this build (probed: `facts`) trains with whatever its flags say, where it is
+        not the family's contract, or None."""
+        return None
+
     def build_skip_reason(self, case: CaseSpec, model, optimizer: OptimizerSpec, facts) -> str | None:
         """Why this build (probed: `facts`, a probe.ExecutableFacts) cannot train the case, or None."""
         return None

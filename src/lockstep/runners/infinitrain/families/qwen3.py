@@ -35,6 +35,9 @@ class Qwen3Family(Llama3Family):
         if model.vocab_size < LLAMA3_MIN_VOCAB:
             super().preflight(model, checkpoint, optimizer)
 
+    def hard_coded_optimizer(self, facts) -> OptimizerSpec | None:
+        return V3_HARD_CODED_ADAM if facts.llmc_version == VERSION_A3F84F8 else None
+
     def build_skip_reason(self, case: CaseSpec, model, optimizer: OptimizerSpec, facts) -> str | None:
         version = facts.llmc_version
         if version == VERSION_FP32:

@@ -15,6 +15,7 @@ from lockstep.cli import main
 from lockstep.errors import LockstepError
 from lockstep.runners import framework_names, get_runner
 from lockstep.runners.infinitrain.options import parse_builds
+from support.recompute_cases import recompute_matrix
 
 TRAINER = Path(__file__).parents[1] / "runners" / "command_trainer" / "train_gpt2.py"
 ENTRY = """
@@ -78,31 +79,13 @@ def test_named_infinitrain_builds_are_frameworks_of_their_own(tmp_path):
         parse_builds(["x=/a", "x=/b"])
 
 
-RECOMPUTE_MATRIX = """
-[defaults]
-model = "gpt2"
-dtype = "float32"
-seq_len = 32
-steps = 2
-lr = 1e-4
-micro_batch = 2
-total_batch = 64
-
-[[case]]
-name = "rc_uniform1"
-activation_recompute = true
-recompute_method = "uniform"
-recompute_num_layers = 1
-"""
-
-
 @pytest.mark.integration
 def test_a_recompute_case_is_judged_against_its_twin_on_each_framework(tmp_path, capsys, tiny_checkpoint,
                                                                        training_tokens):
     # The reference keeps every activation (recompute is the same math there), so its twin is
     # IDENTICAL, step 1's captures included; the run adds the twin itself and says so.
     matrix = tmp_path / "m.toml"
-    matrix.write_text(RECOMPUTE_MATRIX)
+    matrix.write_text(recompute_matrix())
     out = tmp_path / "o"
     rc = main(["run", "--matrix", str(matrix), "--frameworks", "pytorch,pytorch-fast", "--llmc",
                str(tiny_checkpoint), "--data", str(training_tokens), "--device", "cpu", "--out", str(out),

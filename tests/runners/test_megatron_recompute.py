@@ -20,6 +20,7 @@ from lockstep.models import SHAPES
 from lockstep.runners.base import RunInputs
 from lockstep.runners.megatron import MegatronRunner
 from support.defects import TESTS_DIR
+from support.recompute_cases import recompute_matrix
 from support.recompute_probe import MARKER
 
 pytest.importorskip("megatron.core")
@@ -59,29 +60,11 @@ def test_a_recompute_case_replays_forwards_in_the_backward(tiny_checkpoint, trai
     assert log.count(MARKER) == 2 * 2, log[-2000:]
 
 
-RECOMPUTE_MATRIX = """
-[defaults]
-model = "gpt2"
-dtype = "float32"
-seq_len = 32
-steps = 2
-lr = 1e-4
-micro_batch = 2
-total_batch = 128
-
-[[case]]
-name = "rc_uniform1"
-activation_recompute = true
-recompute_method = "uniform"
-recompute_num_layers = 1
-"""
-
-
 def test_full_recompute_with_two_micro_batches_is_its_twin_inside_step_1(tmp_path, capsys, tiny_checkpoint,
                                                                          training_tokens):
     """Step 1's captures too: the replayed forwards are not taken for the next micro batch's."""
     matrix = tmp_path / "m.toml"
-    matrix.write_text(RECOMPUTE_MATRIX)
+    matrix.write_text(recompute_matrix(micro_batches=2))
     out = tmp_path / "o"
     rc = main(["run", "--matrix", str(matrix), "--frameworks", "pytorch,megatron", "--llmc", str(tiny_checkpoint),
                "--data", str(training_tokens), "--device", "cpu", "--out", str(out), "--no-history"])

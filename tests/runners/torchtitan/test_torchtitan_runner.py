@@ -140,3 +140,23 @@ def test_certificate_agrees_and_names_swapped_rope_pairs(inputs_of, tmp_path, mo
     cert = certify(ref, bad, case)
     print(cert.summary_line())
     assert not cert.holds and cert.cause.where.startswith("attn[0]"), cert.summary_line()
+
+
+def test_an_older_torch_gets_stand_ins_for_what_torchtitan_030_imports(monkeypatch):
+    """The device's torch 2.11: no fsdp.DataParallelMeshDims (imported by torchtitan at import time,
+    used only on SPMD paths lockstep does not take) and a FlexAttention without
+    `separate_full_blocks` (then torchtitan's SDPA module, the same causal math, on CUDA too)."""
+    import torch.distributed.fsdp as fsdp
+    import torch.nn.attention.flex_attention as flex
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    from lockstep.runners.torchtitan import compat, model
+
+    monkeypatch.delattr(fsdp, "DataParallelMeshDims", raising=False)
+    compat._mesh_dims()
+    with pytest.raises(RuntimeError, match="needs a torch newer than"):
+        fsdp.DataParallelMeshDims()
+    assert model.flex_attention_current()
+    monkeypatch.setattr(flex, "create_block_mask", lambda mask_mod, B, H, Q_LEN, KV_LEN, device="cuda": None)
+    assert not model.flex_attention_current()
+    assert isinstance(model.attention_config("cuda"), ScaledDotProductAttention.Config)

@@ -68,6 +68,7 @@ def prepare(device: str) -> None:
     call before anything imports torchtitan (afterwards its device choice is already made)."""
     _stand_ins()
     _set_timeout()
+    _mesh_dims()
     if device != "cpu" or "torchtitan.tools.utils" in sys.modules:
         return
     import torch._utils as tu
@@ -79,6 +80,28 @@ def prepare(device: str) -> None:
         import torchtitan.tools.utils  # noqa: F401  (fixes device_type = "cpu" for every torchtitan module)
     finally:
         tu._get_available_device_type, tu._get_device_module = saved
+
+
+def _mesh_dims() -> None:
+    """torchtitan 0.3.0 imports `torch.distributed.fsdp.DataParallelMeshDims` (torch 2.12 on) at
+    import time; it is used only on its full-DTensor SPMD paths, which lockstep does not take
+    (`partial_dtensor`). On an older torch a class that refuses to be made stands in for it."""
+    import torch.distributed.fsdp as fsdp
+
+    if hasattr(fsdp, "DataParallelMeshDims"):
+        return
+
+    class DataParallelMeshDims:
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError(f"torchtitan's full-DTensor SPMD path needs a torch newer than {torch_version()}")
+
+    fsdp.DataParallelMeshDims = DataParallelMeshDims
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 def _set_timeout() -> None:

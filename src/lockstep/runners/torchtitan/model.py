@@ -19,6 +19,8 @@ config helper offers language models, flex and varlen; varlen is flash attention
 On a CPU, where FlexAttention has no backward ("FlexAttention does not support backward on CPU"),
 it is torchtitan's own ScaledDotProductAttention module with is_causal (the Trainer builds no
 mask for it, and lockstep's positions are one causal document per row, so the math is the same).
+The same module on CUDA where torch's FlexAttention is older than torchtitan 0.3.0's call to it
+(`create_block_mask(..., separate_full_blocks=)`, torch 2.12 on): the device's torch 2.11 has not.
 """
 
 from __future__ import annotations
@@ -39,7 +41,18 @@ def attention_config(device: str):
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.common.config_utils import get_attention_config
 
-    return ScaledDotProductAttention.Config() if device == "cpu" else get_attention_config("flex")
+    if device == "cpu" or not flex_attention_current():
+        return ScaledDotProductAttention.Config()
+    return get_attention_config("flex")
+
+
+def flex_attention_current() -> bool:
+    """Whether torch's FlexAttention takes what torchtitan 0.3.0 passes it."""
+    import inspect
+
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return "separate_full_blocks" in inspect.signature(create_block_mask).parameters
 
 
 def build_model(family: str, cfg, device: str = "cpu") -> nn.Module:

@@ -7,8 +7,8 @@ does; the gradients are read after `finalize_model_grads`, before the optimizer 
   k for every schedule (each stage takes micro batches in order), so every micro batch of DP
   rank 0 up to MAX_MICRO_BATCHES is seen, not only the first: a pipeline that hands a later micro
   batch the wrong activation shows there. A forward replayed inside the backward (activation
-  recompute) is not a call: it would shift every later micro batch's index by one. Each rank sketches its share of an output in the
-  canonical (b, s, ...) layout with the canonical index of every element (capture/sketch.py):
+  recompute) is not a call: it would shift every later micro batch's index by one. Each rank
+  sketches its share of an output in the canonical (b, s, ...) layout with the canonical index of every element (capture/sketch.py):
   a replicated output on TP rank 0, a sequence-parallel or a TP-split output (attention before
   its row-parallel projection, the vocab-parallel logits) on every TP rank, and the shares add up
   on rank 0. For `lockstep diagnose` (whole tensors) micro batch 0's outputs are gathered whole.

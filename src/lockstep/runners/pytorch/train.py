@@ -495,8 +495,8 @@ def train_fp64(case: CaseSpec, checkpoint: str, tokens_path: str, device_kind: s
     device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
     model, adapters = build_reference(ckpt, case, device, lora_seed)
     model = model.to(dtype=torch.float64)
-    optimizer = build_optimizer(case.optimizer_of(family.optimizer), adapters.parameters() if adapters else model.parameters(),
-                                case.lr)
+    trained = adapters.parameters() if adapters else model.parameters()
+    optimizer = build_optimizer(case.optimizer_of(family.optimizer), trained, case.lr)
     batches = [TokenBatches(stream.tokens, case, dp_rank=r) for r in range(case.dp)]
     divisor = case.accum * case.dp
 

@@ -160,3 +160,35 @@ def test_an_older_torch_gets_stand_ins_for_what_torchtitan_030_imports(monkeypat
     monkeypatch.setattr(flex, "create_block_mask", lambda mask_mod, B, H, Q_LEN, KV_LEN, device="cuda": None)
     assert not model.flex_attention_current()
     assert isinstance(model.attention_config("cuda"), ScaledDotProductAttention.Config)
+
+
+@pytest.mark.integration
+def test_diagnose_at_step_starts_torchtitan_from_the_references_state(tmp_path, capsys, monkeypatch):
+    """`diagnose --at-step 3`: the reference's weights and Adam moments go through the weight map into
+    torchtitan's model and its own optimizer; step 4's forward, gradients and 17 updates agree. With
+    the loaded Adam step count reset (a broken resume) the updates are named the optimizer's."""
+    import json
+
+    from lockstep.certify.classify import OPTIMIZER
+    from lockstep.runners.torchtitan import capture
+    from support import at_step
+
+    inputs = at_step.write_inputs(tmp_path / "in")
+    assert at_step.diagnose(inputs, tmp_path / "ok", "pytorch,torchtitan", "--at-step", "3") == 0
+    assert "no divergence: every module output, gradient and optimizer update agrees" in capsys.readouterr().out
+    v = json.loads((tmp_path / "ok" / "diagnose" / "adam_pytorch_vs_torchtitan.at_step3.json").read_text())
+    assert v["findings"] == [] and len(v["optimizer_updates"]) == 17 and v["step"] == 4
+
+    right = capture.start_optimizer
+
+    def step_count_reset(*args, **kwargs):
+        optimizer = right(*args, **kwargs)
+        for state in optimizer.optimizers[0].state.values():
+            state["step"].zero_()
+        return optimizer
+
+    monkeypatch.setattr(capture, "start_optimizer", step_count_reset)
+    assert at_step.diagnose(inputs, tmp_path / "reset", "pytorch,torchtitan", "--at-step", "3") == 1
+    v = json.loads((tmp_path / "reset" / "diagnose" / "adam_pytorch_vs_torchtitan.at_step3.json").read_text())
+    [finding] = v["findings"]
+    assert finding["kind"] == OPTIMIZER and "17 of 17 tensors" in finding["classification"]

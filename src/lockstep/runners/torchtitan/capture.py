@@ -9,6 +9,11 @@ gradients arriving at them; every parameter's gradient is read back under its LL
 mapping defect (RoPE pairs, gate/up, q/k/v rows) shows there as the first module and the
 gradients it touches, which is what the certificate names.
 
+From the reference's state after step N (diagnose --at-step N): the state's weights and Adam
+moments go through the same weight mapping into the model and torchtitan's own optimizer (its
+OptimizersContainer, as the Trainer builds it), whose step N+1 then runs; the update it applied,
+(w_before - w_after)/lr under LLMC names, is recorded as the reference records its own.
+
 Attention is torchtitan's ScaledDotProductAttention module (is_causal) here, whatever the device:
 the Trainer's run uses FlexAttention on CUDA (model.py), the same causal softmax(QK^T)V.
 """
@@ -79,6 +84,9 @@ def capture_case(case: CaseSpec, inputs, request: CaptureRequest, framework: str
     compat.prepare(inputs.device)
     device = torch.device("cuda", 0) if inputs.device == "cuda" else torch.device("cpu")
     model, cfg = load_model(str(inputs.checkpoint), device)
+    optimizer = None
+    if request.records_applied:
+        optimizer = start_optimizer(model, cfg, case, inputs, request, device)
     stream = read_token_stream(inputs.tokens, vocab_size=cfg.vocab_size)
     batches = TokenBatches(stream.tokens, case)
     builder = CaptureBuilder(request, framework)
@@ -109,6 +117,8 @@ def capture_case(case: CaseSpec, inputs, request: CaptureRequest, framework: str
                       cfg)
     for name, g in grads.items():
         builder.add("grad", name, g.detach().float())
+    if optimizer is not None:
+        step_optimizer(optimizer, model, cfg, case, request, builder)
     cap = builder.capture
     cap.param_order, cap.module_kind = list(grads), {}
     cap.forward_order = recorder.order
@@ -117,3 +127,50 @@ def capture_case(case: CaseSpec, inputs, request: CaptureRequest, framework: str
     cap.meta.update({"device": str(device), "case": case.to_dict(),
                      "attention": "torchtitan ScaledDotProductAttention (is_causal)"})
     return builder.finish()
+
+
+def start_optimizer(model, cfg, case: CaseSpec, inputs, request: CaptureRequest, device):
+    """torchtitan's optimizer for the captured step: fresh at step 1, else loaded with the model from
+    the reference's saved state (weights, both Adam moments, its step count) under the weight map."""
+    from lockstep.runners.torchtitan.model import build_optimizer
+    from lockstep.runners.torchtitan.state_dict import from_llmc
+
+    optimizer = build_optimizer(model, case.optimizer_of(inputs.family.optimizer), case.lr)
+    if request.start_state is None:
+        return optimizer
+    from pathlib import Path
+
+    from lockstep.runners.reference import SavedState, reference_services
+
+    state = reference_services().read_state(SavedState(request.start_step, Path(request.start_state)), case, inputs)
+
+    def mapped(tensors: dict) -> dict[str, torch.Tensor]:
+        return from_llmc({n: torch.from_numpy(np.array(t, dtype=np.float32)) for n, t in tensors.items()}, cfg)
+
+    weights = mapped(state.weights)
+    moments = (mapped(state.exp_avg), mapped(state.exp_avg_sq)) if state.exp_avg else None
+    (adam,) = optimizer.optimizers
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(weights[name].to(device))
+            if moments is not None:
+                adam.state[p] = {"step": torch.tensor(float(state.adam_step)),
+                                 "exp_avg": moments[0][name].to(device).clone(),
+                                 "exp_avg_sq": moments[1][name].to(device).clone()}
+    return optimizer
+
+
+def step_optimizer(optimizer, model, cfg, case: CaseSpec, request: CaptureRequest, builder: CaptureBuilder) -> None:
+    """The captured step's update at the contract's lr of the step, recorded as applied/NAME."""
+    from lockstep.cases.lr_schedule import lr_at
+    from lockstep.runners.pytorch.capture import add_applied_update
+    from lockstep.runners.torchtitan.weights import canonical
+
+    lr = lr_at(case, request.step)
+    for adam in optimizer.optimizers:
+        for group in adam.param_groups:
+            group["lr"] = lr
+    named = dict(model.named_parameters())
+    before = {n: t.detach().clone() for n, t in canonical(named, cfg).items()}
+    optimizer.step()
+    add_applied_update(builder, before, canonical(named, cfg), lr, request.step)

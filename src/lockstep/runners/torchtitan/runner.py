@@ -54,6 +54,13 @@ class TorchtitanRunner(StepInspector, FrameworkRunner):
             return "torchtitan's step 1 is captured on one device; several ranks' cases get no certificate yet"
         return None
 
+    def at_step_problem(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        """One device: the reference's state goes into torchtitan's model and optimizer in lockstep's
+        process, through the weight mapping (capture.py), and its step N+1 is captured there."""
+        if case.lora is not None:
+            return "lockstep trains no LoRA case on torchtitan"
+        return self.capture_problem(case, inputs)
+
     def capture(self, case: CaseSpec, inputs: RunInputs, work_dir: Path, request: CaptureRequest):
         """Step 1 with torchtitan's model (built by its config, the LLMC weights mapped in) and
         torchtitan's loss, in this process: capture.py."""

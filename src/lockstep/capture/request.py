@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lockstep.capture.sketch import l2_norm, sketch_numpy, sketch_torch
-from lockstep.formats.step_capture import UPDATE_LEVELS, Sketch, StepCapture
+from lockstep.formats.step_capture import APPLIED, UPDATE_LEVELS, Sketch, StepCapture
 
 # Module outputs (and the gradients arriving at them) are recorded for the first sequences of a
 # micro batch only: activations grow with the micro batch (GPT-2 124M at B=80: 2 GB of them, a 1B
@@ -276,6 +276,21 @@ def applied_update(before, after, lr: float):
     norm = float(torch.linalg.vector_norm(moved))
     bound = 2.0 ** -24 * float(torch.linalg.vector_norm(after)) / lr
     return moved, (bound / norm if norm > 0 else 0.0)
+
+
+def add_applied_update(builder: CaptureBuilder, before: dict, params: dict,
+                       lr: float, step: int) -> None:
+    """The update the optimizer applied in `step`, (w_before - w_after)/lr per parameter, sketched
+    (`applied/NAME`), with the bound on its relative error that w_after's FP32 rounding allows (as
+    for a gradient recovered from saved weights: 2^-24·||w_after||/lr over ||update||); at lr 0 the
+    movement itself, which must be zero (capture.request.applied_update)."""
+    precision = {}
+    for name, p in params.items():
+        moved, precision[name] = applied_update(before[name].double(), p.detach().double(), lr)
+        builder.capture.sketches[f"{APPLIED}/{name}"] = make_sketch(moved)
+    builder.capture.meta[APPLIED] = {"step": step, "lr": lr, "precision": precision}
+    if lr == 0:
+        builder.capture.notes.append(zero_lr_note(step))
 
 
 def zero_lr_note(step: int) -> str:

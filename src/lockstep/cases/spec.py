@@ -257,16 +257,6 @@ class CaseSpec:
         if self.dp % self.ep:
             raise CaseError(f"case {n}: expert parallelism splits the data-parallel ranks, so ep={self.ep} "
                             f"must divide dp={self.dp}")
-        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
-            raise CaseError(f"case {n}: recompute_granularity {self.recompute_granularity!r} is not one of "
-                            f"{', '.join(RECOMPUTE_GRANULARITIES)}")
-        if self.recompute_method not in RECOMPUTE_METHODS:
-            raise CaseError(f"case {n}: recompute_method {self.recompute_method!r} is not one of "
-                            f"{', '.join(RECOMPUTE_METHODS)}")
-        if self.recompute_num_layers < 0:
-            raise CaseError(f"case {n}: recompute_num_layers is {self.recompute_num_layers}, must not be negative")
-        if self.adam_beta2 is not None and not 0.0 <= self.adam_beta2 < 1.0:
-            raise CaseError(f"case {n}: adam_beta2 is {self.adam_beta2}, must be in [0, 1)")
         if self.zero not in ZERO_STAGES:
             raise CaseError(f"case {n}: zero is {self.zero}, must be one of {', '.join(map(str, ZERO_STAGES))}")
         if self.zero and self.dp == 1:
@@ -278,7 +268,7 @@ class CaseSpec:
             if len(stages) != self.pp * self.vpp:
                 raise CaseError(f"case {n}: pp_layout {self.pp_layout!r} has {len(stages)} stage(s), but PP x VPP = "
                                 f"{self.pp} x {self.vpp} = {self.pp * self.vpp}")
-        problems = (self.lora.problems() if self.lora else []) + \
+        problems = self._recompute_and_optimizer_problems() + (self.lora.problems() if self.lora else []) + \
             (self.checkpoint.problems(self.steps) if self.checkpoint else []) + \
             (self.lr_schedule.problems(self.lr, self.steps) if self.lr_schedule else [])
         if problems:
@@ -290,6 +280,19 @@ class CaseSpec:
                 f"case {n}: needs {self.tokens_needed} tokens ({self.steps} steps x {self.total_batch} tokens/step + 1) "
                 f"but the token file holds {available_tokens}")
         return self
+
+    def _recompute_and_optimizer_problems(self) -> list[str]:
+        out = []
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            out.append(f"recompute_granularity {self.recompute_granularity!r} is not one of "
+                       f"{', '.join(RECOMPUTE_GRANULARITIES)}")
+        if self.recompute_method not in RECOMPUTE_METHODS:
+            out.append(f"recompute_method {self.recompute_method!r} is not one of {', '.join(RECOMPUTE_METHODS)}")
+        if self.recompute_num_layers < 0:
+            out.append(f"recompute_num_layers is {self.recompute_num_layers}, must not be negative")
+        if self.adam_beta2 is not None and not 0.0 <= self.adam_beta2 < 1.0:
+            out.append(f"adam_beta2 is {self.adam_beta2}, must be in [0, 1)")
+        return out
 
     def optimizer_of(self, contract):
         """The optimizer this case trains with: its family's `contract` (an OptimizerSpec), with the

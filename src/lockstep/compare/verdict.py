@@ -269,6 +269,26 @@ def _ranges(steps: list[int]) -> str:
     return ", ".join(out)
 
 
+def _record_notes(baseline: LoadedSide, test: LoadedSide) -> list[str]:
+    """What the two records say of how they were made that a reader of the verdict must know."""
+    notes = []
+    for side, name in ((baseline, "baseline"), (test, "test")):
+        rec = side.record
+        if side.step2_corrected:
+            notes.append(f"{name}: Megatron-LM step-2 running mean corrected "
+                         f"(logged {rec.meta.get('megatron_step2_logged_loss'):.6f} -> "
+                         f"{next(s.loss for s in rec.steps if s.step == 2):.6f})")
+    for side, name in ((baseline, "baseline"), (test, "test")):
+        if layout := side.record.meta.get("reference_layout"):
+            # A trainer without TP/PP trained the case at its DP layout: said, never hidden.
+            notes.append(f"{name} ({side.record.framework}) reference_layout: {layout}")
+    beta2 = (baseline.record.meta.get("case_spec") or {}).get("adam_beta2")
+    if beta2 is not None:
+        # A build hard-codes it (the plan says which): both sides trained with it, not the contract's.
+        notes.append(f"trained with Adam beta2 {beta2:g}, a build's hard-coded value, not the family contract's")
+    return notes
+
+
 def judge_case(case: str, baseline: LoadedSide, test: LoadedSide, options: CompareOptions) -> CaseVerdict:
     verdict = CaseVerdict(case, _summarise(baseline, options), _summarise(test, options),
                           rtol=options.rtol, min_tps_ratio=options.min_tps_ratio)
@@ -278,20 +298,7 @@ def judge_case(case: str, baseline: LoadedSide, test: LoadedSide, options: Compa
         return verdict
     b, t = baseline.record, test.record
     assert b is not None and t is not None
-    for side, name in ((baseline, "baseline"), (test, "test")):
-        if side.step2_corrected:
-            rec = side.record
-            verdict.notes.append(f"{name}: Megatron-LM step-2 running mean corrected "
-                                 f"(logged {rec.meta.get('megatron_step2_logged_loss'):.6f} -> "
-                                 f"{next(s.loss for s in rec.steps if s.step == 2):.6f})")
-    for side, name in ((baseline, "baseline"), (test, "test")):
-        if layout := side.record.meta.get("reference_layout"):
-            # A trainer without TP/PP trained the case at its DP layout: said, never hidden.
-            verdict.notes.append(f"{name} ({side.record.framework}) reference_layout: {layout}")
-    beta2 = (b.meta.get("case_spec") or {}).get("adam_beta2")
-    if beta2 is not None:
-        # A build hard-codes it (the plan says which): both sides trained with it, not the contract's.
-        verdict.notes.append(f"trained with Adam beta2 {beta2:g}, a build's hard-coded value, not the family contract's")
+    verdict.notes += _record_notes(baseline, test)
     differs = input_differences(b, t)
     if differs:
         # Different inputs: the losses part because the inputs do (compare/inputs.py); no verdict.

@@ -31,12 +31,12 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from lockstep.capture.request import MAX_MICRO_BATCHES, CaptureBuilder, CaptureRequest, micro_name
+from lockstep.capture.request import MAX_MICRO_BATCHES, CaptureBuilder, CaptureRequest, add_applied_update, micro_name
 from lockstep.capture.routing import ROUTER, add_routing
 from lockstep.cases.lr_schedule import lr_at
 from lockstep.cases.spec import CaseSpec
 from lockstep.data.loader import TokenBatches
-from lockstep.formats.step_capture import APPLIED, StepCapture
+from lockstep.formats.step_capture import StepCapture
 from lockstep.models.lora import canonical_parameters
 from lockstep.runners.pytorch import step as reference_step
 from lockstep.runners.pytorch.step import MicroBatch
@@ -273,25 +273,6 @@ def capture_step(model: nn.Module, case: CaseSpec, tokens: np.ndarray, request: 
         capture = recorder.builder.finish()
     model.zero_grad(set_to_none=True)
     return capture
-
-
-def add_applied_update(builder: CaptureBuilder, before: dict[str, torch.Tensor], params: dict[str, nn.Parameter],
-                       lr: float, step: int) -> None:
-    """The update the optimizer applied in `step`, (w_before - w_after)/lr per parameter, sketched
-    (`applied/NAME`), with the bound on its relative error that w_after's FP32 rounding allows (as
-    for a gradient recovered from saved weights: 2^-24·||w_after||/lr over ||update||); at lr 0 the
-    movement itself, which must be zero (capture.request.applied_update)."""
-    from lockstep.capture.request import make_sketch
-
-    from lockstep.capture.request import applied_update, zero_lr_note
-
-    precision = {}
-    for name, p in params.items():
-        moved, precision[name] = applied_update(before[name].double(), p.detach().double(), lr)
-        builder.capture.sketches[f"{APPLIED}/{name}"] = make_sketch(moved)
-    builder.capture.meta[APPLIED] = {"step": step, "lr": lr, "precision": precision}
-    if lr == 0:
-        builder.capture.notes.append(zero_lr_note(step))
 
 
 def capture_reference(model: nn.Module, case: CaseSpec, tokens: np.ndarray, device: torch.device | str = "cpu",

@@ -84,9 +84,7 @@ def capture_case(case: CaseSpec, inputs, request: CaptureRequest, framework: str
     compat.prepare(inputs.device)
     device = torch.device("cuda", 0) if inputs.device == "cuda" else torch.device("cpu")
     model, cfg = load_model(str(inputs.checkpoint), device)
-    optimizer = None
-    if request.records_applied:
-        optimizer = start_optimizer(model, cfg, case, inputs, request, device)
+    optimizer = start_optimizer(model, cfg, case, inputs, request, device) if request.records_applied else None
     stream = read_token_stream(inputs.tokens, vocab_size=cfg.vocab_size)
     batches = TokenBatches(stream.tokens, case)
     builder = CaptureBuilder(request, framework)
@@ -163,7 +161,7 @@ def start_optimizer(model, cfg, case: CaseSpec, inputs, request: CaptureRequest,
 def step_optimizer(optimizer, model, cfg, case: CaseSpec, request: CaptureRequest, builder: CaptureBuilder) -> None:
     """The captured step's update at the contract's lr of the step, recorded as applied/NAME."""
     from lockstep.cases.lr_schedule import lr_at
-    from lockstep.runners.pytorch.capture import add_applied_update
+    from lockstep.capture.request import add_applied_update
     from lockstep.runners.torchtitan.weights import canonical
 
     lr = lr_at(case, request.step)

@@ -411,7 +411,7 @@ def capture_one(looking: Looking, fw: str, say) -> None:
     start = time.perf_counter()
     ref = reference_framework()
     signs_only = adam_view_only(plan, plan.frameworks[1:])
-    request = capture_request(plan.out_dir / f"{fw}_{plan.case.name}_step{step}.npz", optimizer_of(plan.inputs),
+    request = capture_request(plan.out_dir / f"{fw}_{plan.case.name}_step{step}.npz", optimizer_of(plan.case, plan.inputs),
                               reference=(plan.out_dir / f"{ref}_{plan.case.name}_step{step}.npz" if fw != ref else None),
                               full=True, whole_grads=not (fw == plan.frameworks[0] and signs_only), applied=True,
                               start=state)
@@ -433,7 +433,7 @@ def judge_pair(looking: Looking, test: str, say) -> Verdict:
     captures = looking.captures
     verdict = judge(lambda fp64, diffs: diagnose_captures(
         captures[base], captures[test], plan.case, drift=runs, structure=captures[reference_framework()],
-        adam_eps=adam_eps_of(optimizer_of(plan.inputs)), fp64=fp64, diffs=diffs), looking.fp64, say)
+        adam_eps=adam_eps_of(optimizer_of(plan.case, plan.inputs)), fp64=fp64, diffs=diffs), looking.fp64, say)
     if looking.state is not None:
         verdict.notes.insert(0, start_note(looking.state))
     drift_note = looking.notes[base] or looking.notes[test]

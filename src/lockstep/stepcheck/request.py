@@ -29,17 +29,18 @@ def capture_request(path: str | Path, optimizer: OptimizerSpec, *, reference: st
                           start_state=str(start.folder) if start else None)
 
 
-def optimizer_of(inputs) -> OptimizerSpec:
-    """The optimizer a case trains with, as the reference declares it (its constants: Adam's eps)."""
+def optimizer_of(case, inputs) -> OptimizerSpec:
+    """The optimizer a case trains with: the family's as the reference declares it (its constants:
+    Adam's eps), with the case's own settings (CaseSpec.optimizer_of: a build's hard-coded beta2)."""
     from lockstep.runners.reference import reference_services
 
-    return reference_services().optimizer(inputs)
+    return case.optimizer_of(reference_services().optimizer(inputs))
 
 
 def certificate_request(plan, case, framework: str, start: SavedState | None = None) -> CaptureRequest:
     """What a certificate of `lockstep run` asks `framework` to record of the case's first step (step 1,
     or the step after `start`): sketches into the run's step1/ folder, beside the baseline's."""
     baseline = plan.runners[0].name
-    return capture_request(plan.capture_path(framework, case), optimizer_of(plan.inputs[case.name]),
+    return capture_request(plan.capture_path(framework, case), optimizer_of(case, plan.inputs[case.name]),
                            reference=plan.capture_path(baseline, case) if framework != baseline else None,
                            start=start)

@@ -20,6 +20,8 @@ the Trainer's run uses FlexAttention on CUDA (model.py), the same causal softmax
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -136,8 +138,6 @@ def start_optimizer(model, cfg, case: CaseSpec, inputs, request: CaptureRequest,
     optimizer = build_optimizer(model, case.optimizer_of(inputs.family.optimizer), case.lr)
     if request.start_state is None:
         return optimizer
-    from pathlib import Path
-
     from lockstep.runners.reference import SavedState, reference_services
 
     state = reference_services().read_state(SavedState(request.start_step, Path(request.start_state)), case, inputs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -18,7 +19,7 @@ from lockstep.formats.run_record import RunRecord, StepRecord
 from lockstep.models import model_shape
 from lockstep.plan import RunPlan, RunRequest, default_frameworks
 from lockstep.runners import get_runner
-from lockstep.runners.base import FrameworkRunner, RunInputs, first_step
+from lockstep.runners.base import FrameworkRunner, RunInputs, StepInspector, first_step
 from lockstep.stepcheck.request import certificate_request
 
 
@@ -81,6 +82,10 @@ class PlanExecution:
     on_end: Callable | None
     outcomes: dict[tuple[str, str], CaseOutcome] = field(default_factory=dict)
     groups: dict[tuple[str, object], object] = field(default_factory=dict)
+    # --jobs: each pair's end (a capture may wait for its baseline's), and an interrupt's
+    _ended: dict[tuple[str, str], threading.Event] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    stopping: threading.Event = field(default_factory=threading.Event)
 
     @property
     def pairs(self) -> list[tuple[CaseSpec, FrameworkRunner]]:
@@ -126,12 +131,47 @@ class PlanExecution:
         return any((c.name, r.name) not in self.outcomes and self.key_of(c, r) is not None for c, r in self.pairs)
 
     def run_pairs(self, grouped: bool) -> None:
+        todo = []
         for case, runner in self.pairs:
             if (case.name, runner.name) in self.outcomes:
                 continue  # skipped, or ran earlier in a worker group with an earlier case
             key = self.key_of(case, runner)
             if (key is not None) == grouped:
+                todo.append((case, runner, key))
+        apart = [p for p in todo if p[1].runs_apart] if self.plan.jobs > 1 and not grouped else []
+        if not apart:
+            for case, runner, key in todo:
                 self.run_pair(case, runner, key)
+            return
+        self.run_side_by_side([p for p in todo if p not in apart], apart)
+
+    def run_side_by_side(self, here: list, apart: list) -> None:
+        """--jobs: the pairs that are processes of their own run up to `jobs` at once, each supervised
+        by a thread of this process, while the others run here in turn. A capture that reads the
+        baseline's (`capture_needs_reference`) waits for the baseline's pair to end
+        (`before_capture`), so that it reads what one after the other would have read."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from lockstep.runners.launch import RUNNING_GROUPS
+
+        pool = ThreadPoolExecutor(max_workers=self.plan.jobs, thread_name_prefix="lockstep-pair")
+        try:
+            running = [pool.submit(self.run_pair, case, runner, key) for case, runner, key in apart]
+            for case, runner, key in here:
+                self.run_pair(case, runner, key)
+            for future in running:
+                future.result()
+        except BaseException:
+            # An interrupt reaches this thread only: the queued pairs never start, the running ones'
+            # processes are killed and a capture waiting for its baseline stops waiting (their threads
+            # then end), before it propagates.
+            self.stopping.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            RUNNING_GROUPS.stop_all()
+            pool.shutdown(wait=True)
+            RUNNING_GROUPS.resume()
+            raise
+        pool.shutdown()
 
     def run_pair(self, case: CaseSpec, runner: FrameworkRunner, key) -> None:
         plan = self.plan
@@ -142,11 +182,35 @@ class PlanExecution:
         def on_done(c: CaseSpec, records: list[RunRecord]) -> None:
             self.done(CaseOutcome(c, runner.name, record=records[0]))
 
-        runner.run_many([(c, inputs_for(plan, c, runner)) for c in batch], self.out_dirs, on_start=self.on_start,
-                        on_step=self.on_step, on_done=on_done, persistent=key is not None,
-                        group=self.group_of(case, runner, key) if key is not None else None)
+        try:
+            runner.run_many([(c, inputs_for(plan, c, runner)) for c in batch], self.out_dirs, on_start=self.on_start,
+                            on_step=self.on_step, on_done=on_done, persistent=key is not None,
+                            group=self.group_of(case, runner, key) if key is not None else None,
+                            before_capture=lambda c: self.wait_for_baseline(c, runner))
+        finally:
+            for c in batch:
+                self.ended(c.name, runner.name).set()  # a capture waiting on this pair reads what it left
         if key is not None:
             self.groups.pop((runner.name, key)).close()  # every case of its key ran: free its devices
+
+    def ended(self, case: str, framework: str) -> threading.Event:
+        with self._lock:
+            return self._ended.setdefault((case, framework), threading.Event())
+
+    def wait_for_baseline(self, case: CaseSpec, runner: FrameworkRunner) -> None:
+        """Before `runner`'s capture of `case`: where it reads the baseline's capture, the baseline's
+        pair must have ended (run and capture), as it has when pairs run one after the other."""
+        baseline = self.plan.runners[0]
+        if (runner is baseline or self.plan.jobs <= 1 or not isinstance(runner, StepInspector)
+                or not runner.capture_needs_reference(case, self.plan.inputs[case.name])):
+            return
+        if (case.name, baseline.name) in self.outcomes:
+            return  # skipped, or ran (its outcome comes once its capture is written)
+        ended = self.ended(case.name, baseline.name)
+        while not ended.wait(0.2):
+            if self.stopping.is_set():
+                raise LockstepError(f"{runner.name}'s step-1 capture of {case.name} stopped: lockstep was "
+                                    "interrupted while it waited for the baseline's")
 
 
 def start_first_group_early(req: RunRequest) -> dict:
@@ -204,6 +268,8 @@ def inputs_for(plan: RunPlan, case: CaseSpec, runner: FrameworkRunner) -> RunInp
     resume point, captured by every framework after all runs from the reference's saved state
     (stepcheck/certificates.py), never its step 1 from the initial weights, which it does not train."""
     inputs = plan.inputs[case.name]
+    if plan.jobs > 1 and runner.runs_apart:
+        inputs = dataclasses.replace(inputs, jobs=plan.jobs)
     if not plan.records_step1(case) or first_step(case) > 1:
         return inputs
     return dataclasses.replace(inputs, capture=certificate_request(plan, case, runner.name))

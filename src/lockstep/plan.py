@@ -60,6 +60,9 @@ class RunRequest:
     # Start each framework's workers once per world size and run every case that fits in them
     # (--no-persistent-workers: one process per case).
     persistent_workers: bool = True
+    # Pairs that run as processes of their own (runners' `runs_apart`) run up to this many at once
+    # (--jobs); their tok/s is then measured side by side with each other, and said so.
+    jobs: int = 1
     certify: bool = True  # a step-1 certificate for every FP32 pair (--no-certify)
     certify_bf16: bool = False  # and for BF16 pairs (--certify-bf16)
     # Record step 1 from inside even with one framework (no pair to certify): `bisect --expect
@@ -92,6 +95,7 @@ class RunPlan:
     unrunnable: dict[str, str] = field(default_factory=dict)  # case -> why no framework can run it here
     nodes: NodeLayout = field(default_factory=NodeLayout)
     persistent_workers: bool = True
+    jobs: int = 1  # RunRequest.jobs
     certify: bool = True
     certify_bf16: bool = False
     record_step1: bool = False  # RunRequest.record_step1
@@ -335,7 +339,7 @@ def _resolve(req: RunRequest, repeat: int, make_files: bool, device: str, notes:
         for m in {i.model_name: i for c, i in inputs.items() if c not in fit.unrunnable}.values():
             runner.preflight(m)  # e.g. a missing InfiniTrain binary stops here, before any run
     return RunPlan(out_dir=out_dir, device=device, cases=cases, inputs=inputs, runners=runners, notes=notes,
-                   unrunnable=fit.unrunnable, nodes=nodes, persistent_workers=req.persistent_workers,
+                   unrunnable=fit.unrunnable, nodes=nodes, persistent_workers=req.persistent_workers, jobs=req.jobs,
                    certify=req.certify, certify_bf16=req.certify_bf16, record_step1=req.record_step1, skips=skips,
                    twins=twins,
                    roofline=device == "cuda" if req.roofline is None else req.roofline, cache_dir=cache)

@@ -55,3 +55,13 @@ def test_output_gradients_are_searched_in_backward_order():
 def test_captures_of_different_tensors_are_said_so():
     b = dataclasses.replace(capture(), sketches={k: v for k, v in capture().sketches.items() if k != "grad/ln1w"})
     assert first_difference(capture(), b) == "the captures hold different gradients"
+
+
+def test_module_outputs_are_searched_in_forward_order_not_the_files_order():
+    # InfiniTrain's dumps list `logits` before the first layer's outputs (file-name order): with the
+    # first RMSNorm changed, its logits change too, and the norm is what differs first.
+    a = capture()
+    a = dataclasses.replace(a, sketches={"fwd/logits": make_sketch(np.ones((4, 8), np.float32)), **a.sketches},
+                            forward_order=["ln1[0]", "attn[0]", "logits"])
+    b = with_changed(with_changed(a, "fwd/logits", np.zeros((4, 8))), "fwd/ln1[0]", np.zeros((4, 8)))
+    assert list(a.names("fwd"))[0] == "logits" and first_difference(a, b).name == "ln1[0]"

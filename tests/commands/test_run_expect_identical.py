@@ -13,6 +13,7 @@ import pytest
 
 from lockstep.cli import main
 from lockstep.errors import LockstepError
+from lockstep.formats.run_record import read_run_record
 from lockstep.runners import framework_names, get_runner
 from lockstep.runners.infinitrain.options import parse_builds
 from support.recompute_cases import recompute_matrix
@@ -45,6 +46,51 @@ def test_two_builds_of_one_trainer_are_identical(tmp_path, capsys, tiny_checkpoi
     assert rc == 0 and case["verdict"] == "IDENTICAL", text
     assert case["identity"]["identical"] and "losses only" in case["identity"]["captures"]
     assert "1 IDENTICAL" in text
+
+
+@pytest.mark.integration
+def test_jobs_runs_the_two_builds_at_once_with_the_same_verdict(tmp_path, capsys, tiny_checkpoint, training_tokens):
+    """--jobs 2: the two trainers (processes of their own) run side by side; their records are the
+    same bits as one after the other, and the comparison says the tok/s was measured that way."""
+    toml = tmp_path / "t.toml"
+    toml.write_text(ENTRY.format(name="toy-base", trainer=TRAINER) + ENTRY.format(name="toy-head", trainer=TRAINER))
+    out = tmp_path / "o"
+    rc = main(["run", "--frameworks", "toy-base,toy-head", "--command-runner", str(toml), "--cases", "gpt2_1",
+               "--steps", "3", "--llmc", str(tiny_checkpoint), "--data", str(training_tokens), "--device", "cpu",
+               "--out", str(out), "--no-report", "--no-history", "--expect", "identical", "--jobs", "2"])
+    text = capsys.readouterr().out
+    case = cases_of(out)["toy-head"]
+    assert rc == 0 and case["verdict"] == "IDENTICAL", text
+    assert "tok/s measured with --jobs 2: runs of separate processes overlapped" in " ".join(case["notes"])
+    records = [read_run_record(out / fw / "gpt2_1.jsonl") for fw in ("toy-base", "toy-head")]
+    assert all(r.meta["jobs"] == 2 for r in records)
+    (base_start, base_end), (head_start, head_end) = ((r.meta["started_at"], r.meta["finished_at"]) for r in records)
+    assert head_start < base_end and base_start < head_end  # ISO times of one clock: they overlapped
+
+
+@pytest.mark.integration
+def test_jobs_still_names_a_build_step_ones_gradient_shows(tmp_path, capsys, tiny_checkpoint, training_tokens):
+    """--jobs 2 over two builds whose captures recover SGD's gradients: the test build's capture reads
+    the baseline's (its recovery lr), so it waits for it; run at once, it once found none, recorded no
+    capture, and the planted build was judged IDENTICAL on its losses alone (one step: the loss is
+    computed before the update, so only the gradient shows the plant)."""
+    from support.fake_framework import LN_BIAS_GRAD_DEFECT, write_fake_build
+
+    good = write_fake_build(tmp_path / "good")
+    planted = write_fake_build(tmp_path / "planted", ln_bias_grad_scale=LN_BIAS_GRAD_DEFECT)
+    out = tmp_path / "o"
+    rc = main(["run", "--frameworks", "infinitrain@good,infinitrain@planted", "--infinitrain-build", f"good={good}",
+               "--infinitrain-build", f"planted={planted}", "--cases", "gpt2_1", "--steps", "1", "--llmc",
+               str(tiny_checkpoint), "--data", str(training_tokens), "--device", "cpu", "--out", str(out),
+               "--no-report", "--no-history", "--expect", "identical", "--jobs", "2"])
+    text = capsys.readouterr().out
+    case = cases_of(out)["infinitrain@planted"]
+    assert rc == 1 and case["verdict"] == "NOT IDENTICAL", text
+    identity = case["identity"]
+    assert identity["first_step"] == 1 and identity["tensor"]["kind"] == "gradient", identity
+    assert identity["tensor"]["name"].startswith("ln1b"), identity
+    records = [read_run_record(out / f"infinitrain@{n}" / "gpt2_1.jsonl") for n in ("good", "planted")]
+    assert all(r.meta["jobs"] == 2 and r.meta.get("step1_capture") for r in records), [r.meta for r in records]
 
 
 @pytest.mark.integration

@@ -229,3 +229,37 @@ def test_stop_signals_interrupt_once_like_ctrl_c_and_the_handlers_come_back(sig)
                 raise
     assert isinstance(e.value, KeyboardInterrupt) and e.value.signum == sig
     assert signal.getsignal(sig) is before
+
+
+def test_sigterm_with_jobs_stops_the_builds_running_beside_each_other(tmp_path, tiny_checkpoint,
+                                                                      tiny_shakespeare_train):
+    """--jobs 2: two stand-in builds run at once, each supervised by a thread of lockstep; the signal
+    reaches the main thread only, and both builds' processes (and their children) must still end."""
+    builds = []
+    for name in ("a", "b"):
+        exe = tmp_path / name / "gpt2"
+        exe.parent.mkdir()
+        exe.write_text("#!/bin/sh\nsleep 300 &\n"
+                       "echo 'E20251021 14:16:23.511394 140590029197312 main.cc:262] step    1/10 | train loss 10.9 | "
+                       "lr 1.00e-04 | (2506.24 ms | 102 tok/s)' >&2\nsleep 300\n")
+        exe.chmod(0o755)
+        builds += ["--infinitrain-build", f"{name}={exe.parent}"]
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "lockstep", "run", "--cases", "gpt2_1", "--frameworks", "infinitrain@a,infinitrain@b",
+           *builds, "--jobs", "2", "--llmc", str(tiny_checkpoint), "--data", str(tiny_shakespeare_train),
+           "--device", "cpu", "--out", str(out), "--no-report"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "stderr.txt", "w"),
+                            env={**os.environ, "PYTHONPATH": str(SRC)}, start_new_session=True)
+    tree: dict[int, str] = {}
+    try:
+        for name in ("a", "b"):  # both at once: the second started without waiting for the first
+            wait_for_first_step(proc, out / f"infinitrain@{name}" / "gpt2_1.log.partial", timeout_s=60)
+        tree = descendants(proc.pid)
+        assert len(tree) >= 6, tree  # two shells and their four sleeps
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+        assert still_alive(tree) == [], f"left running after SIGTERM: {still_alive(tree)}"
+    finally:
+        kill_everything(proc, tree)
+    assert rc == 128 + signal.SIGTERM, (tmp_path / "stderr.txt").read_text()
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"

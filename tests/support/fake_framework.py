@@ -150,6 +150,17 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
+def write_fake_build(build_dir: Path, ln_bias_grad_scale: float = 1.0) -> Path:
+    """A built fake InfiniTrain that shows its step 1 (`--save`): `build_dir/gpt2`, its LayerNorm bias
+    gradients x`ln_bias_grad_scale`."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    exe = build_dir / "gpt2"
+    exe.write_text(TRAIN.format(python=sys.executable, src=str(LOCKSTEP_SRC), lr_scale=1.0,
+                                ln_bias_grad_scale=ln_bias_grad_scale, shows_step1=True, broken=""))
+    exe.chmod(0o755)
+    return build_dir
+
+
 def make_fake_repo(path: Path, commits: int = 16, defect_index: int = 11, broken_index: int | None = 8,
                    defect: str = "lr") -> FakeRepo:
     """commits+1 commits on one branch: index 0 (good) .. `commits` (bad), the defect (`defect`: "lr",

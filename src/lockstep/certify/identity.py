@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lockstep.formats.step_capture import StepCapture
+from lockstep.formats.step_capture import StepCapture, forward_rank
 
 # (capture kind, what it is called) in the order a difference propagates through a step
 ORDER = (("fwd", "module output"), ("outgrad", "output gradient"), ("grad", "gradient"))
@@ -48,9 +48,20 @@ def _ordered(capture: StepCapture, kind: str) -> list[str]:
     names = capture.names(kind)
     if kind == "grad" and capture.param_order:
         return [n for n in capture.param_order if n in names] + [n for n in names if n not in capture.param_order]
-    if kind == "outgrad":
-        return list(reversed(names))  # recorded in forward order; the backward reaches the last first
-    return names
+    if kind == "grad":
+        return names
+    # Module outputs in the capture's forward order (not the order its file lists them: InfiniTrain's
+    # dumps come by file name, `logits` before the first layer's), micro batch by micro batch; the
+    # gradients arriving at them in backward order, the last module's first.
+    order = capture.forward_order or sorted({n.partition("@")[0] for n in names}, key=forward_rank)
+    rank = {name: i for i, name in enumerate(order)}
+    sign = -1 if kind == "outgrad" else 1
+
+    def key(name: str) -> tuple:
+        base, _, micro = name.partition("@")
+        return int(micro or 0), base not in rank, sign * rank.get(base, 0)
+
+    return sorted(names, key=key)
 
 
 def first_difference(a: StepCapture, b: StepCapture) -> TensorDifference | str | None:

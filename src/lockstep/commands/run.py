@@ -96,6 +96,10 @@ def _add_output_and_check_args(parser) -> None:
                         help="skip the step-1 certificate (every FP32 pair's module outputs and gradients compared from "
                              "inside, which turns a FAIL into its cause and catches what the loss hides)")
     parser.add_argument("--certify-bf16", action="store_true", help="certify BF16 pairs too (off by default)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="run up to N pairs at once where each is a process of its own (InfiniTrain builds, the "
+                             "command runner's trainers: two builds of one framework in the time of one); their tok/s "
+                             "is then measured side by side, and the comparison says so (default 1)")
     parser.add_argument("--no-persistent-workers", action="store_true",
                         help="start a framework's workers once per case, as before (default: once per framework and "
                              "world size, running every case that fits in them)")
@@ -117,6 +121,8 @@ def run(args) -> int:
     req = request_from_args(args)
     if args.repeat < 1:
         raise LockstepError(f"--repeat must be at least 1, not {args.repeat}")
+    if getattr(args, "jobs", 1) < 1:
+        raise LockstepError(f"--jobs must be at least 1, not {args.jobs}")
     if getattr(args, "dry_run", False):
         print_plan(console, plan_run(req, repeat=args.repeat, make_files=False))
         return 0
@@ -145,7 +151,8 @@ def request_from_args(args) -> RunRequest:
                       framework_options=framework_options_from(args),
                       oversubscribe=args.oversubscribe, nodes=node_layout(args),
                       persistent_workers=not getattr(args, "no_persistent_workers", False),
-                      certify=not getattr(args, "no_certify", False), certify_bf16=getattr(args, "certify_bf16", False),
+                      jobs=getattr(args, "jobs", 1), certify=not getattr(args, "no_certify", False),
+                      certify_bf16=getattr(args, "certify_bf16", False),
                       roofline=getattr(args, "roofline", None))
 
 
@@ -161,7 +168,7 @@ class TerminalObserver(RunObserver):
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[loss]}"), TimeElapsedColumn(), console=console,
                                  transient=False, disable=not console.is_terminal)
-        self.task = None
+        self._pair = threading.local()  # the pair each thread runs (--jobs runs several at once)
         self.options = options or CompareOptions()
 
     def say(self, text: str) -> None:
@@ -182,16 +189,17 @@ class TerminalObserver(RunObserver):
         return self.progress
 
     def started(self, case, framework):
-        self.task = self.progress.add_task(f"{framework:>11} {case.name:<18}", total=case.steps, loss="")
+        self._pair.task = self.progress.add_task(f"{framework:>11} {case.name:<18}", total=case.steps, loss="")
 
     def step(self, rec):
-        self.progress.update(self.task, completed=rec.step, loss=f"loss {rec.loss:.6f}")
+        self.progress.update(self._pair.task, completed=rec.step, loss=f"loss {rec.loss:.6f}")
 
     def ended(self, outcome: CaseOutcome):
         console = self.console
         # A skip is said once, grouped by reason, among the run's last lines (run_verdict.skip_lines).
-        if outcome.record is not None and not outcome.record.ok and self.task is not None:
-            self.progress.update(self.task, loss="[red]FAILED[/red]")
+        task = getattr(self._pair, "task", None)
+        if outcome.record is not None and not outcome.record.ok and task is not None:
+            self.progress.update(task, loss="[red]FAILED[/red]")
         if not console.is_terminal and outcome.record is not None:
             r = outcome.record
             tps = format_tokens_per_s(throughput_of(r))

@@ -286,6 +286,10 @@ def _record_notes(baseline: LoadedSide, test: LoadedSide) -> list[str]:
     if beta2 is not None:
         # A build hard-codes it (the plan says which): both sides trained with it, not the contract's.
         notes.append(f"trained with Adam beta2 {beta2:g}, a build's hard-coded value, not the family contract's")
+    jobs = max(int(side.record.meta.get("jobs") or 1) for side in (baseline, test))
+    if jobs > 1:
+        notes.append(f"tok/s measured with --jobs {jobs}: runs of separate processes overlapped, so each may have "
+                     "shared the machine with another")
     return notes
 
 

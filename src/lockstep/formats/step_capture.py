@@ -72,6 +72,19 @@ UPDATE_LEVELS = 127  # int8 steps per unit of an Adam update saturation (schema 
 UPDATE_LEVELS_BEFORE_4 = 1
 SKETCH_KINDS = ("fwd", "outgrad", "grad", "tie", "update")
 APPLIED = "applied"  # the optimizer's applied update of the captured step: sketches only
+# The canonical module outputs of one layer and around the layers, in the order a forward reaches them.
+MODULE_ORDER = ("embedding", "ln1", "attn", "attproj", "ln2", "router", "mlp", "block", "lnf", "logits", "loss")
+
+
+def forward_rank(name: str) -> tuple:
+    """Sort key of a canonical module output's name (`ln1[3]`, `lnf`) in forward order; a name the
+    format does not define sorts after its layer's known ones."""
+    base, _, rest = name.partition("[")
+    layer = int(rest.rstrip("]")) if rest else -1
+    top = {"embedding": (-1,), "lnf": (10**9,), "logits": (10**9 + 1,), "loss": (10**9 + 2,)}
+    if base in top:
+        return top[base] + (0,)
+    return (layer, MODULE_ORDER.index(base) if base in MODULE_ORDER else len(MODULE_ORDER))
 
 
 @dataclass(frozen=True)

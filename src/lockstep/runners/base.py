@@ -24,6 +24,7 @@ import sys
 from abc import ABC, abstractmethod
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Hashable, Sequence
 
@@ -71,6 +72,8 @@ class RunInputs:
     # The seed of a LoRA case's one adapter init (models/lora.py `lora_init_tensors`): the run's
     # seed (--seed), the same for every framework.
     lora_seed: int = 42
+    # How many runs may run at once (--jobs): above 1, this run's tok/s may be measured beside another's.
+    jobs: int = 1
 
     @property
     def family(self) -> ModelFamily:
@@ -99,6 +102,9 @@ class FrameworkRunner(ABC):
     # What the runner implements of a case's `needs` (cases.spec NEEDS_*): a case needing more is
     # skipped by `case_skip_reason` before the runner's own reasons are asked.
     supports: ClassVar[frozenset[str]] = frozenset()
+    # Each run is a process of its own sharing nothing with lockstep's or another run's (an
+    # external build): `--jobs` may run it beside others.
+    runs_apart: ClassVar[bool] = False
 
     @abstractmethod
     def version(self) -> str:
@@ -143,9 +149,11 @@ class FrameworkRunner(ABC):
 
     def run_many(self, pairs: Sequence[tuple[CaseSpec, RunInputs]], out_dirs: Sequence[Path],
                  on_start: StartCallback | None = None, on_step: StepCallback | None = None,
-                 on_done: DoneCallback | None = None, persistent: bool = False, group=None) -> list[list[RunRecord]]:
+                 on_done: DoneCallback | None = None, persistent: bool = False, group=None,
+                 before_capture: Callable[[CaseSpec], None] | None = None) -> list[list[RunRecord]]:
         """Run every (case, inputs) in order, once per directory of `out_dirs` (the repeats; the
-        repeats after a failed one are not run: it has no losses to repeat).
+        repeats after a failed one are not run: it has no losses to repeat). `before_capture(case)`
+        is called before a step-1 capture taken after the run (`run`).
 
         With `persistent` (the pairs share one `worker_group_key`), every run goes to one worker
         group, started once -- `group` when the caller holds one open (and closes it), else one of
@@ -160,7 +168,8 @@ class FrameworkRunner(ABC):
                 for out_dir in out_dirs:
                     if on_start:
                         on_start(case, self.name)
-                    records.append(self.run(case, inputs, out_dir, on_step, workers=group))
+                    records.append(self.run(case, inputs, out_dir, on_step, workers=group,
+                                            before_capture=partial(before_capture, case) if before_capture else None))
                     if not records[-1].ok:
                         break
                 if on_done:
@@ -169,7 +178,7 @@ class FrameworkRunner(ABC):
         return results
 
     def run(self, case: CaseSpec, inputs: RunInputs, out_dir: Path, on_step: StepCallback | None = None,
-            workers=None) -> RunRecord:
+            workers=None, before_capture: Callable[[], None] | None = None) -> RunRecord:
         out_dir = Path(out_dir)
         if not inputs.nodes.writes_records:
             # Another node's logs, kept apart from node 0's records (the out dir may be shared).
@@ -194,6 +203,8 @@ class FrameworkRunner(ABC):
                 check_complete(case, result.steps, log_path, first=first_step(case))
                 if inputs.capture is not None and not (record.meta.get("step1_capture")
                                                        or record.meta.get("step1_capture_error")):
+                    if before_capture is not None:
+                        before_capture()  # --jobs: the baseline's capture it reads is written by then
                     record.meta.update(self.capture_after_run(case, inputs, out_dir) if isinstance(self, StepInspector)
                                        else {"step1_capture_error": capture_problem(self, case, inputs)})
         except LockstepError as e:
@@ -442,6 +453,7 @@ def base_meta(runner: FrameworkRunner, case: CaseSpec, inputs: RunInputs) -> dic
         "command": shlex.join(sys.argv),
         # the seed of the case's one LoRA init (diagnose makes the same adapters again from it)
         **({"lora_seed": inputs.lora_seed} if case.lora is not None else {}),
+        **({"jobs": inputs.jobs} if inputs.jobs > 1 else {}),
     }
 
 

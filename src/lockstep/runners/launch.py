@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -37,6 +38,17 @@ def worker_env(extra: dict | None = None) -> dict:
     if extra:
         env.update(extra)
     return env
+
+
+def shared_cores_env(jobs: int) -> dict:
+    """The environment of one of `jobs` processes run at once (--jobs): the machine's cores split
+    between their OpenMP thread pools, which otherwise each take every core and fight (two InfiniTrain
+    CPU builds with the default threads on 2 cores: 22 s each; one thread each: 11 s, as alone). The
+    user's own OMP_NUM_THREADS stands."""
+    if jobs <= 1 or "OMP_NUM_THREADS" in os.environ:
+        return {}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {"OMP_NUM_THREADS": str(max(1, cores // jobs))}
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -79,6 +91,46 @@ def spawn_group(cmd: list[str], **popen_kwargs) -> subprocess.Popen:
     a group that outlives the call must be spawned from a thread that outlives the group."""
     _libc()
     return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent, **popen_kwargs)
+
+
+class RunningGroups:
+    """The process groups `supervise` watches right now, in any thread. An interrupt reaches only the
+    main thread: the pairs other threads supervise (--jobs) are stopped through `stop_all`, and a
+    group started while stopping is killed as it starts."""
+
+    def __init__(self):
+        self._pids: set[int] = set()
+        self._stopping = False
+        self._lock = threading.Lock()
+
+    def add(self, pid: int) -> bool:
+        """Watch `pid`'s group; False (not added) while stopping."""
+        with self._lock:
+            if self._stopping:
+                return False
+            self._pids.add(pid)
+            return True
+
+    def discard(self, pid: int) -> None:
+        with self._lock:
+            self._pids.discard(pid)
+
+    def stop_all(self) -> list[int]:
+        """SIGKILL every watched group (its supervising thread then sees it end) and refuse new ones
+        until `resume`; the groups' ids."""
+        with self._lock:
+            self._stopping = True
+            stopped = sorted(self._pids)
+            for pgid in stopped:
+                _signal_group(pgid, signal.SIGKILL)
+        return stopped
+
+    def resume(self) -> None:
+        with self._lock:
+            self._stopping = False
+
+
+RUNNING_GROUPS = RunningGroups()
 
 
 def torchrun_command(module: str, nproc: int, args: list[str], nodes: NodeLayout | None = None,
@@ -167,6 +219,9 @@ def supervise(proc: subprocess.Popen, poll: Callable[[], None], timeout_s: float
     `poll` -- the group is killed before it propagates: the child runs in its own session, so
     nothing else would stop it and it would keep training (and holding devices) after lockstep."""
     start = time.monotonic()
+    if not RUNNING_GROUPS.add(proc.pid):
+        kill_process_group(proc)
+        raise RunError("stopped: lockstep was interrupted as this process started")
     try:
         while True:
             try:
@@ -185,6 +240,8 @@ def supervise(proc: subprocess.Popen, poll: Callable[[], None], timeout_s: float
     except BaseException:
         kill_process_group(proc)
         raise
+    finally:
+        RUNNING_GROUPS.discard(proc.pid)
 
 
 def _drain(results_path: Path, seen: int, steps: list[StepRecord], info: dict, on_step) -> int:

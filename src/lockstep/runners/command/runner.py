@@ -20,7 +20,7 @@ from lockstep.formats.run_record import StepRecord
 from lockstep.fsutil import read_text
 from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback
 from lockstep.runners.command.trainer import TrainerSpec, parse_jsonl_steps, template_fields
-from lockstep.runners.launch import worker_env
+from lockstep.runners.launch import shared_cores_env, worker_env
 from lockstep.runners.logged_process import check_finished, parse_or_none, run_logged
 
 DEFAULT_TIMEOUT_S = 1800.0
@@ -37,6 +37,7 @@ PRINTED_LR_DIGITS = {"llmc": 3, "infinitrain": 3, "megatron": 7}
 
 class CommandRunner(FrameworkRunner):
     name = "command"
+    runs_apart = True  # the user's trainer, a process of its own
 
     def __init__(self, trainer: TrainerSpec, build_dir: str | None = None):
         self.trainer = trainer
@@ -80,7 +81,7 @@ class CommandRunner(FrameworkRunner):
         out_dir.mkdir(parents=True)
         fields = template_fields(case, inputs, out_dir, t, self.build_dir)
         cmd = t.argv(fields)
-        env = worker_env({k: v.format_map(fields) for k, v in t.env.items()})
+        env = worker_env({**shared_cores_env(inputs.jobs), **{k: v.format_map(fields) for k, v in t.env.items()}})
         cwd = Path(t.cwd.format_map(fields)) if t.cwd else out_dir
         timeout_s = inputs.timeout_s if inputs.timeout_s is not None else (t.timeout_s or DEFAULT_TIMEOUT_S)
         steps_file = Path(t.steps_file.format_map(fields)) if t.steps_file else None

@@ -39,7 +39,8 @@ from lockstep.capture.request import CaptureBuilder, CaptureRequest, update_valu
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import RunError
 from lockstep.formats.infinitrain_checkpoint import OPTIMIZER_FILE
-from lockstep.formats.step_capture import GRAD_ADAM_MOMENT, GRAD_ADAM_UPDATE, GRAD_SGD_RECOVERED, StepCapture
+from lockstep.formats.step_capture import (GRAD_ADAM_MOMENT, GRAD_ADAM_UPDATE, GRAD_SGD_RECOVERED, StepCapture,
+                                          forward_rank)
 from lockstep.models import load_checkpoint
 from lockstep.models.family import split_canonical
 
@@ -228,7 +229,7 @@ def _launch(runner, case: CaseSpec, inputs, work_dir: Path, request: CaptureRequ
         for name, value in read_module_outputs(check_dir, stage="backward").items():
             builder.add("outgrad", name, value * np.float32(scale) if scale != 1 else value)
     shutil.rmtree(check_dir, ignore_errors=True)  # every activation and its gradient: read now
-    cap.forward_order = list(forward)
+    cap.forward_order = sorted(forward, key=forward_rank)  # its dumps come in file-name order
     if forward_note:
         cap.notes.append(forward_note)
     elif forward:

@@ -49,7 +49,7 @@ from lockstep.runners.infinitrain.families import adapter_for
 from lockstep.runners.infinitrain.lora import check_lora_loaded, lora_flags, write_lora_init
 from lockstep.runners.infinitrain.precision_check import precision_check_flag
 from lockstep.runners.infinitrain.probe import ExecutableFacts, executable_flags, llmc_version_read
-from lockstep.runners.launch import worker_env
+from lockstep.runners.launch import shared_cores_env, worker_env
 from lockstep.runners.logged_process import check_finished, run_logged
 from lockstep.runners.nodes import srun_per_node
 from lockstep.step_contract import LOGGED_FP32_SEQUENTIAL
@@ -68,6 +68,7 @@ class InfiniTrainRunner(StepInspector, FrameworkRunner):
     # LoRA through its --lora_* flags with lockstep's init loaded (lora.py); save/resume through its
     # own --save/--load checkpoints (checkpoints.py).
     supports = frozenset({NEEDS_LORA, NEEDS_CHECKPOINT})
+    runs_apart = True  # the build's executable, a process of its own
 
     def __init__(self, build_dir: str | os.PathLike | None = None, name: str | None = None):
         self.name = name or type(self).name  # `infinitrain@NAME` for a named build (options.py)
@@ -314,7 +315,7 @@ class InfiniTrainRunner(StepInspector, FrameworkRunner):
             moments = bool(inputs.extra.get(KEEP_SAVE)) and inputs.family.optimizer.kind == "adam"
             cmd += ["--save", str(_absolute(save_dir)), "--save_interval", str(case.steps),
                     f"--save_optimizer_state={'true' if moments else 'false'}"]
-        env = worker_env({"GLOG_logtostderr": "1"})
+        env = worker_env({"GLOG_logtostderr": "1", **shared_cores_env(inputs.jobs)})
         for key in INFINITRAIN_PROCESS_ENV:
             env.pop(key, None)
         timeout_s = inputs.timeout_s if inputs.timeout_s is not None else DEFAULT_TIMEOUT_S

@@ -39,11 +39,10 @@ from lockstep.capture.request import (MAX_MICRO_BATCHES, CaptureBuilder, Capture
                                       micro_name)
 from lockstep.capture.routing import ROUTER, add_routing, ranked_experts
 from lockstep.capture.sketch import sketch_torch
-from lockstep.formats.step_capture import APPLIED, Sketch
+from lockstep.formats.step_capture import APPLIED, Sketch, forward_rank
 
 # Outputs whose last dimension is split over TP ranks.
 TP_SPLIT_OUTPUTS = ("attn", "logits")
-FORWARD_ORDER = ["embedding", "ln1", "attn", "attproj", "ln2", "router", "mlp", "block", "lnf", "logits", "loss"]
 
 
 def logged_micro_loss(reported: dict) -> float:
@@ -91,16 +90,6 @@ def register_forward_hooks(chunk_module, record) -> list:
             chunk_module.output_layer.register_forward_hook(lambda m, a, out: record("logits", out[0])),
         ]
     return handles
-
-
-def forward_rank(name: str) -> tuple:
-    """Sort key of canonical module names in forward order."""
-    base, _, rest = name.partition("[")
-    layer = int(rest.rstrip("]")) if rest else -1
-    top = {"embedding": (-1,), "lnf": (10**9,), "logits": (10**9 + 1,), "loss": (10**9 + 2,)}
-    if base in top:
-        return top[base] + (0,)
-    return (layer, FORWARD_ORDER.index(base))
 
 
 def _unwrap(chunk):

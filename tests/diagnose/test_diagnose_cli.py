@@ -344,3 +344,25 @@ def test_the_drift_runs_while_a_background_capture_is_still_being_read(inputs, t
     capture, losses, note = diagnose_run.step1_and_drift(plan, "pytorch", request, True, 1, seconds)
     assert note == "" and sorted(losses) == [1e-12, 1e-5, 1e-4] and capture.names("grad")
     assert set(seconds) == {"capture", "drift", "capture reading"}
+
+
+def test_named_builds_get_verdicts_of_their_own_names(inputs, tmp_path, capsys):
+    """Two builds of one runner (`infinitrain@NAME`, fake InfiniTrains that show their step 1): each
+    verdict is written under the plan's name for it. Their captures once said only `infinitrain`, so
+    a second build's verdict overwrote the first's file."""
+    from support.fake_framework import LN_BIAS_GRAD_DEFECT, write_fake_build
+
+    ckpt, tokens = inputs
+    good = write_fake_build(tmp_path / "good")
+    planted = write_fake_build(tmp_path / "planted", ln_bias_grad_scale=LN_BIAS_GRAD_DEFECT)
+    rc = main(["diagnose", "--case", "gpt2_1", "--frameworks", "pytorch,infinitrain@good,infinitrain@planted",
+               "--infinitrain-build", f"good={good}", "--infinitrain-build", f"planted={planted}", "--llmc", str(ckpt),
+               "--data", str(tokens), "--device", "cpu", "--out", str(tmp_path / "o"), "--no-drift"])
+    out = capsys.readouterr().out
+    verdicts = {name: json.loads((tmp_path / "o" / "diagnose" / f"gpt2_1_pytorch_vs_infinitrain@{name}.json").read_text())
+                for name in ("good", "planted")}
+    assert rc == 1 and verdicts["planted"]["test"] == "infinitrain@planted", out
+    assert not (tmp_path / "o" / "diagnose" / "gpt2_1_pytorch_vs_infinitrain.json").exists()
+    planted_where = {f["where"] for f in verdicts["planted"]["findings"]}
+    assert any(w.startswith("ln1b") or w.startswith("lnfb") for w in planted_where), verdicts["planted"]["findings"]
+    assert not any(w.startswith("ln1b") for f in verdicts["good"]["findings"] for w in [f["where"]])

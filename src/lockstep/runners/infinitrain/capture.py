@@ -217,7 +217,7 @@ def _launch(runner, case: CaseSpec, inputs, work_dir: Path, request: CaptureRequ
         dumped = None if small else runner.run(step_case, _saving(plain, KEEP_SAVE), work_dir)
     elif not dumped.ok:
         raise RunError(f"InfiniTrain's step-1 capture failed: {dumped.error}")
-    builder = CaptureBuilder(dataclasses.replace(request, adam_eps=None, whole_grads=True), "infinitrain")
+    builder = CaptureBuilder(dataclasses.replace(request, adam_eps=None, whole_grads=True), runner.name)
     cap = builder.capture
     forward = read_module_outputs(check_dir)
     for name, value in forward.items():

@@ -170,7 +170,7 @@ class CaseSpec:
     recompute_method: str = "none"  # none | uniform | block
     recompute_num_layers: int = 0  # transformer layers per recompute region (uniform / block)
     # Adam's beta2 where the case trains with another than its family's contract (a build that
-    # hard-codes one: feat/add_Qwen3-8B's qwen3, 0.95); None: the family's. `optimizer_of` applies it.
+    # hard-codes one, e.g. 0.95 in one framework's Qwen3 branch); None: the family's. `optimizer_of` applies it.
     adam_beta2: float | None = None
 
     @property

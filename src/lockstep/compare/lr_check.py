@@ -29,9 +29,10 @@ def lr_mismatch(record: RunRecord) -> str | None:
         return None
     try:
         case = CaseSpec.from_dict(spec)
-        contract = lrs_of(case)
     except (CaseError, TypeError, ValueError):
         return None  # a spec this version cannot read: the inputs check speaks for it
+    # Outside the guard: a fault in the schedule itself must not quietly turn every lr check off.
+    contract = lrs_of(case)
     digits = record.meta.get("lr_significant_digits")
     digits = digits if isinstance(digits, int) and not isinstance(digits, bool) and digits > 0 else None
     for s in sorted(record.steps, key=lambda s: s.step):

@@ -82,7 +82,7 @@ class RunInputs:
 
 @dataclass(frozen=True)
 class HardCoded:
-    """Case fields a framework's build fixes whatever the case asks (feat/add_Qwen3-8B's qwen3:
+    """Case fields a framework's build fixes whatever the case asks (e.g. a Qwen3 build's
     Adam beta2 0.95), and why; the plan makes them the case's, for every framework."""
 
     fields: dict

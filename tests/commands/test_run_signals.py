@@ -118,34 +118,49 @@ def test_sigterm_stops_torchrun_and_its_workers_and_marks_nothing_passed(tmp_pat
     assert not (out / "pytorch" / "long_dp2.jsonl").exists()  # the stopped case has no record to compare
 
 
-def test_sigterm_stops_an_infinitrain_subprocess_and_what_it_started(tmp_path, tiny_checkpoint,
-                                                                     tiny_shakespeare_train):
+STAND_IN_BUILD = ("#!/bin/sh\nsleep 300 &\n"
+                  "echo 'E20251021 14:16:23.511394 140590029197312 main.cc:262] step    1/10 | train loss 10.9 | "
+                  "lr 1.00e-04 | (2506.24 ms | 102 tok/s)' >&2\nsleep 300\n")
+
+
+def stand_in_build(build: Path) -> Path:
     """A stand-in `gpt2` executable that logs a step, starts a child of its own and trains on."""
-    build = tmp_path / "build"
-    build.mkdir()
+    build.mkdir(parents=True)
     exe = build / "gpt2"
-    exe.write_text("#!/bin/sh\nsleep 300 &\n"
-                   "echo 'E20251021 14:16:23.511394 140590029197312 main.cc:262] step    1/10 | train loss 10.9 | "
-                   "lr 1.00e-04 | (2506.24 ms | 102 tok/s)' >&2\nsleep 300\n")
+    exe.write_text(STAND_IN_BUILD)
     exe.chmod(0o755)
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "lockstep", "run", "--cases", "gpt2_1", "--frameworks", "infinitrain",
-           "--infinitrain-build", str(build), "--llmc", str(tiny_checkpoint), "--data", str(tiny_shakespeare_train),
-           "--device", "cpu", "--out", str(out), "--no-report"]
+    return build
+
+
+def sigterm_stops_everything(tmp_path: Path, args: list[str], partial_logs: list[Path], processes: int) -> None:
+    """`lockstep run ARGS` until every log in `partial_logs` has a step; then SIGTERM: exit 128+15, run.json
+    says interrupted, and none of the (at least `processes`) processes it started is left."""
+    cmd = [sys.executable, "-m", "lockstep", "run", *args, "--device", "cpu", "--out", str(tmp_path / "out"),
+           "--no-report"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "stderr.txt", "w"),
                             env={**os.environ, "PYTHONPATH": str(SRC)}, start_new_session=True)
     tree: dict[int, str] = {}
     try:
-        wait_for_first_step(proc, out / "infinitrain" / "gpt2_1.log.partial", timeout_s=60)
+        for log in partial_logs:
+            wait_for_first_step(proc, log, timeout_s=60)
         tree = descendants(proc.pid)
-        assert len(tree) >= 3, tree  # the shell and its two sleeps
+        assert len(tree) >= processes, tree
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=60)
         assert still_alive(tree) == [], f"left running after SIGTERM: {still_alive(tree)}"
     finally:
         kill_everything(proc, tree)
-    assert rc == 128 + signal.SIGTERM
-    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    assert rc == 128 + signal.SIGTERM, (tmp_path / "stderr.txt").read_text()
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_sigterm_stops_an_infinitrain_subprocess_and_what_it_started(tmp_path, tiny_checkpoint,
+                                                                     tiny_shakespeare_train):
+    build = stand_in_build(tmp_path / "build")
+    sigterm_stops_everything(tmp_path, ["--cases", "gpt2_1", "--frameworks", "infinitrain", "--infinitrain-build",
+                                        str(build), "--llmc", str(tiny_checkpoint), "--data",
+                                        str(tiny_shakespeare_train)],
+                             [tmp_path / "out" / "infinitrain" / "gpt2_1.log.partial"], processes=3)  # shell, 2 sleeps
 
 
 def test_second_run_into_the_same_out_is_refused_and_sighup_stops_the_first(tmp_path, tiny_checkpoint,
@@ -235,31 +250,10 @@ def test_sigterm_with_jobs_stops_the_builds_running_beside_each_other(tmp_path, 
                                                                       tiny_shakespeare_train):
     """--jobs 2: two stand-in builds run at once, each supervised by a thread of lockstep; the signal
     reaches the main thread only, and both builds' processes (and their children) must still end."""
-    builds = []
-    for name in ("a", "b"):
-        exe = tmp_path / name / "gpt2"
-        exe.parent.mkdir()
-        exe.write_text("#!/bin/sh\nsleep 300 &\n"
-                       "echo 'E20251021 14:16:23.511394 140590029197312 main.cc:262] step    1/10 | train loss 10.9 | "
-                       "lr 1.00e-04 | (2506.24 ms | 102 tok/s)' >&2\nsleep 300\n")
-        exe.chmod(0o755)
-        builds += ["--infinitrain-build", f"{name}={exe.parent}"]
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "lockstep", "run", "--cases", "gpt2_1", "--frameworks", "infinitrain@a,infinitrain@b",
-           *builds, "--jobs", "2", "--llmc", str(tiny_checkpoint), "--data", str(tiny_shakespeare_train),
-           "--device", "cpu", "--out", str(out), "--no-report"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "stderr.txt", "w"),
-                            env={**os.environ, "PYTHONPATH": str(SRC)}, start_new_session=True)
-    tree: dict[int, str] = {}
-    try:
-        for name in ("a", "b"):  # both at once: the second started without waiting for the first
-            wait_for_first_step(proc, out / f"infinitrain@{name}" / "gpt2_1.log.partial", timeout_s=60)
-        tree = descendants(proc.pid)
-        assert len(tree) >= 6, tree  # two shells and their four sleeps
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=60)
-        assert still_alive(tree) == [], f"left running after SIGTERM: {still_alive(tree)}"
-    finally:
-        kill_everything(proc, tree)
-    assert rc == 128 + signal.SIGTERM, (tmp_path / "stderr.txt").read_text()
-    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    builds = [a for name in ("a", "b") for a in ("--infinitrain-build", f"{name}={stand_in_build(tmp_path / name)}")]
+    # both at once: the second started without waiting for the first; two shells and their four sleeps
+    sigterm_stops_everything(tmp_path, ["--cases", "gpt2_1", "--frameworks", "infinitrain@a,infinitrain@b", *builds,
+                                        "--jobs", "2", "--llmc", str(tiny_checkpoint), "--data",
+                                        str(tiny_shakespeare_train)],
+                             [tmp_path / "out" / f"infinitrain@{n}" / "gpt2_1.log.partial" for n in ("a", "b")],
+                             processes=6)

@@ -41,7 +41,8 @@ class Bookkeeping(FrameworkRunner):
     def open_workers(self, case, inputs):
         return BookkeepingGroup(self.name, case.world_size, self.calls)
 
-    def run_many(self, pairs, out_dirs, on_start=None, on_step=None, on_done=None, persistent=False, group=None):
+    def run_many(self, pairs, out_dirs, on_start=None, on_step=None, on_done=None, persistent=False, group=None,
+                 before_capture=None):
         assert (group is not None) == persistent
         self.calls.append((self.name, [c.name for c, _ in pairs], persistent, len(out_dirs)))
         out = []

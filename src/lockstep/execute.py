@@ -139,11 +139,12 @@ class PlanExecution:
             if (key is not None) == grouped:
                 todo.append((case, runner, key))
         apart = [p for p in todo if p[1].runs_apart] if self.plan.jobs > 1 and not grouped else []
-        if not apart:
-            for case, runner, key in todo:
-                self.run_pair(case, runner, key)
+        if apart:
+            self.run_side_by_side([p for p in todo if p not in apart], apart)
             return
-        self.run_side_by_side([p for p in todo if p not in apart], apart)
+        for case, runner, key in todo:
+            if (case.name, runner.name) not in self.outcomes:  # else it ran in its group with an earlier case
+                self.run_pair(case, runner, key)
 
     def run_side_by_side(self, here: list, apart: list) -> None:
         """--jobs: the pairs that are processes of their own run up to `jobs` at once, each supervised

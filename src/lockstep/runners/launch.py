@@ -130,6 +130,8 @@ class RunningGroups:
             self._stopping = False
 
 
+# Process-wide on purpose, as the signal that interrupts them is: the child processes of this
+# lockstep process, whichever thread and runner started them.
 RUNNING_GROUPS = RunningGroups()
 
 

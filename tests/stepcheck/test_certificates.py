@@ -67,6 +67,7 @@ def test_an_unexplained_bf16_fail_gets_its_certificate_and_its_cause(capsys, tmp
     assert (tmp_path / "o" / "pytorch-fast" / "fast_bfloat16.certificate.json").is_file()
 
 
+@pytest.mark.slow  # --no-certify's plumbing is tests/commands/test_run_certify.py's; this repeats the BF16 training
 def test_no_certify_asks_for_none(capsys, tmp_path, tiny_checkpoint, tiny_shakespeare_train, planted):
     rc, out, case = bf16_case(capsys, tmp_path, tiny_checkpoint, tiny_shakespeare_train, "--no-certify")
     assert rc == 1 and case["certificate"] is None and case["verdict"] == "FAIL unexplained"

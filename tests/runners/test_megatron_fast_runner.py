@@ -78,5 +78,9 @@ def test_megatron_fast_passes_against_pytorch_on_gpt2_and_llama3(capsys, tmp_pat
     on = read_run_record(out_dir / "megatron-fast" / "gpt2_1.jsonl").meta["megatron_fast"]
     assert on["sdpa_attention"] and on["bias_activation_fusion"] and on["bias_dropout_fusion"]
     assert not on["cross_entropy_fusion"] and not on["cuda_graphs"] and not on["compiled_fusions"]  # FP32, CPU
+    from lockstep.formats.step_capture import StepCapture
+
+    record = read_run_record(out_dir / "megatron-fast" / "gpt2_1.jsonl")
+    assert StepCapture.load(record.meta["step1_capture"]).framework == "megatron-fast"  # not its runner's base name
     log = (out_dir / "megatron-fast" / "llama3_1.log").read_text()
     assert "megatron-fast: SDPA attention, fused bias+activation, fused bias+dropout+add" in log

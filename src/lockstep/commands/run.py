@@ -97,9 +97,9 @@ def _add_output_and_check_args(parser) -> None:
                              "inside, which turns a FAIL into its cause and catches what the loss hides)")
     parser.add_argument("--certify-bf16", action="store_true", help="certify BF16 pairs too (off by default)")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
-                        help="run up to N pairs at once where each is a process of its own (InfiniTrain builds, the "
-                             "command runner's trainers: two builds of one framework in the time of one); their tok/s "
-                             "is then measured side by side, and the comparison says so (default 1)")
+                        help="run up to N pairs at once where each is a process of its own (a framework's external "
+                             "builds, the command runner's trainers: two builds of one framework in the time of one); "
+                             "their tok/s is then measured side by side, and the comparison says so (default 1)")
     parser.add_argument("--no-persistent-workers", action="store_true",
                         help="start a framework's workers once per case, as before (default: once per framework and "
                              "world size, running every case that fits in them)")

@@ -434,9 +434,6 @@ def judge_pair(looking: Looking, test: str, say) -> Verdict:
     verdict = judge(lambda fp64, diffs: diagnose_captures(
         captures[base], captures[test], plan.case, drift=runs, structure=captures[reference_framework()],
         adam_eps=adam_eps_of(optimizer_of(plan.case, plan.inputs)), fp64=fp64, diffs=diffs), looking.fp64, say)
-    # Named as the plan names them: a capture says which runner recorded it (`megatron` for
-    # megatron-fast's too), and two named builds' verdicts must not share one file.
-    verdict.reference, verdict.test = base, test
     if looking.state is not None:
         verdict.notes.insert(0, start_note(looking.state))
     drift_note = looking.notes[base] or looking.notes[test]

@@ -42,8 +42,8 @@ def worker_env(extra: dict | None = None) -> dict:
 
 def shared_cores_env(jobs: int) -> dict:
     """The environment of one of `jobs` processes run at once (--jobs): the machine's cores split
-    between their OpenMP thread pools, which otherwise each take every core and fight (two InfiniTrain
-    CPU builds with the default threads on 2 cores: 22 s each; one thread each: 11 s, as alone). The
+    between their OpenMP thread pools, which otherwise each take every core and fight (two CPU builds of one
+    external trainer with the default threads on 2 cores: 22 s each; one thread each: 11 s, as alone). The
     user's own OMP_NUM_THREADS stands."""
     if jobs <= 1 or "OMP_NUM_THREADS" in os.environ:
         return {}

@@ -103,9 +103,10 @@ class StepRecorder:
     """Records step 1 of the worker's training step (see the module docstring); every rank makes
     one before the step's forward-backward and calls `finish` after it (a collective)."""
 
-    def __init__(self, *, request: CaptureRequest, layout, chunks, case, model, adapter, vocab_rows: int):
+    def __init__(self, *, request: CaptureRequest, layout, chunks, case, model, adapter, vocab_rows: int,
+                 framework: str = "megatron"):
         self.request, self.layout, self.chunks, self.case = request, layout, chunks, case
-        self.model, self.adapter, self.vocab_rows = model, adapter, vocab_rows
+        self.model, self.adapter, self.vocab_rows, self.framework = model, adapter, vocab_rows, framework
         self.calls: dict[str, int] = defaultdict(int)
         self.shares: dict[str, tuple[torch.Tensor, float, tuple]] = {}  # key -> (sketch share, norm² share, shape)
         self.whole: dict[str, torch.Tensor] = {}  # micro batch 0, diagnose: [s, b, ...] local pieces
@@ -266,7 +267,7 @@ class StepRecorder:
         for router in self.routers:
             del router.gating  # the class's method again
         layout = self.layout
-        builder = CaptureBuilder(self.request, "megatron")
+        builder = CaptureBuilder(self.request, self.framework)
         whole = self._whole_outputs()
         grads = self._gradient_entries()
         self._routing_decisions(builder, self.gather_tp)

@@ -88,6 +88,7 @@ class MegatronJob:
     # canonical Adam state as a step folder (checkpoint.write_state; diagnose --at-step).
     write_state: dict | None = None
     lora_seed: int = 42  # a LoRA case's init seed (RunInputs.lora_seed)
+    framework: str = "megatron"  # the runner's name (`megatron-fast`), which its step-1 capture carries
 
     def to_dict(self) -> dict:
         return {"case": self.case.to_dict(), "model": self.model.to_dict(), "checkpoint": self.checkpoint, "tokens": self.tokens,
@@ -96,7 +97,7 @@ class MegatronJob:
                 "capture": self.capture.to_dict() if self.capture else None,
                 "final_params_path": self.final_params_path,
                 "checkpoints": self.checkpoints.to_dict() if self.checkpoints else None,
-                "write_state": self.write_state, "lora_seed": self.lora_seed}
+                "write_state": self.write_state, "lora_seed": self.lora_seed, "framework": self.framework}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MegatronJob":
@@ -106,4 +107,4 @@ class MegatronJob:
                    results_path=d.get("results_path"), capture=CaptureRequest.from_dict(d.get("capture")),
                    final_params_path=d.get("final_params_path"),
                    checkpoints=CheckpointPlan.from_dict(d.get("checkpoints")), write_state=d.get("write_state"),
-                   lora_seed=d.get("lora_seed", 42))
+                   lora_seed=d.get("lora_seed", 42), framework=d.get("framework", "megatron"))

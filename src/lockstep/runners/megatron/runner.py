@@ -211,7 +211,7 @@ class MegatronRunner(StepInspector, FrameworkRunner):
                               tokens_sha256=inputs.tokens_sha256, device=inputs.device, options=self.options,
                               error_path=str(error_path), capture=inputs.capture,
                               final_params_path=str(final_params_path(log_path)) if inputs.save_final_params else None,
-                              checkpoints=checkpoints, lora_seed=inputs.lora_seed)
+                              checkpoints=checkpoints, lora_seed=inputs.lora_seed, framework=self.name)
             env = oversubscribed_env(case, inputs)
             try:
                 if workers is not None:

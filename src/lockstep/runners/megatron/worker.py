@@ -485,7 +485,8 @@ class CaptureRecorder:
         """Before the step's forward-backward (every rank): the hooks, on the first step only."""
         run = self.run
         self.recorder = (StepRecorder(request=self.request, layout=run.layout, chunks=run.chunks, case=run.case,
-                                      model=run.job.model, adapter=run.adapter, vocab_rows=run.vocab_rows)
+                                      model=run.job.model, adapter=run.adapter, vocab_rows=run.vocab_rows,
+                                      framework=run.job.framework)
                          if self.request and step == self.first_step else None)
 
     def after_backward(self, results: list) -> None:

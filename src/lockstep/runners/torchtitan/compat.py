@@ -86,6 +86,7 @@ def _mesh_dims() -> None:
     """torchtitan 0.3.0 imports `torch.distributed.fsdp.DataParallelMeshDims` (torch 2.12 on) at
     import time; it is used only on its full-DTensor SPMD paths, which lockstep does not take
     (`partial_dtensor`). On an older torch a class that refuses to be made stands in for it."""
+    import torch
     import torch.distributed.fsdp as fsdp
 
     if hasattr(fsdp, "DataParallelMeshDims"):
@@ -93,15 +94,9 @@ def _mesh_dims() -> None:
 
     class DataParallelMeshDims:
         def __init__(self, *args, **kwargs):
-            raise RuntimeError(f"torchtitan's full-DTensor SPMD path needs a torch newer than {torch_version()}")
+            raise RuntimeError(f"torchtitan's full-DTensor SPMD path needs a torch newer than {torch.__version__}")
 
     fsdp.DataParallelMeshDims = DataParallelMeshDims
-
-
-def torch_version() -> str:
-    import torch
-
-    return torch.__version__
 
 
 def _set_timeout() -> None:

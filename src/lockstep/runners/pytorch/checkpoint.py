@@ -20,7 +20,10 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from torch.distributed.checkpoint.api import CheckpointException
+
+# torch.distributed.checkpoint is imported inside the functions that save or load: its import pulls in
+# torch._dynamo and sympy (1 s on a warm machine, ~2 s more where bytecode is not cached), which every
+# case would pay at the trainer's import.
 
 from lockstep.errors import RunError
 # The plan (folders, intervals, what-ifs) is every framework's; re-exported here for the trainer.
@@ -94,6 +97,7 @@ def load_training_state(plan: ResumePlan, model: torch.nn.Module, optimizer: tor
     """Load `plan.directory` into the model and optimizer (and the RNG); returns the shift of the
     data stream from the loop's step (0 for a true resume: the saved position is the step)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     folder = Path(plan.directory)

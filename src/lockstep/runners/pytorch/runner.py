@@ -63,13 +63,17 @@ def _without_frames(error: BaseException) -> BaseException:
 def release_device_memory() -> None:
     """What is no longer referenced freed now (a collection, for what only a cycle still held),
     and torch's cached device blocks handed back to the driver: the caching allocator keeps them
-    reserved for this process otherwise, where no other process can use them."""
+    reserved for this process otherwise, where no other process can use them. On a GPU whose
+    tensors are all freed already, no collection: it costs ~0.1 s a pair with a 124M model's
+    objects about, and frees no device memory then."""
     import gc
 
     import torch
 
-    gc.collect()
-    if torch.cuda.is_initialized():
+    on_cuda = torch.cuda.is_initialized()
+    if not on_cuda or torch.cuda.memory_allocated() > 0:
+        gc.collect()
+    if on_cuda:
         torch.cuda.empty_cache()
 
 

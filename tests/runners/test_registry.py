@@ -32,7 +32,7 @@ def test_a_family_missing_an_adapter_is_named(monkeypatch):
     """Negative control: a fake family that no runner has an adapter for, nor declares unsupported."""
     gaps = family_gaps([*FAMILIES, "fakefam"], specs().values())
     needing = sorted(n for n, s in specs().items() if s.capabilities.family_adapters)
-    assert needing == ["infinitrain", "megatron", "megatron-fast"]
+    assert needing == ["infinitrain", "megatron", "megatron-fast", "megatron-te"]
     assert len(gaps) == len(needing)
     for name in needing:
         assert any(g.startswith(f"{name} has no adapter for model family 'fakefam'") for g in gaps), gaps
@@ -108,7 +108,7 @@ def test_families_declare_their_own_cpu_shape_and_tokenizer():
 
 
 def test_specs_name_every_registered_package():
-    assert list(specs()) == ["pytorch", "pytorch-fast", "megatron", "megatron-fast", "torchtitan", "infinitrain",
+    assert list(specs()) == ["pytorch", "pytorch-fast", "megatron", "megatron-fast", "megatron-te", "torchtitan", "infinitrain",
                              "command"]
     assert len(RUNNER_PACKAGES) == len(specs())
     assert reference_framework() == "pytorch"

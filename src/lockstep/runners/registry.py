@@ -47,6 +47,7 @@ RUNNER_PACKAGES: tuple[str, ...] = (
     "pytorch_fast",
     "megatron",
     "megatron_fast",
+    "megatron_te",
     "torchtitan",
     "infinitrain",
     "command",

@@ -53,6 +53,8 @@ class MegatronOptions:
     core_attention: str = "local"  # "local": megatron-core's DotProductAttention; "sdpa": torch SDPA
     fusions: bool = False  # megatron-core's own fused bias+activation, bias+dropout+add and cross entropy
     cuda_graphs: bool = False  # megatron-core's local CUDA graphs (cuda_graph_impl="local"), on CUDA only
+    # "local": the family's local layer spec; "te": Transformer Engine's (megatron-te, te_spec.py)
+    layer_spec: str = "local"
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,13 @@ class MegatronFastOptions(MegatronOptions):
 
     core_attention: str = "sdpa"
     fusions: bool = True
+
+
+@dataclass(frozen=True)
+class MegatronTEOptions(MegatronOptions):
+    """megatron-te: megatron-core's Transformer Engine layer spec (te_spec.py), on CUDA only."""
+
+    layer_spec: str = "te"
 
 
 @dataclass(frozen=True)

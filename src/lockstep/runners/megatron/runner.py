@@ -34,7 +34,7 @@ from lockstep.runners.checkpoint_plan import plan_for
 from lockstep.runners.launch import run_workers
 from lockstep.runners.megatron.options import INSTALL_HINT, megatron_core_installed  # noqa: F401 (also read from here)
 from lockstep.runners.megatron.job import (DEFAULT_TIMEOUT_S, WORKER_MODULE, MegatronFastOptions, MegatronJob,
-                                          MegatronOptions, missing_checkpoint)
+                                           MegatronTEOptions, MegatronOptions, missing_checkpoint)
 from lockstep.runners.workers import WorkerGroup, WorkerGroupDied
 
 def apex_installed() -> bool:
@@ -249,6 +249,37 @@ class MegatronFastRunner(MegatronRunner):
         parts = [f"{o.core_attention} attention", "fusions" if o.fusions else "no fusions",
                  "CUDA graphs (CUDA only)" if o.cuda_graphs else "no CUDA graphs"]
         return f"{super().version()} (megatron-fast: {', '.join(parts)})"
+
+
+class MegatronTERunner(MegatronRunner):
+    """`megatron-te`: the same runner and worker with Transformer Engine's layer spec (te_spec.py)."""
+
+    name = "megatron-te"
+    options_type = MegatronTEOptions
+    # Loss and speed only: its step 1 cannot be recorded from inside (the norms live inside TE's
+    # fused linear layers, where megatron's capture hooks do not reach), nor LoRA or save/resume.
+    supports = frozenset()
+
+    def skip_reason(self, case: CaseSpec, inputs: RunInputs) -> str | None:
+        from lockstep.runners.megatron.te_spec import transformer_engine_missing
+
+        if inputs.device != "cuda":
+            return "Transformer Engine runs on CUDA only"
+        missing = transformer_engine_missing()
+        if missing:
+            return missing
+        if case.world_size != 1:
+            return "megatron-te runs one-device cases only (its parallel layouts were never tried)"
+        return super().skip_reason(case, inputs)
+
+    def version(self) -> str:
+        import importlib.metadata as md
+
+        try:
+            te = md.version("transformer_engine")
+        except md.PackageNotFoundError:
+            te = "not installed"
+        return f"{super().version()} (megatron-te: Transformer Engine {te} layer spec)"
 
 
 def stacked_llmc_tensors(canonical: dict, config) -> dict:

@@ -255,6 +255,10 @@ def start(job: MegatronJob) -> Training:
     phases = Phases()
     case, on_cpu = job.case, job.device != "cuda"
     adapter = adapter_for(job.model)
+    if job.options.layer_spec == "te":  # megatron-te: TE's layer spec and its parameter names
+        from lockstep.runners.megatron.te_spec import TESpecAdapter
+
+        adapter = TESpecAdapter(adapter)
     fast = mfast.paths(job.options, case, adapter, job.model, job.device, capturing=job.capture is not None)
     precision = mmodel.Precision.for_case(case, job.options.native_bf16)
     version = _megatron_version()
@@ -634,7 +638,8 @@ def run_facts(run: Training, data: Data) -> dict:
         "megatron_vocab_size": run.vocab_rows,
         "megatron_dataset": data.indexed.prefix,
         "cpu_shims": run.shims,
-        "layer_spec": f"local (get_gpt_layer_local_spec), {run.family.title} adapter",
+        "layer_spec": (("Transformer Engine (get_gpt_layer_with_transformer_engine_spec)" if run.job.options.layer_spec == "te"
+                        else "local (get_gpt_layer_local_spec)") + f", {run.family.title} adapter"),
         "torch_threads": torch.get_num_threads(),
     }
 

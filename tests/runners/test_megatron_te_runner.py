@@ -15,8 +15,9 @@ from lockstep.runners.megatron.te_spec import TESpecAdapter, te_name
 
 
 def test_norms_move_into_the_fused_linear_layers():
-    assert te_name("decoder.layers.3.input_layernorm.weight") == "decoder.layers.3.self_attention.linear_qkv.layer_norm_weight"
-    assert te_name("decoder.layers.0.input_layernorm.bias") == "decoder.layers.0.self_attention.linear_qkv.layer_norm_bias"
+    qkv = "self_attention.linear_qkv"
+    assert te_name("decoder.layers.3.input_layernorm.weight") == f"decoder.layers.3.{qkv}.layer_norm_weight"
+    assert te_name("decoder.layers.0.input_layernorm.bias") == f"decoder.layers.0.{qkv}.layer_norm_bias"
     assert te_name("decoder.layers.1.pre_mlp_layernorm.weight") == "decoder.layers.1.mlp.linear_fc1.layer_norm_weight"
     assert te_name("decoder.layers.1.pre_mlp_layernorm.bias") == "decoder.layers.1.mlp.linear_fc1.layer_norm_bias"
     for same in ("decoder.final_layernorm.weight", "decoder.layers.2.self_attention.linear_qkv.weight",
@@ -46,5 +47,7 @@ def test_every_tensor_keeps_its_canonical_source_and_layout():
 def test_skipped_on_the_cpu_with_the_reason(capsys):
     from lockstep.cli import main
 
-    assert main(["run", "--dry-run", "--frameworks", "pytorch,megatron-te", "--cases", "gpt2_1", "--device", "cpu"]) == 0
-    assert "megatron-te/gpt2_1" in capsys.readouterr().out
+    args = ["run", "--dry-run", "--frameworks", "pytorch,megatron-te", "--cases", "gpt2_1", "--device", "cpu"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "megatron-te/gpt2_1" in out and "Transformer Engine runs on CUDA only" in out

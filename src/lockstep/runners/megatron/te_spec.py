@@ -39,6 +39,8 @@ def te_name(megatron_name: str) -> str:
 class TESpecAdapter:
     """A family adapter with the TE layer spec and its parameter names; all else is the family's."""
 
+    spec_label = "Transformer Engine (get_gpt_layer_with_transformer_engine_spec)"  # the record's layer_spec
+
     def __init__(self, family_adapter):
         self._family = family_adapter
 

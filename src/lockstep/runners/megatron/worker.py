@@ -638,8 +638,7 @@ def run_facts(run: Training, data: Data) -> dict:
         "megatron_vocab_size": run.vocab_rows,
         "megatron_dataset": data.indexed.prefix,
         "cpu_shims": run.shims,
-        "layer_spec": (("Transformer Engine (get_gpt_layer_with_transformer_engine_spec)" if run.job.options.layer_spec == "te"
-                        else "local (get_gpt_layer_local_spec)") + f", {run.family.title} adapter"),
+        "layer_spec": f"{getattr(run.adapter, 'spec_label', 'local (get_gpt_layer_local_spec)')}, {run.family.title} adapter",
         "torch_threads": torch.get_num_threads(),
     }
 

@@ -86,7 +86,7 @@ def run_verdict(outcomes: list[CaseOutcome], summary: dict | None, frameworks: l
         pair = f"{comp['test_framework']} vs {comp['baseline_framework']}"
         for c in comp.get("cases", []):
             verdict = class_of(c)
-            if not verdict.passes or verdict is VerdictClass.PASS_WITHIN_PRECISION:
+            if (verdict.judged and not verdict.passes) or verdict is VerdictClass.PASS_WITHIN_PRECISION:
                 why = c.get("cause") or c.get("error")
                 failing.append(f"  {verdict.value} {pair}: {c['case']}" + (f" ({why})" if why else ""))
         bad = [m.get("case") or "?" for m in comp.get("missing", []) if isinstance(m, dict)]

@@ -158,7 +158,7 @@ def test_fp32_threshold(dirs):
     assert v1.passed and v1.threshold == 1e-5 and v1.dtype == "float32"
     assert v1.max_diff_step == 4 and v1.max_abs_diff == pytest.approx(8e-6, abs=1e-6)
     assert not v2.passed and v2.error is None and v2.max_diff_step == 7 and v2.first_failing_step == 7
-    assert report.counts == {"passed": 1, "failed": 1, "not_comparable": 0, "missing": 0, "errors": 0, "skipped": 0}
+    assert report.counts == {"passed": 1, "failed": 1, "not_comparable": 0, "speed_only": 0, "missing": 0, "errors": 0, "skipped": 0}
     assert compare_paths(b, t, CompareOptions(threshold_fp32=1e-4)).passed
     # rtol: 3e-5 <= 1e-5 + 1e-5 * |loss ~ 5|
     assert compare_paths(b, t, CompareOptions(rtol=1e-5)).passed
@@ -266,7 +266,7 @@ def test_bad_inputs_are_errors_naming_the_file(dirs, problem):
     by = {c.case: c for c in report.cases}
     assert by["gpt2_2"].passed
     assert by["gpt2_1"].error and expect in by["gpt2_1"].error and str(bad) in by["gpt2_1"].error
-    assert report.counts == {"passed": 1, "failed": 0, "not_comparable": 0, "missing": 0, "errors": 1, "skipped": 0}
+    assert report.counts == {"passed": 1, "failed": 0, "not_comparable": 0, "speed_only": 0, "missing": 0, "errors": 1, "skipped": 0}
 
 
 def test_step_missing_from_the_baseline_names_the_baseline(dirs):

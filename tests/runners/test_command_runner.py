@@ -56,6 +56,31 @@ def test_toy_trainer_passes_and_its_defects_fail_through_lockstep_run(capsys, tm
     assert manifest["frameworks"] == ["pytorch", "toy-gpt2", "toy-gpt2-gelu", "toy-gpt2-window"]
 
 
+def test_a_speed_anchor_is_read_for_tok_s_only(capsys, tmp_path, tiny_checkpoint, training_tokens):
+    """The window-late trainer FAILs as a test (above); declared a speed anchor, the same losses are
+    not judged: "speed only" with its tok/s ratio and the reason, and the run passes."""
+    toml = tmp_path / "anchor.toml"
+    table = TOY_TOML.read_text().split("[frameworks.toy-gpt2-window]")[1].split("\n[")[0]
+    toml.write_text("[frameworks.anchor]" + table.replace("{here}", str(TOY_TOML.parent))
+                    + 'speed_anchor = "reads every window one token late"\n')
+    out = tmp_path / "out"
+    rc = main(["run", "--frameworks", "pytorch,anchor", "--command-runner", str(toml), "--cases", "gpt2_1",
+               "--steps", "3", "--llmc", str(tiny_checkpoint), "--data", str(training_tokens), "--device", "cpu",
+               "--out", str(out), "--no-report", "--no-history", "--junit", str(tmp_path / "j.xml")])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.out
+    assert "1 speed only" in captured.out
+    summary = json.loads((out / "summary.json").read_text())
+    comparison = summary["comparisons"][0]
+    case = comparison["cases"][0]
+    assert case["verdict"] == "speed only" and case["passed"] is False and case["max_abs_diff"] > 1e-4
+    assert case["cause"] == "loss not judged (anchor: reads every window one token late)"
+    assert case["throughput_ratio"] > 0 and comparison["passed"] is True
+    assert comparison["counts"]["speed_only"] == 1 and comparison["counts"]["failed"] == 0
+    assert '<skipped message="loss not judged (anchor: reads every window one token late)"' in \
+        (tmp_path / "j.xml").read_text()
+
+
 def test_trainers_become_framework_names():
     options = {"command": command_options([TOY_TOML])}
     assert {"toy-gpt2", "toy-gpt2-gelu", "toy-gpt2-window"} <= set(framework_names(options))
@@ -73,6 +98,7 @@ def test_trainers_become_framework_names():
     ('[frameworks.t]\ncommand = "run"\nparallel = ["dp", "xp"]\n', "parallel names xp"),
     ('[other]\nx = 1\n', "has no [frameworks.NAME] table"),
     ('[frameworks.t\n', "is not valid TOML"),
+    ('[frameworks.t]\ncommand = "run"\nspeed_anchor = " "\n', "speed_anchor must say why its losses are not"),
 ])
 def test_bad_toml_is_one_sentence_naming_the_file(tmp_path, text, problem):
     path = tmp_path / "trainers.toml"

@@ -186,6 +186,8 @@ def _verdict_label(c: CaseVerdict) -> str:
         return "[bold yellow]ERROR[/]"
     if verdict is VerdictClass.NOT_COMPARABLE:
         return "[bold yellow]not comparable[/]"
+    if not verdict.judged:
+        return f"[bold cyan]{verdict.value}[/]"
     if c.throughput_passed is False and c.loss_passed:
         return "[bold red]FAIL (tok/s)[/]"
     return f"[bold {'green' if verdict.passes else 'red'}]{verdict.value}[/]"

@@ -377,7 +377,7 @@ def print_comparison(console: Console, summary: dict) -> None:
             verdict = class_of(c)
             t.add_row(c["case"], c["dtype"], f"{c['max_abs_diff']:.3e}", str(c["max_diff_step"]), f"{c['threshold']:.0e}",
                       certificate_label(c.get("certificate")),
-                      f"[{'green' if verdict.passes else 'red'}]{verdict.value}[/]",
+                      f"[{'green' if verdict.passes else 'red' if verdict.judged else 'cyan'}]{verdict.value}[/]",
                       format_tokens_per_s(b), format_tokens_per_s(s),
                       _ratio(c.get("throughput_ratio")), _ratio(c.get("throughput_ratio_mean_of_steps")),
                       *limit_columns(b, s))

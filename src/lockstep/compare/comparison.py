@@ -65,8 +65,10 @@ class ComparisonReport:
     @property
     def counts(self) -> dict[str, int]:
         return {"passed": sum(c.passed for c in self.cases),
-                "failed": sum(c.error is None and c.not_comparable is None and not c.passed for c in self.cases),
+                "failed": sum(c.verdict.judged and c.error is None and c.not_comparable is None and not c.passed
+                              for c in self.cases),
                 "not_comparable": sum(c.not_comparable is not None and c.error is None for c in self.cases),
+                "speed_only": sum(c.verdict is VerdictClass.SPEED_ONLY for c in self.cases),
                 "missing": len(self.missing),
                 "errors": len(self.errors),
                 "skipped": len(self.skipped)}
@@ -80,6 +82,7 @@ class ComparisonReport:
         n = self.counts
         line = f"{n['passed']} passed, {n['failed']} failed, {n['missing']} missing, {n['errors']} errors"
         line += f", {n['not_comparable']} not comparable" if n["not_comparable"] else ""
+        line += f", {n['speed_only']} speed only (a speed anchor's loss is not judged)" if n["speed_only"] else ""
         return line + (f", {n['skipped']} skipped" if n["skipped"] else "")
 
     def to_json(self) -> dict:

@@ -54,6 +54,9 @@ class VerdictClass(str, Enum):
     # The two records trained from different inputs (weights, tokens, hyper-parameters, steps):
     # no verdict on the frameworks, never a FAIL (compare/inputs.py).
     NOT_COMPARABLE = "not comparable"
+    # A speed anchor (a command-runner trainer declaring `speed_anchor`, such as llm.c's train_gpt2cu)
+    # trains its own recipe from the same weights and tokens: its tok/s is read, its loss never judged.
+    SPEED_ONLY = "speed only"
     ERROR = "ERROR"
     # --expect identical (compare/identity.py): two builds of one framework, bit for bit.
     IDENTICAL = "IDENTICAL"
@@ -66,12 +69,20 @@ class VerdictClass(str, Enum):
     @property
     def counted_when_absent(self) -> bool:
         """Whether a run's head line counts it even at 0 (the classes every run can have)."""
-        return self not in (VerdictClass.NOT_COMPARABLE, VerdictClass.IDENTICAL, VerdictClass.NOT_IDENTICAL)
+        return self not in (VerdictClass.NOT_COMPARABLE, VerdictClass.IDENTICAL, VerdictClass.NOT_IDENTICAL,
+                            VerdictClass.SPEED_ONLY)
+
+    @property
+    def judged(self) -> bool:
+        """Whether the class says something about the two frameworks agreeing (a speed anchor's does not,
+        so it never fails a run)."""
+        return self is not VerdictClass.SPEED_ONLY
 
     @property
     def short(self) -> str:
         return {"PASS within logging precision": "PASS*", "FAIL unexplained": "FAIL?",
-                "not comparable": "N/C"}.get(self.value, self.value)
+                "not comparable": "N/C",
+                "speed only": "SPEED"}.get(self.value, self.value)
 
 
 def class_of(entry: dict) -> VerdictClass:
@@ -266,9 +277,9 @@ def count_classes(summary: dict | None) -> dict[VerdictClass, list[str]]:
 
 def comparison_passes(cases: list, missing: list, errors: list) -> bool:
     """A framework against the baseline: something compared, nothing missing or broken, every case passing."""
-    return bool(cases) and not missing and not errors and all(c.passed for c in cases)
+    return bool(cases) and not missing and not errors and all(c.passed or not c.verdict.judged for c in cases)
 
 
 def run_passes(failed_runs: int, counts: dict[VerdictClass, list[str]]) -> bool:
-    failing = sum(len(v) for c, v in counts.items() if not c.passes)
+    failing = sum(len(v) for c, v in counts.items() if c.judged and not c.passes)
     return failed_runs == 0 and failing == 0 and sum(len(v) for v in counts.values()) > 0

@@ -89,6 +89,7 @@ class CaseVerdict:
     not_comparable: str | None = None  # what differs between the inputs the two sides trained from
     identity: "IdentityVerdict | None" = None  # --expect identical: bit for bit, or where it first differs
     lr_mismatch: str | None = None  # a side that trained a step at another lr than the contract's (lr_check.py)
+    speed_anchor: str | None = None  # a side trains its own recipe (why, from its record): tok/s only, no loss verdict
 
     @property
     def max_abs_diff(self) -> float | None:
@@ -110,6 +111,8 @@ class CaseVerdict:
             return VerdictClass.ERROR
         if self.not_comparable is not None:
             return VerdictClass.NOT_COMPARABLE
+        if self.speed_anchor is not None:
+            return VerdictClass.SPEED_ONLY
         if self.identity is not None:
             return VerdictClass.IDENTICAL if self.identity.identical else VerdictClass.NOT_IDENTICAL
         if self.lr_mismatch is not None:
@@ -124,6 +127,8 @@ class CaseVerdict:
             return self.error
         if self.not_comparable is not None:
             return f"not comparable: {self.not_comparable}"
+        if self.speed_anchor is not None:
+            return f"loss not judged ({self.speed_anchor})"
         if self.lr_mismatch is not None:
             return f"lr: {self.lr_mismatch}"
         if self.throughput_passed is False:
@@ -181,6 +186,7 @@ class CaseVerdict:
             "throughput_ratio_mean_of_steps_definition": MEAN_RATIO_LABEL,
             "min_tps_ratio": self.min_tps_ratio, "throughput_passed": self.throughput_passed,
             "config": self.config, "notes": self.notes, "error": self.error, "not_comparable": self.not_comparable,
+            "speed_anchor": self.speed_anchor,
             "identity": self.identity.to_json() if self.identity is not None else None,
             "lr_mismatch": self.lr_mismatch,
         }
@@ -318,6 +324,11 @@ def judge_case(case: str, baseline: LoadedSide, test: LoadedSide, options: Compa
         verdict.error = str(e)
         return verdict
     verdict.loss_passed = all(d.within for d in verdict.diffs)
+    verdict.speed_anchor = "; ".join(f"{r.framework}: {r.meta['speed_anchor']}" for r in (b, t)
+                                     if r.meta.get("speed_anchor")) or None
+    if verdict.speed_anchor is not None:
+        _throughput(verdict, b, t, options)
+        return verdict
     verdict.lr_mismatch = "; ".join(m for m in (lr_mismatch(b), lr_mismatch(t)) if m) or None
     verdict.judgement = _judge(case, baseline, test, verdict)
     if options.expect == EXPECT_IDENTICAL:
@@ -326,8 +337,7 @@ def judge_case(case: str, baseline: LoadedSide, test: LoadedSide, options: Compa
     note = verdict.resolution_note()
     if note:
         verdict.notes.append(note)
-    ratio = throughput_ratio(b, t, options.warmup_steps)
-    verdict.throughput_ratio, verdict.throughput_ratio_mean_of_steps = ratio.overall, ratio.mean_of_steps
+    _throughput(verdict, b, t, options)
     if options.min_tps_ratio is not None:
         verdict.throughput_passed = verdict.throughput_ratio is not None and verdict.throughput_ratio >= options.min_tps_ratio
         if verdict.throughput_ratio is None:
@@ -335,6 +345,11 @@ def judge_case(case: str, baseline: LoadedSide, test: LoadedSide, options: Compa
                                  + ("the baseline" if not verdict.baseline.tokens_per_s_overall else "the test")
                                  + " side")
     return verdict
+
+
+def _throughput(verdict: CaseVerdict, b: RunRecord, t: RunRecord, options: CompareOptions) -> None:
+    ratio = throughput_ratio(b, t, options.warmup_steps)
+    verdict.throughput_ratio, verdict.throughput_ratio_mean_of_steps = ratio.overall, ratio.mean_of_steps
 
 
 def _judge(case: str, baseline: LoadedSide, test: LoadedSide, verdict: CaseVerdict) -> PairJudgement:

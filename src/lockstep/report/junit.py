@@ -62,6 +62,8 @@ def _judged_cases(comparisons: list[dict]) -> list[JUnitCase]:
                 out.append(JUnitCase(suite, cls, c["case"], "error", c["error"], properties=props))
             elif verdict is VerdictClass.NOT_COMPARABLE:  # different inputs: no verdict on the frameworks
                 out.append(JUnitCase(suite, cls, c["case"], "error", c.get("cause") or verdict.value, properties=props))
+            elif not verdict.judged:  # a speed anchor: its tok/s is in the properties, its loss not judged
+                out.append(JUnitCase(suite, cls, c["case"], "skipped", c.get("cause") or verdict.value, properties=props))
             elif not verdict.passes:
                 if c.get("loss_passed", c.get("passed")):  # the certificate failed it
                     msg = f"{verdict.value}: {c.get('cause')}"

@@ -244,5 +244,6 @@ def overall_line(data: ReportData) -> str:
     return (f"{word}: {counts.get('passed', 0)} passed" + (f" ({within} within logging precision)" if within else "")
             + f", {counts.get('failed', 0)} failed" + (f" ({unexplained} unexplained)" if unexplained else "")
             + f", {counts.get('missing', 0)} missing, {counts.get('errors', 0)} errors"
-            + (f", {counts['not_comparable']} not comparable" if counts.get("not_comparable") else "") + f"{skipped} "
+            + (f", {counts['not_comparable']} not comparable" if counts.get("not_comparable") else "")
+            + (f", {counts['speed_only']} speed only" if counts.get("speed_only") else "") + f"{skipped} "
             f"(against baseline {data.baseline})")

@@ -105,6 +105,7 @@ class CommandRunner(FrameworkRunner):
         digits = None if t.steps_file else PRINTED_LR_DIGITS.get(t.log_format)
         return ExecuteResult(steps=run.steps, meta={"worker_command": shlex.join(cmd), "launcher": "subprocess",
                                                     **({"lr_significant_digits": digits} if digits else {}),
+                                                    **({"speed_anchor": t.speed_anchor} if t.speed_anchor else {}),
                                                     "command_runner": {"trainer": t.name, "source": t.source,
                                                                        "log_format": t.log_format,
                                                                        "build": fields["build"]}})

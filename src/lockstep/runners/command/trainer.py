@@ -55,7 +55,7 @@ FIELDS = {
     "min_lr": "the decay's final lr (Python's repr of the float)",
 }
 KEYS = ("command", "log_format", "steps_file", "version", "description", "families", "devices", "dtypes",
-        "parallel", "env", "cwd", "timeout_s", "logged_loss", "megatron_step2_correction")
+        "parallel", "env", "cwd", "timeout_s", "logged_loss", "megatron_step2_correction", "speed_anchor")
 LOGGED_LOSSES = (LOGGED_FP64_MEAN, LOGGED_FP32_SEQUENTIAL)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -79,6 +79,9 @@ class TrainerSpec:
     timeout_s: float | None = None
     logged_loss: str = LOGGED_FP64_MEAN
     megatron_step2_correction: bool = False  # Megatron-LM logs step 2 as the mean of steps 1 and 2
+    # Why its losses are not the contract's (its own data order, optimizer, clipping): set, its pairs are
+    # read for tok/s only ("speed only"), never judged on the loss.
+    speed_anchor: str | None = None
 
     @property
     def here(self) -> Path:
@@ -143,13 +146,17 @@ def _trainer(path: Path, name: str, t) -> TrainerSpec:
     logged_loss = t.get("logged_loss", LOGGED_FP64_MEAN)
     if logged_loss not in LOGGED_LOSSES:
         raise bad(f"logged_loss {logged_loss!r} is not one of {', '.join(LOGGED_LOSSES)}")
+    anchor = t.get("speed_anchor")
+    if anchor is not None and (not isinstance(anchor, str) or not anchor.strip()):
+        raise bad("speed_anchor must say why its losses are not the contract's (a non-empty string)")
     spec = TrainerSpec(
         name=name, source=str(path), command=command, log_format=log_format, steps_file=t.get("steps_file"),
         version=str(t.get("version", "")), description=str(t.get("description", "")),
         families=words("families"), devices=words("devices", ("cpu", "cuda"), ["cpu", "cuda"]),
         dtypes=words("dtypes", DTYPES, list(DTYPES)), parallel=words("parallel", ALL_LAYOUTS, []),
         env=dict(env), cwd=t.get("cwd"), timeout_s=float(timeout) if timeout is not None else None,
-        logged_loss=logged_loss, megatron_step2_correction=bool(t.get("megatron_step2_correction", False)))
+        logged_loss=logged_loss, megatron_step2_correction=bool(t.get("megatron_step2_correction", False)),
+        speed_anchor=anchor.strip() if anchor else None)
     for key in ("command", "steps_file", "cwd", *(f"env.{k}" for k in env)):
         template = spec.env[key[4:]] if key.startswith("env.") else getattr(spec, key)
         if template is None:

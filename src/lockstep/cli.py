@@ -11,6 +11,7 @@ import sys
 import threading
 
 from lockstep import __version__
+from lockstep.bytecode import own_bytecode_cache
 from lockstep.commands import COMMAND_MODULES
 from lockstep.errors import Interrupted, LockstepError
 from lockstep.fsutil import os_problem
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    own_bytecode_cache()  # before the imports that matter: torch, megatron-core (bytecode.py says why)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -81,6 +81,30 @@ def test_a_speed_anchor_is_read_for_tok_s_only(capsys, tmp_path, tiny_checkpoint
         (tmp_path / "j.xml").read_text()
 
 
+def test_a_steps_file_in_the_cases_out_dir_is_no_case_of_its_own(capsys, tmp_path, tiny_checkpoint, training_tokens):
+    """`<case>.out/steps.jsonl` (the documented steps_file) is the trainer's, not a case "steps" of the
+    comparison: the pair is judged (here a speed anchor's, with a tok/s ratio) and nothing is missing."""
+    script = tmp_path / "fake.py"
+    script.write_text("import json, sys\nout, steps = sys.argv[1], int(sys.argv[2])\n"
+                      "with open(out + '/steps.jsonl', 'w') as f:\n"
+                      "    for s in range(1, steps + 1):\n"
+                      "        f.write(json.dumps({'step': s, 'loss': 10.0 - s, 'step_ms': 5.0}) + '\\n')\n")
+    toml = tmp_path / "t.toml"
+    toml.write_text(f'[frameworks.t]\ncommand = "{{python}} {script} {{out}} {{steps}}"\nlog_format = "jsonl"\n'
+                    'steps_file = "{out}/steps.jsonl"\nspeed_anchor = "made-up losses"\n')
+    out = tmp_path / "out"
+    rc = main(["run", "--frameworks", "pytorch,t", "--command-runner", str(toml), "--cases", "gpt2_1", "--steps", "3",
+               "--llmc", str(tiny_checkpoint), "--data", str(training_tokens), "--device", "cpu", "--out", str(out),
+               "--no-report", "--no-history"])
+    captured = capsys.readouterr()
+    comparison = json.loads((out / "summary.json").read_text())["comparisons"][0]
+    assert rc == 0 and comparison["missing"] == [], captured.out
+    assert [c["case"] for c in comparison["cases"]] == ["gpt2_1"] and comparison["cases"][0]["verdict"] == "speed only"
+    assert (out / "t" / "gpt2_1.out" / "steps.jsonl").is_file()
+    # tok/s from the records' 5 ms per step: 256 tokens / 5 ms
+    assert comparison["cases"][0]["test"]["tokens_per_s_overall"] == pytest.approx(256 / 0.005)
+
+
 def test_trainers_become_framework_names():
     options = {"command": command_options([TOY_TOML])}
     assert {"toy-gpt2", "toy-gpt2-gelu", "toy-gpt2-window"} <= set(framework_names(options))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from lockstep.errors import FormatError
 from lockstep.formats.run_manifest import RUN_MANIFEST, skipped_pairs
+from lockstep.formats.run_record import CASE_OUT_SUFFIX
 from lockstep.fsutil import MOVED_ASIDE_MARK, os_problem
 
 CASE_SUFFIXES = (".jsonl", ".log")
@@ -34,7 +35,7 @@ STEP1_DIR, EVIDENCE_DIR, DIAGNOSE_DIR = "step1", "evidence", "diagnose"
 # `lockstep run --repeat N` writes repeats 2..N under repeats/<k>/<framework>/ (determinism.py).
 REPEATS_DIR = "repeats"
 IGNORED_DIR_PATTERNS = ("build*", "report_files", ".*", "__pycache__", f"*{MOVED_ASIDE_MARK}*", STEP1_DIR, EVIDENCE_DIR,
-                        DIAGNOSE_DIR)
+                        DIAGNOSE_DIR, f"*{CASE_OUT_SUFFIX}")
 
 
 @dataclass(frozen=True)

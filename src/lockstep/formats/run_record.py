@@ -80,6 +80,8 @@ def write_run_record(path: str | os.PathLike, record: RunRecord) -> None:
 
 _HEAD_KEYS = {"type", "schema", "framework", "case", "status", "error", "origin"}
 STATUSES = ("ok", "failed")
+# Beside a case's record: `<case>.out/`, the files a trainer run as a command writes (its {out}); never a case.
+CASE_OUT_SUFFIX = ".out"
 _STEP_REQUIRED = ("step", "loss")
 _STEP_OPTIONAL = ("step_ms", "tokens_per_s", "lr", "peak_mem_mb", "loss_fp32_sum")
 # Far beyond any run, far below the size where integer arithmetic or formatting gets slow.

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import shlex
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from lockstep.cases.spec import CaseSpec
 from lockstep.errors import FormatError, RunError
 from lockstep.formats.logs import correct_megatron_step2, parse_infinitrain_log, parse_llmc_log, parse_megatron_log
-from lockstep.formats.run_record import StepRecord
+from lockstep.formats.run_record import CASE_OUT_SUFFIX, StepRecord
 from lockstep.fsutil import read_text
 from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, StepCallback
 from lockstep.runners.command.trainer import TrainerSpec, parse_jsonl_steps, template_fields
@@ -33,6 +34,13 @@ LAYOUT_OF = {"dp": lambda c: c.dp > 1, "tp": lambda c: c.tp > 1, "pp": lambda c:
 # lines, "%.6E" in Megatron-LM's): the comparison checks a record read from a log to these (JSON
 # step records hold the full value).
 PRINTED_LR_DIGITS = {"llmc": 3, "infinitrain": 3, "megatron": 7}
+
+
+def _with_rate(step: StepRecord, tokens: int) -> StepRecord:
+    """A step that states its time and not its tok/s gets the case's tokens per step over that time."""
+    if step.tokens_per_s is not None or not step.step_ms:
+        return step
+    return replace(step, tokens_per_s=tokens / (step.step_ms / 1e3))
 
 
 class CommandRunner(FrameworkRunner):
@@ -76,7 +84,7 @@ class CommandRunner(FrameworkRunner):
     def execute(self, case: CaseSpec, inputs: RunInputs, log_path: Path, on_step: StepCallback | None) -> ExecuteResult:
         t = self.trainer
         log_path = Path(log_path)
-        out_dir = log_path.with_name(f"{case.name}.out")
+        out_dir = log_path.with_name(case.name + CASE_OUT_SUFFIX)
         shutil.rmtree(out_dir, ignore_errors=True)  # an earlier run's files are never read as this one's
         out_dir.mkdir(parents=True)
         fields = template_fields(case, inputs, out_dir, t, self.build_dir)
@@ -100,10 +108,11 @@ class CommandRunner(FrameworkRunner):
             for rec in steps if on_step else ():
                 on_step(rec)
         check_finished(run, log_path, case.steps, t.name, timeout_s)
+        steps = [_with_rate(s, case.total_batch) for s in run.steps]
         if not any(out_dir.iterdir()):
             out_dir.rmdir()  # nothing written: no empty directory beside the records
         digits = None if t.steps_file else PRINTED_LR_DIGITS.get(t.log_format)
-        return ExecuteResult(steps=run.steps, meta={"worker_command": shlex.join(cmd), "launcher": "subprocess",
+        return ExecuteResult(steps=steps, meta={"worker_command": shlex.join(cmd), "launcher": "subprocess",
                                                     **({"lr_significant_digits": digits} if digits else {}),
                                                     **({"speed_anchor": t.speed_anchor} if t.speed_anchor else {}),
                                                     "command_runner": {"trainer": t.name, "source": t.source,

@@ -51,3 +51,26 @@ def test_skipped_on_the_cpu_with_the_reason(capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "megatron-te/gpt2_1" in out and "Transformer Engine runs on CUDA only" in out
+
+
+def test_it_records_no_step_1_where_it_trains(monkeypatch):
+    """On the H100 a recorded step 1 put the identity TE's spec leaves in the norm's place where the
+    reference's ln1 is, and the certificate named a forward difference at ln1[0] that is not there."""
+    from lockstep.cases.spec import CaseSpec
+    from lockstep.models import SHAPES
+    from lockstep.runners import get_runner
+    from lockstep.runners.base import RunInputs, capture_problem
+    from lockstep.runners.megatron import te_spec
+
+    import torch
+
+    monkeypatch.setattr(te_spec, "transformer_engine_missing", lambda: None)  # as where TE is installed
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # and one GPU
+    runner = get_runner("megatron-te", {})
+    case = CaseSpec(name="gpt2_2", model="gpt2-tiny", dtype="float32", micro_batch=4, seq_len=64, total_batch=256,
+                    steps=1, lr=1e-4)
+    inputs = RunInputs(checkpoint="x.bin", tokens="t.bin", model=SHAPES["gpt2-tiny"].config, device="cuda",
+                       model_name="gpt2-tiny")
+    assert runner.skip_reason(case, inputs) is None
+    assert "cannot show its step 1 from inside" in capture_problem(runner, case, inputs)
+    assert get_runner("megatron", {}).capture_problem(case, inputs) is None  # megatron's own spec records it

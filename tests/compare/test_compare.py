@@ -158,10 +158,23 @@ def test_fp32_threshold(dirs):
     assert v1.passed and v1.threshold == 1e-5 and v1.dtype == "float32"
     assert v1.max_diff_step == 4 and v1.max_abs_diff == pytest.approx(8e-6, abs=1e-6)
     assert not v2.passed and v2.error is None and v2.max_diff_step == 7 and v2.first_failing_step == 7
-    assert report.counts == {"passed": 1, "failed": 1, "not_comparable": 0, "speed_only": 0, "missing": 0, "errors": 0, "skipped": 0}
+    assert report.counts == {"passed": 1, "failed": 1, "not_comparable": 0, "speed_only": 0, "missing": 0, "errors": 0,
+                             "skipped": 0}
     assert compare_paths(b, t, CompareOptions(threshold_fp32=1e-4)).passed
     # rtol: 3e-5 <= 1e-5 + 1e-5 * |loss ~ 5|
     assert compare_paths(b, t, CompareOptions(rtol=1e-5)).passed
+
+
+def test_a_records_departure_from_the_contract_is_said_beside_its_verdict(dirs):
+    """megatron-te's FP32 records say Transformer Engine's GEMMs are TF32: the FAIL says it too, and its class stays."""
+    b, t = dirs
+    put_record(b, "gpt2_2", BASE_LOSSES)
+    put_record(t, "gpt2_2", shifted(BASE_LOSSES, 3e-5, at=5), framework="megatron-te",
+               departures=["its GEMMs are TF32"])
+    (case,) = compare_paths(b, t).cases
+    assert not case.passed and "test (megatron-te) departs from the contract: its GEMMs are TF32" in case.notes
+    put_record(t, "gpt2_2", shifted(BASE_LOSSES, 3e-5, at=5), framework="megatron-te")
+    assert not any("departs" in n for n in compare_paths(b, t).cases[0].notes)
 
 
 def test_bf16_dtype_from_case_name_and_from_case_spec(dirs):

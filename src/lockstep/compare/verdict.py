@@ -288,6 +288,10 @@ def _record_notes(baseline: LoadedSide, test: LoadedSide) -> list[str]:
         if layout := side.record.meta.get("reference_layout"):
             # A trainer without TP/PP trained the case at its DP layout: said, never hidden.
             notes.append(f"{name} ({side.record.framework}) reference_layout: {layout}")
+    for side, name in ((baseline, "baseline"), (test, "test")):
+        # What a framework's record says its arithmetic does other than the contract's (megatron-te's TF32).
+        notes += [f"{name} ({side.record.framework}) departs from the contract: {d}"
+                  for d in side.record.meta.get("departures") or []]
     beta2 = (baseline.record.meta.get("case_spec") or {}).get("adam_beta2")
     if beta2 is not None:
         # A build hard-codes it (the plan says which): both sides trained with it, not the contract's.

@@ -2,7 +2,7 @@
 
 Container images often set PYTHONDONTWRITEBYTECODE=1 and ship packages without .pyc files: then every
 Python process compiles what it imports from source, torch alone 3 s on the lent H100 machine (its
-`import torch` took 3.1-3.4 s in each of lockstep's processes: the CLI, each megatron launcher and worker).
+`import torch` took 3.1-3.4 s in each of lockstep's processes: the CLI, each launcher and worker it starts).
 Where that variable is set and the user has not chosen PYTHONPYCACHEPREFIX, lockstep keeps the bytecode
 in its own cache instead (`<cache>/pycache`, cache = $LOCKSTEP_CACHE or ~/.cache/lockstep): nothing is
 written beside the packages' sources, which is what the variable protects, and the second run reads what

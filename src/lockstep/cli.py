@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    own_bytecode_cache()  # before the imports that matter: torch, megatron-core (bytecode.py says why)
+    own_bytecode_cache()  # before the imports that matter, torch's first (bytecode.py says why)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -54,7 +54,7 @@ class VerdictClass(str, Enum):
     # The two records trained from different inputs (weights, tokens, hyper-parameters, steps):
     # no verdict on the frameworks, never a FAIL (compare/inputs.py).
     NOT_COMPARABLE = "not comparable"
-    # A speed anchor (a command-runner trainer declaring `speed_anchor`, such as llm.c's train_gpt2cu)
+    # A speed anchor (a command-runner trainer declaring `speed_anchor`, such as a hand-tuned trainer)
     # trains its own recipe from the same weights and tokens: its tok/s is read, its loss never judged.
     SPEED_ONLY = "speed only"
     ERROR = "ERROR"

@@ -289,7 +289,7 @@ def _record_notes(baseline: LoadedSide, test: LoadedSide) -> list[str]:
             # A trainer without TP/PP trained the case at its DP layout: said, never hidden.
             notes.append(f"{name} ({side.record.framework}) reference_layout: {layout}")
     for side, name in ((baseline, "baseline"), (test, "test")):
-        # What a framework's record says its arithmetic does other than the contract's (megatron-te's TF32).
+        # What a framework's record says its arithmetic does other than the contract's (TF32 GEMMs in FP32).
         notes += [f"{name} ({side.record.framework}) departs from the contract: {d}"
                   for d in side.record.meta.get("departures") or []]
     beta2 = (baseline.record.meta.get("case_spec") or {}).get("adam_beta2")

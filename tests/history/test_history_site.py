@@ -292,3 +292,11 @@ def test_the_request_check_sees_an_external_image(tmp_path):
     planted.write_text('<!DOCTYPE html><html><body><p>x</p><img src="http://203.0.113.7/dot.png"></body></html>')
     _, requested = chromium_dom(planted, tmp_path)
     assert requested == ["http://203.0.113.7/dot.png"]
+
+
+def test_a_speed_anchors_class_ranks_below_every_judged_one():
+    """A commit's colour is its worst class: a speed anchor's "speed only" never hides a judged pair's."""
+    from lockstep.history.site.model import CSS_CLASS, worst
+
+    assert worst(["speed only"]) == "speed only" and CSS_CLASS["speed only"] == "v-skip"
+    assert worst(["speed only", "PASS"]) == "PASS" and worst(["FAIL", "speed only"]) == "FAIL"

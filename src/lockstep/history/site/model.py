@@ -14,13 +14,13 @@ from lockstep.history.trend import short_commit
 
 # Worst first: a commit's several runs are shown by their worst class.
 SEVERITY = ("ERROR", "NOT IDENTICAL", "FAIL unexplained", "FAIL", "PASS within logging precision", "PASS",
-            "IDENTICAL", "SKIPPED", None)
+            "IDENTICAL", "speed only", "SKIPPED", None)
 CSS_CLASS = {"PASS": "v-pass", "PASS within logging precision": "v-passp", "FAIL": "v-fail",
              "FAIL unexplained": "v-failu", "ERROR": "v-error", "SKIPPED": "v-skip", None: "v-base",
-             "IDENTICAL": "v-pass", "NOT IDENTICAL": "v-fail"}
+             "IDENTICAL": "v-pass", "NOT IDENTICAL": "v-fail", "speed only": "v-skip"}
 COLOR = {"PASS": "#2e8b3a", "PASS within logging precision": "#86c06c", "FAIL": "#cc2222",
          "FAIL unexplained": "#7a0f0f", "ERROR": "#e07b00", "SKIPPED": "#9a9a9a", None: "#3465a4",
-         "IDENTICAL": "#2e8b3a", "NOT IDENTICAL": "#cc2222"}
+         "IDENTICAL": "#2e8b3a", "NOT IDENTICAL": "#cc2222", "speed only": "#5f87af"}
 
 
 def verdict_label(r: ResultRow) -> str:

@@ -35,8 +35,9 @@ def test_a_real_command_leaves_its_bytecode_there(tmp_path):
                          capture_output=True, text=True)
     assert run.returncode == 1 and str(junk) in run.stderr  # the command ran (and refused the file)
     compiled = {p.relative_to(tmp_path / "pycache").as_posix() for p in (tmp_path / "pycache").rglob("*.pyc")}
-    assert any(p.endswith("lockstep/commands/inspect.cpython-%d%d.pyc" % sys.version_info[:2])
-               for p in compiled), sorted(compiled)[:20]
+    tag = "cpython-%d%d.pyc" % sys.version_info[:2]
+    assert any(p.endswith(f"lockstep/commands/inspect.{tag}") for p in compiled), sorted(compiled)[:20]
+    assert any(p.endswith(f"lockstep/cli.{tag}") for p in compiled)  # `python -m lockstep` asks before the CLI loads
 
 
 def test_nothing_changes_otherwise(tmp_path):

@@ -27,6 +27,11 @@ import numpy as np
 WARMUP_STEPS = 1
 
 
+def tokens_per_second(tokens: int, step_ms: float) -> float:
+    """A step's throughput: the tokens it trained over its time."""
+    return tokens / (step_ms / 1e3)
+
+
 def after_warmup(per_step: list) -> list:
     """A run's per-step values (step 1 first) that averages use: those after the warm-up, or all of
     them when the run is no longer than its warm-up."""

@@ -38,6 +38,7 @@ from pathlib import Path
 from lockstep.errors import FormatError
 from lockstep.fsutil import read_text
 from lockstep.formats.run_record import RunRecord, StepRecord, read_run_record
+from lockstep.step_contract import tokens_per_second
 
 # Origins of records read from native logs (RunRecord.origin).
 ORIGIN_INFINITRAIN = "infinitrain-log"
@@ -356,7 +357,7 @@ def _megatron_step(m: re.Match, fields: dict[str, str], source: str, lineno: int
     global_batch = _global_batch(fields.get("global batch size"), source, lineno)
     tokens_per_s = None
     if step_ms is not None and global_batch is not None and seq is not None and step_ms > 0:
-        tokens_per_s = global_batch * seq / (step_ms / 1000.0)
+        tokens_per_s = tokens_per_second(global_batch * seq, step_ms)
     if upstream and step <= 2:
         step_ms = tokens_per_s = None  # upstream: elapsed time of iterations 1-2 is not a step time
     if step in perf:

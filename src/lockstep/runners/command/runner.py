@@ -23,6 +23,7 @@ from lockstep.runners.base import ExecuteResult, FrameworkRunner, RunInputs, Ste
 from lockstep.runners.command.trainer import TrainerSpec, parse_jsonl_steps, template_fields
 from lockstep.runners.launch import shared_cores_env, worker_env
 from lockstep.runners.logged_process import check_finished, parse_or_none, run_logged
+from lockstep.step_contract import tokens_per_second
 
 DEFAULT_TIMEOUT_S = 1800.0
 LAYOUT_OF = {"dp": lambda c: c.dp > 1, "tp": lambda c: c.tp > 1, "pp": lambda c: c.pp > 1,
@@ -40,7 +41,7 @@ def _with_rate(step: StepRecord, tokens: int) -> StepRecord:
     """A step that states its time and not its tok/s gets the case's tokens per step over that time."""
     if step.tokens_per_s is not None or not step.step_ms:
         return step
-    return replace(step, tokens_per_s=tokens / (step.step_ms / 1e3))
+    return replace(step, tokens_per_s=tokens_per_second(tokens, step.step_ms))
 
 
 class CommandRunner(FrameworkRunner):

@@ -49,7 +49,8 @@ from lockstep.runners.megatron.capture import StepRecorder, logged_micro_loss
 from lockstep.runners.megatron.parallel import ParallelLayout
 from lockstep.runners.nodes import reports_results
 from lockstep.runners.workers import end_multiprocessing_children
-from lockstep.step_contract import Phases, StepClock, after_warmup, fp32_sequential_of_tensors, slowest_rank
+from lockstep.step_contract import (Phases, StepClock, after_warmup, fp32_sequential_of_tensors, slowest_rank,
+                                    tokens_per_second)
 
 
 def _say(layout: ParallelLayout, text: str) -> None:
@@ -590,7 +591,7 @@ def record_step(run: Training, step: int, outcome: StepOutcome, writer: ResultsW
     if run.job.checkpoints is not None and layout.dp > 1:  # the resume judge's per-rank evidence (a collective)
         run.info.setdefault("rank_losses", {})[str(step)] = mcheckpoint.gather_rank_losses(own, layout)
     step_ms = slowest_s * 1e3
-    tokens_per_s = case.total_batch / (step_ms / 1e3)
+    tokens_per_s = tokens_per_second(case.total_batch, step_ms)
     log.times_ms.append(step_ms)
     log.rates.append(tokens_per_s)
     if not layout.reports:

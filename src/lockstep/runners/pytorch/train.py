@@ -42,7 +42,7 @@ from lockstep.runners.memory import peak_memory_info
 from lockstep.models.lora import LoraAdapters, apply_lora, canonical_parameters, lora_init_tensors
 from lockstep.runners.base import write_final_params
 from lockstep.step_contract import (Phases, StepClock, after_warmup, fp32_matmul_precision, fp32_sequential_of_tensors,
-                                    slowest_rank, step_loss_fp64)
+                                    slowest_rank, step_loss_fp64, tokens_per_second)
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def step_record(case: CaseSpec, step: int, micro_losses: list, lr: float, second
     elapsed_s, peak = slowest_rank(seconds, peak, device, pg.world)
     step_ms = elapsed_s * 1e3
     return StepRecord(step=step + 1, loss=float(loss_sum.item()), step_ms=step_ms,
-                      tokens_per_s=case.total_batch / (step_ms / 1e3), lr=lr,
+                      tokens_per_s=tokens_per_second(case.total_batch, step_ms), lr=lr,
                       peak_mem_mb=peak if device.type == "cuda" else None, loss_fp32_sum=fp32_sum)
 
 

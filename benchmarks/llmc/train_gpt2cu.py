@@ -11,7 +11,8 @@ and writes the step lines it prints as JSON step records (`--steps-file`) with i
 train_gpt2cu trains its own recipe (shuffled data, AdamW with beta2 0.95, gradient clipping at 1.0),
 so lockstep reads its tok/s only: the TOML declares it a `speed_anchor`.
 
-Only the standard library and numpy; llm.c's sources are not needed, only the built binary.
+It runs with lockstep's interpreter ({python}) and reads and writes the checkpoint with lockstep's own
+LLMC code; llm.c's sources are not needed, only the built binary.
 """
 
 from __future__ import annotations
@@ -24,11 +25,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
-LLMC_MAGIC = 20240326
-FP32_VERSION, BF16_VERSION = 3, 5
-HEADER_INTS = 256
 # train_gpt2.cu's step line:
 # "step %4d/%d | loss %7.6f (%+.2fz)| norm %6.4f (%+.2fz)| lr %.2e | %.2f ms | %.1f%% bf16 MFU | %.0f tok/s"
 STEP_LINE = re.compile(r"^step\s+(\d+)/(\d+) \| loss (\S+) \(.*?\)\| norm \S+ \(.*?\)\| lr (\S+) \| ([\d.]+) ms \| "
@@ -40,28 +36,20 @@ class Refused(Exception):
 
 
 def to_bf16_checkpoint(src: Path, dst: Path) -> None:
-    """llm.c's FP32 checkpoint (version 3) as its BF16 one (version 5): header unchanged but the
-    version, every float rounded to nearest even bfloat16 (what torch's .to(bfloat16) gives)."""
-    raw = src.read_bytes()
-    header = np.frombuffer(raw[:HEADER_INTS * 4], dtype="<i4").copy()
-    if len(raw) < HEADER_INTS * 4 or header[0] != LLMC_MAGIC:
-        raise Refused(f"{src} is not an LLMC checkpoint (magic {LLMC_MAGIC} missing)")
-    if header[1] != FP32_VERSION:
-        raise Refused(f"{src} is LLMC version {header[1]}, expected {FP32_VERSION} (float32)")
-    body = raw[HEADER_INTS * 4:]
-    if len(body) % 4:
-        raise Refused(f"{src} has a body of {len(body)} bytes, not whole float32 values")
-    bits = np.frombuffer(body, dtype="<u4").astype(np.uint64)
-    # Round to nearest, ties to even, on the upper 16 bits (NaN keeps a quiet NaN).
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
-    nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    rounded[nan] = ((bits[nan] >> 16) | 0x40).astype("<u2")
-    header[1] = BF16_VERSION
-    tmp = dst.with_name(dst.name + ".partial")
-    with open(tmp, "wb") as f:
-        f.write(header.astype("<i4").tobytes())
-        f.write(rounded.tobytes())
-    os.replace(tmp, dst)
+    """llm.c's FP32 GPT-2 checkpoint (version 3) as its BF16 one (version 5), through lockstep's own
+    reader and writer: every float rounded to nearest even bfloat16, as torch's .to(bfloat16) does."""
+    from lockstep.errors import FormatError
+    from lockstep.models import FAMILIES, load_checkpoint
+
+    gpt2 = FAMILIES["gpt2"]
+    try:
+        ckpt = load_checkpoint(src)
+    except FormatError as e:
+        raise Refused(str(e)) from None
+    if ckpt.family != gpt2.name or ckpt.version != gpt2.fp32_version:
+        raise Refused(f"{src} is a {ckpt.family} checkpoint of version {ckpt.version}, not GPT-2's float32 "
+                      f"(version {gpt2.fp32_version}), which train_gpt2cu starts from")
+    gpt2.write(dst, ckpt.config, ckpt.tensors, bf16=True)
 
 
 def step_records(text: str) -> list[dict]:

@@ -47,11 +47,11 @@ def test_a_checkpoint_that_is_not_fp32_llmc_is_refused(tmp_path, tiny_checkpoint
     w = _wrapper()
     bf16 = tmp_path / "bf16.bin"
     w.to_bf16_checkpoint(tiny_checkpoint, bf16)
-    with pytest.raises(w.Refused, match="is LLMC version 5, expected 3"):
+    with pytest.raises(w.Refused, match="is a gpt2 checkpoint of version 5, not GPT-2's float32"):
         w.to_bf16_checkpoint(bf16, tmp_path / "again.bin")
     junk = tmp_path / "junk.bin"
     junk.write_bytes(b"\0" * 2048)
-    with pytest.raises(w.Refused, match="is not an LLMC checkpoint"):
+    with pytest.raises(w.Refused, match="unknown checkpoint magic number 0"):
         w.to_bf16_checkpoint(junk, tmp_path / "x.bin")
     assert not (tmp_path / "again.bin").exists() and not (tmp_path / "x.bin").exists()
 
